@@ -1,0 +1,48 @@
+"""Shared test helpers.
+
+The numbered module folders (``1_Q_Learning/`` …) are not importable packages, so
+``load_script`` imports a script by its path. Tests then use its ``main``, ``Args`` and
+math functions directly, e.g.::
+
+    from conftest import load_script
+    ql = load_script("1_Q_Learning/Q_Learning.py")
+    ql.main(ql.Args(episodes=300, out=str(tmp_path)))
+
+``run_script`` runs a script's CLI in a subprocess, the way a user does.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# Tests are CPU-only and reproducible; set before any test imports jax.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+REPO = Path(__file__).resolve().parent.parent
+_loaded: dict[str, object] = {}
+
+
+def load_script(relpath: str):
+    """Import ``REPO/relpath`` as a module (once per test session) and return it."""
+    if relpath not in _loaded:
+        path = REPO / relpath
+        name = "course_" + path.stem.lower()
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses need the module registered
+        spec.loader.exec_module(module)
+        _loaded[relpath] = module
+    return _loaded[relpath]
+
+
+def run_script(relpath: str, *args: str, cwd: Path, timeout: float = 300, env: dict | None = None):
+    """Run ``python REPO/relpath args…`` in ``cwd``; return the CompletedProcess (text mode)."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, str(REPO / relpath), *args],
+        cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
+    )
