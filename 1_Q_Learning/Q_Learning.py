@@ -1,0 +1,434 @@
+"""Tabular Q-learning on a 4x4 grid world or FrozenLake, checked against value iteration.
+
+The agent fills a table Q[s, a] from its own experience with the TD update
+    Q(s, a) <- Q(s, a) + alpha * (r + gamma * max_a' Q(s', a') * (1 - terminated) - Q(s, a)),
+acting epsilon-greedily; epsilon and alpha decay linearly. The script then solves the same MDP
+exactly from its known model (value iteration) and reports how far the learned greedy policy is
+from the optimum, in value and in success rate within the step limit. NumPy only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+
+import numpy as np
+
+ENVS = ("grid", "frozenlake")
+ARROWS = "←↓→↑"  # action 0 = left, 1 = down, 2 = right, 3 = up (FrozenLake's order)
+
+
+def flag(default, help: str, **kw):
+    """A dataclass field that is also a command-line flag."""
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class Args:
+    seed: int = flag(0, "seeds everything: NumPy's Generator (exploration, tie-breaks) and the env resets")
+    env: str = flag("grid", "environment: 'grid' (deterministic 4x4, -1 per step, +100 at the goal) "
+                            "or 'frozenlake' (gymnasium FrozenLake-v1 4x4)", choices=ENVS)
+    slippery: bool = flag(False, "FrozenLake only: the ice is slippery (the agent moves as intended with "
+                                 "probability 1/3 and to either side with 1/3 each)")
+    episodes: int = flag(100, "training episodes")
+    max_steps: int = flag(100, "episode step limit; reaching it truncates the episode (not a terminal state)")
+    alpha: float = flag(0.1, "learning rate α in (0, 1] at the first episode")
+    alpha_end: float = flag(0.0, "learning rate at the last episode; α falls linearly from --alpha to this "
+                                 "(set it equal to --alpha for a constant rate)")
+    gamma: float = flag(0.99, "discount factor γ in [0, 1]")
+    eps_start: float = flag(1.0, "ε at the first episode")
+    eps_end: float = flag(0.05, "ε after the decay")
+    eps_decay: float = flag(0.5, "fraction of the episodes over which ε falls linearly from --eps-start to --eps-end")
+    evals: int = flag(20, "greedy-policy evaluations (and progress lines) during training")
+    eval_episodes: int = flag(10_000, "episodes of the final greedy rollout (the grid is deterministic: 1 is enough)")
+    out: str = flag("runs/q_learning", "folder for metrics.json and learning_curve.png")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit status 1, no usage dump
+        sys.exit(f"error: {message}")
+
+
+def parse_args(argv=None) -> Args:
+    p = _Parser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in fields(Args):
+        name = "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):
+            p.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+        else:
+            p.add_argument(name, type=type(f.default), default=f.default,
+                           help=f.metadata["help"], choices=f.metadata.get("choices"))
+    return Args(**vars(p.parse_args(argv)))
+
+
+def validate(args: Args) -> None:
+    """Exit with a one-line error on a bad setting."""
+    checks = [
+        (args.env in ENVS, f"--env must be one of {', '.join(ENVS)}, got {args.env!r}"),
+        (args.episodes > 0, f"--episodes must be positive, got {args.episodes}"),
+        (args.max_steps > 0, f"--max-steps must be positive, got {args.max_steps}"),
+        (0 < args.alpha <= 1, f"--alpha must be in (0, 1], got {args.alpha}"),
+        (0 <= args.alpha_end <= 1, f"--alpha-end must be in [0, 1], got {args.alpha_end}"),
+        (0 <= args.gamma <= 1, f"--gamma must be in [0, 1], got {args.gamma}"),
+        (0 <= args.eps_end <= 1 and 0 <= args.eps_start <= 1,
+         f"--eps-start and --eps-end must be in [0, 1], got {args.eps_start} and {args.eps_end}"),
+        (0 <= args.eps_decay <= 1, f"--eps-decay must be in [0, 1], got {args.eps_decay}"),
+        (args.evals > 0, f"--evals must be positive, got {args.evals}"),
+        (args.eval_episodes > 0, f"--eval-episodes must be positive, got {args.eval_episodes}"),
+        (args.env == "frozenlake" or not args.slippery, "--slippery applies only to --env frozenlake"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            sys.exit(f"error: {message}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Environments. Both speak gymnasium's API (reset -> (s, info); step -> (s', r, terminated,
+# truncated, info)) and expose their model as gymnasium's table P[s][a] = [(p, s', r, terminated)].
+
+class GridWorld:
+    """Deterministic 4x4 grid. Start 0 (top-left), goal 15 (bottom-right); a move into a wall stays put.
+
+    Reward: +100 for the step that enters the goal (which ends the episode), -1 for every other
+    step. The shortest path takes 6 steps, so the best return is 5 * (-1) + 100 = 95.
+    """
+
+    size, start, goal = 4, 0, 15
+    step_reward, goal_reward = -1.0, 100.0
+
+    def __init__(self, max_steps: int):
+        self.max_steps = max_steps
+        self.P = {s: {a: [(1.0, *self._move(s, a))] for a in range(4)} for s in range(16)}
+        self.s, self.t = self.start, 0
+
+    def _move(self, s: int, a: int) -> tuple[int, float, bool]:
+        if s == self.goal:  # absorbing; never acted in, kept so the model is complete
+            return s, 0.0, True
+        row, col = divmod(s, self.size)
+        dr, dc = ((0, -1), (1, 0), (0, 1), (-1, 0))[a]
+        row, col = min(max(row + dr, 0), self.size - 1), min(max(col + dc, 0), self.size - 1)
+        s2 = row * self.size + col
+        return (s2, self.goal_reward, True) if s2 == self.goal else (s2, self.step_reward, False)
+
+    def reset(self, seed: int | None = None):
+        self.s, self.t = self.start, 0
+        return self.s, {}
+
+    def step(self, a: int):
+        self.t += 1
+        self.s, r, terminated = self._move(self.s, a)
+        return self.s, r, terminated, self.t >= self.max_steps and not terminated, {}
+
+
+def make_env(args: Args):
+    """The training env: our GridWorld, or gymnasium's FrozenLake-v1 with a TimeLimit of --max-steps."""
+    if args.env == "grid":
+        return GridWorld(args.max_steps)
+    import gymnasium as gym  # imported only here: the grid needs nothing but NumPy
+    return gym.make("FrozenLake-v1", map_name="4x4", is_slippery=args.slippery, max_episode_steps=args.max_steps)
+
+
+@dataclass
+class Model:
+    """The MDP as arrays, built from P. Terminal transitions do not bootstrap, so they are left out of p_cont."""
+    p_cont: np.ndarray  # (S, A, S): P(s' | s, a) summed over non-terminal transitions
+    reward: np.ndarray  # (S, A):    E[r | s, a]
+    p_goal: np.ndarray  # (S, A):    P(the step ends the episode at the goal | s, a)
+    start: int
+    goal: int
+
+
+def build_model(P: dict, start: int, goal: int) -> Model:
+    n_s, n_a = len(P), len(P[0])
+    p_cont, reward, p_goal = np.zeros((n_s, n_a, n_s)), np.zeros((n_s, n_a)), np.zeros((n_s, n_a))
+    for s in range(n_s):
+        if s == goal:
+            continue  # the episode is over: no reward, no successor
+        for a in range(n_a):
+            for p, s2, r, terminated in P[s][a]:
+                reward[s, a] += p * r
+                if terminated:
+                    p_goal[s, a] += p * (s2 == goal)
+                else:
+                    p_cont[s, a, s2] += p
+    return Model(p_cont, reward, p_goal, start, goal)
+
+
+def env_model(env) -> Model:
+    if isinstance(env, GridWorld):
+        return build_model(env.P, env.start, env.goal)
+    u = env.unwrapped  # FrozenLake's known model: u.P[s][a] = [(p, s', r, terminated), ...]
+    goal = int(np.flatnonzero(u.desc.flatten() == b"G")[0])
+    return build_model(u.P, 0, goal)
+
+
+# ------------------------------------------------------------------------------------------------
+# Q-learning
+
+def epsilon_at(episode: int, args: Args) -> float:
+    """Linear decay: ε goes from eps_start at episode 0 to eps_end at episode eps_decay·episodes, then stays."""
+    decay_episodes = args.eps_decay * args.episodes
+    if decay_episodes <= 0:
+        return args.eps_end
+    frac = min(episode / decay_episodes, 1.0)
+    return args.eps_start + frac * (args.eps_end - args.eps_start)
+
+
+def alpha_at(episode: int, args: Args) -> float:
+    """Linear decay over the whole run: α_e = α + (α_end − α) · e / episodes; late, noisy updates move Q less."""
+    return args.alpha + (args.alpha_end - args.alpha) * episode / args.episodes
+
+
+def epsilon_greedy(q_row: np.ndarray, eps: float, rng: np.random.Generator) -> int:
+    """With probability ε a uniform random action, otherwise an action of highest Q (ties broken at random)."""
+    if rng.random() < eps:
+        return int(rng.integers(len(q_row)))
+    best = np.flatnonzero(q_row == q_row.max())
+    return int(best[0] if len(best) == 1 else rng.choice(best))
+
+
+def td_target(reward: float, next_q_row: np.ndarray, gamma: float, terminated: bool) -> float:
+    """y = r + γ · max_a' Q(s', a') · (1 − terminated). A time-limit cut is not terminated: it still bootstraps."""
+    return reward + gamma * float(next_q_row.max()) * (1.0 - float(terminated))
+
+
+def q_update(q: np.ndarray, s: int, a: int, reward: float, s2: int, terminated: bool,
+             alpha: float, gamma: float) -> float:
+    """One Q-learning step, in place: δ = y − Q(s, a);  Q(s, a) ← Q(s, a) + α·δ. Returns the TD error δ."""
+    td_error = td_target(reward, q[s2], gamma, terminated) - q[s, a]
+    q[s, a] += alpha * td_error
+    return td_error
+
+
+def run_episode(env, q: np.ndarray, eps: float, alpha: float, gamma: float,
+                rng: np.random.Generator) -> tuple[float, int]:
+    """One training episode, updating q after every step; returns (undiscounted return, steps)."""
+    s, _ = env.reset()
+    ret, steps, done = 0.0, 0, False
+    while not done:
+        a = epsilon_greedy(q[s], eps, rng)
+        s2, r, terminated, truncated, _ = env.step(a)
+        q_update(q, s, a, r, s2, terminated, alpha, gamma)
+        ret, steps = ret + r, steps + 1
+        s, done = s2, terminated or truncated
+    return ret, steps
+
+
+# ------------------------------------------------------------------------------------------------
+# The exact reference: value iteration and policy evaluation on the known model
+
+def value_iteration(model: Model, gamma: float, tol: float = 1e-10, max_iters: int = 100_000):
+    """Q*(s, a) = E[r | s, a] + γ · Σ_s' p_cont(s' | s, a) · max_a' Q*(s', a'). Returns (V*, Q*)."""
+    v = np.zeros(model.reward.shape[0])
+    for _ in range(max_iters):
+        q = model.reward + gamma * model.p_cont @ v  # (S, A)
+        v_new = q.max(axis=1)
+        if np.abs(v_new - v).max() < tol:
+            return v_new, q
+        v = v_new
+    return v, q
+
+
+def policy_value(model: Model, policy: np.ndarray, gamma: float, tol: float = 1e-10, max_iters: int = 100_000):
+    """V^π(s) = E[r | s, π(s)] + γ · Σ_s' p_cont(s' | s, π(s)) · V^π(s'): discounted value of a fixed policy."""
+    idx = np.arange(len(policy))
+    r_pi, p_pi = model.reward[idx, policy], model.p_cont[idx, policy]  # (S,), (S, S)
+    if gamma < 1:
+        return np.linalg.solve(np.eye(len(policy)) - gamma * p_pi, r_pi)
+    v = np.zeros(len(policy))  # γ = 1: iterate; a policy that loops forever drifts away from V* and is caught
+    for _ in range(max_iters):
+        v_new = r_pi + p_pi @ v
+        if np.abs(v_new - v).max() < tol:
+            break
+        v = v_new
+    return v_new
+
+
+def horizon_values(model: Model, horizon: int, policy: np.ndarray | None = None):
+    """Undiscounted expected return and success probability within `horizon` steps, by backward induction.
+
+    With policy=None the best achievable (a non-stationary max over actions at every step-to-go):
+        V_k(s) = max_a [E[r | s, a] + Σ_s' p_cont(s' | s, a) · V_{k−1}(s')],  V_0 = 0.
+    Success uses the same recursion with r replaced by p_goal. Returns (return V_H, success G_H), each (S,).
+    """
+    n_s = model.reward.shape[0]
+    idx = np.arange(n_s)
+    v, g = np.zeros(n_s), np.zeros(n_s)
+    for _ in range(horizon):
+        qv = model.reward + model.p_cont @ v  # (S, A)
+        qg = model.p_goal + model.p_cont @ g
+        if policy is None:
+            v, g = qv.max(axis=1), qg.max(axis=1)
+        else:
+            v, g = qv[idx, policy], qg[idx, policy]
+    return v, g
+
+
+def greedy_policy(q: np.ndarray) -> np.ndarray:
+    """π(s) = argmax_a Q(s, a) (the first of tied actions, so the policy is deterministic)."""
+    return q.argmax(axis=1)
+
+
+def is_optimal(model: Model, policy: np.ndarray, v_star: np.ndarray, gamma: float) -> tuple[bool, float]:
+    """Is V^π(start) = V*(start) under the discount the agent learns with? Returns (optimal, V* − V^π at start)."""
+    gap = float(v_star[model.start] - policy_value(model, policy, gamma)[model.start])
+    gap = max(gap, 0.0)  # V^π ≤ V*; a tiny negative gap is value iteration's stopping tolerance
+    return gap <= 1e-6 * (1.0 + abs(float(v_star[model.start]))), gap
+
+
+def rollout(env, policy: np.ndarray, episodes: int) -> tuple[float, float]:
+    """Run the greedy policy in the real env; returns (mean return, success rate)."""
+    total, wins = 0.0, 0
+    for _ in range(episodes):
+        s, _ = env.reset()
+        done = False
+        while not done:
+            s, r, terminated, truncated, _ = env.step(int(policy[s]))
+            total += r
+            done = terminated or truncated
+        wins += bool(terminated and r > 0)
+    return total / episodes, wins / episodes
+
+
+# ------------------------------------------------------------------------------------------------
+# Output
+
+def grid_text(env, policy: np.ndarray, values: np.ndarray, title: str) -> str:
+    """The 4x4 board: the policy's arrow in each state and a value under it; H = hole, G = goal."""
+    desc = env.unwrapped.desc.astype(str) if hasattr(env, "unwrapped") else None
+    lines = [title]
+    for row in range(4):
+        cells = []
+        for col in range(4):
+            s = row * 4 + col
+            tile = desc[row, col] if desc is not None else ("G" if s == 15 else "S" if s == 0 else ".")
+            mark = tile if tile in "HG" else ARROWS[policy[s]]
+            cells.append(f"{mark} {values[s]:7.2f}")
+        lines.append("  ".join(cells))
+    return "\n".join(lines)
+
+
+def save_curve(path: str, returns: list[float], eval_eps: list[int], eval_success: list[float],
+               optimal_return: float, optimal_success: float, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    x = np.arange(1, len(returns) + 1)
+    if len(returns) <= 2000:  # beyond that the raw returns are a solid band; the running mean says it all
+        ax1.plot(x, returns, lw=0.6, alpha=0.4, label="episode return")
+    w = max(1, len(returns) // 20)
+    if w > 1:
+        ax1.plot(x[w - 1:], np.convolve(returns, np.ones(w) / w, mode="valid"), lw=1.8,
+                 label=f"mean of the last {w} episodes")
+    ax1.axhline(optimal_return, color="k", ls="--", lw=1, label=f"optimum {optimal_return:.3g}")
+    ax1.set(xlabel="episode", ylabel="return (ε-greedy, while training)", title="Return per episode")
+    ax1.legend(loc="best")
+    ax2.plot(eval_eps, eval_success, marker="o", ms=3, label="greedy policy (exact)")
+    ax2.axhline(optimal_success, color="k", ls="--", lw=1, label=f"optimum {optimal_success:.3f}")
+    ax2.set(xlabel="episode", ylabel="P(reach goal within step limit)", ylim=(-0.03, 1.03),
+            title="Greedy success rate during training")
+    ax2.legend(loc="best")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------
+
+def main(args: Args) -> dict:
+    validate(args)
+    wall_start = time.perf_counter()
+    rng = np.random.default_rng(args.seed)
+    env = make_env(args)
+    env.reset(seed=args.seed)  # seeds FrozenLake's slipping; later resets continue that stream
+    model = env_model(env)
+
+    # The exact reference, computed once from the model.
+    v_star, q_star = value_iteration(model, args.gamma)
+    opt_return, opt_success = (x[model.start] for x in horizon_values(model, args.max_steps))
+
+    q = np.zeros((model.reward.shape[0], 4))  # the Q-table, (S, A)
+    eval_every = max(1, args.episodes // args.evals)
+    returns, eval_eps, eval_success, optimal_at = [], [], [], []
+    train_seconds, steps_done = 0.0, 0
+    name = args.env + ("-slippery" if args.slippery else "")
+    print(f"q-learning env={name} episodes={args.episodes} alpha={args.alpha}->{args.alpha_end} "
+          f"gamma={args.gamma} optimal_return={opt_return:.4f} optimal_success={opt_success:.4f}", flush=True)
+
+    for episode in range(args.episodes):
+        t0 = time.perf_counter()
+        eps, alpha = epsilon_at(episode, args), alpha_at(episode, args)
+        ret, steps = run_episode(env, q, eps, alpha, args.gamma, rng)
+        train_seconds += time.perf_counter() - t0
+        returns.append(ret)
+        steps_done += steps
+        if (episode + 1) % eval_every == 0 or episode + 1 == args.episodes:
+            policy = greedy_policy(q)
+            success = float(horizon_values(model, args.max_steps, policy)[1][model.start])
+            optimal_at.append(is_optimal(model, policy, v_star, args.gamma)[0])
+            eval_eps.append(episode + 1)
+            eval_success.append(success)
+            recent = float(np.mean(returns[-eval_every:]))
+            sps = steps_done / max(train_seconds, 1e-9)
+            print(f"episode={episode + 1} return={recent:.2f} eps={eps:.3f} alpha={alpha:.4f} "
+                  f"greedy_success={success:.4f} optimal={optimal_at[-1]} steps={steps_done} sps={sps:.0f}", flush=True)
+
+    # Final evaluation of the greedy policy: exactly from the model, and by rollouts in the real env.
+    policy = greedy_policy(q)
+    optimal, value_gap = is_optimal(model, policy, v_star, args.gamma)
+    exact_return, exact_success = (x[model.start] for x in horizon_values(model, args.max_steps, policy))
+    n_rollouts = 1 if args.env == "grid" else args.eval_episodes  # deterministic env and policy: 1 is exact
+    greedy_return, greedy_success = rollout(env, policy, n_rollouts)
+    # episodes_to_optimal: first evaluation after which the greedy policy stayed optimal to the end.
+    episodes_to_optimal = None
+    if optimal_at[-1]:
+        k = len(optimal_at) - 1
+        while k > 0 and optimal_at[k - 1]:
+            k -= 1
+        episodes_to_optimal = eval_eps[k]
+
+    metrics = {
+        "env": name,
+        "greedy_return": float(greedy_return),
+        "optimal_return": float(opt_return),
+        "greedy_success_rate": float(greedy_success),
+        "optimal_success_rate": float(opt_success),
+        "success_gap": float(opt_success - greedy_success),
+        "greedy_return_exact": float(exact_return),
+        "greedy_success_rate_exact": float(exact_success),
+        "policy_is_optimal": bool(optimal),
+        "value_gap": value_gap,
+        "greedy_value_start": float(v_star[model.start] - value_gap),
+        "optimal_value_start": float(v_star[model.start]),
+        "episodes_to_optimal": episodes_to_optimal,
+        "eval_episodes": n_rollouts,
+        "episodes": args.episodes,
+        "env_steps": steps_done,
+        "train_seconds": round(train_seconds, 4),
+        "wall_seconds": round(time.perf_counter() - wall_start, 4),
+    }
+
+    print(grid_text(env, policy, q.max(axis=1), "\nlearned greedy policy and max_a Q(s, a):"))
+    print(grid_text(env, greedy_policy(q_star), v_star, f"\nvalue iteration (γ={args.gamma}): π* and V*(s):"))
+    print(f"\nsummary: env={name} greedy_return={greedy_return:.4f} optimal_return={opt_return:.4f} "
+          f"greedy_success_rate={greedy_success:.4f} (over {n_rollouts} episode{'s' * (n_rollouts > 1)}; "
+          f"exact {exact_success:.4f}) optimal_success_rate={opt_success:.4f}")
+    print(f"summary: policy_is_optimal={optimal} value_gap={value_gap:.3g} episodes_to_optimal={episodes_to_optimal} "
+          f"train_seconds={train_seconds:.3f} env_steps={steps_done}", flush=True)
+
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "metrics.json"), "w") as fh:
+        json.dump({**metrics, "args": asdict(args)}, fh, indent=2)
+    save_curve(os.path.join(args.out, "learning_curve.png"), returns, eval_eps, eval_success,
+               opt_return, opt_success, f"Q-learning on {name}, seed {args.seed}")
+    return metrics
+
+
+if __name__ == "__main__":
+    main(parse_args())

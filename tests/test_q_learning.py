@@ -1,0 +1,235 @@
+"""Module 1: tabular Q-learning (1_Q_Learning/Q_Learning.py).
+
+unit:     the TD update, the ε schedule, value iteration and finite-horizon evaluation against hand-computed
+          numbers; bad settings exit with one line.
+smoke:    the CLI in a subprocess, on the grid and on FrozenLake, writes metrics.json and the PNG.
+learning: the default grid run is optimal on seeds 0–4 in well under a second of training; slippery
+          FrozenLake lands within 0.02 of the best success rate reachable in 100 steps.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import load_script, run_script
+
+SCRIPT = "1_Q_Learning/Q_Learning.py"
+ql = load_script(SCRIPT)
+FROZENLAKE_EPISODES = 10_000  # see the README: enough for the slippery lake, with margin
+
+
+# ------------------------------------------------------------------------------------------------
+# unit
+
+def three_state_mdp():
+    """States 0, 1 and the terminal goal 2. Actions: 0 = forward, 1 = the other choice.
+
+    0 --forward--> 1 (r 0);               0 --cash out--> 2 (r 0.5, terminal)
+    1 --forward--> 2 (r 1, terminal) w.p. 0.8, back to 0 (r 0) w.p. 0.2;   1 --back--> 0 (r 0)
+    """
+    P = {
+        0: {0: [(1.0, 1, 0.0, False)], 1: [(1.0, 2, 0.5, True)]},
+        1: {0: [(0.8, 2, 1.0, True), (0.2, 0, 0.0, False)], 1: [(1.0, 0, 0.0, False)]},
+        2: {0: [(1.0, 2, 0.0, True)], 1: [(1.0, 2, 0.0, True)]},
+    }
+    return ql.build_model(P, start=0, goal=2)
+
+
+@pytest.mark.unit
+def test_one_q_update_matches_hand_computation():
+    q = np.zeros((2, 4))
+    q[0, 2] = 3.0
+    q[1] = [2.0, 5.0, 1.0, 0.0]
+    # y = r + γ·max_a' Q(1, a') = −1 + 0.9·5 = 3.5;  δ = 3.5 − 3 = 0.5;  Q(0, 2) ← 3 + 0.5·0.5 = 3.25
+    td_error = ql.q_update(q, s=0, a=2, reward=-1.0, s2=1, terminated=False, alpha=0.5, gamma=0.9)
+    assert td_error == pytest.approx(0.5)
+    assert q[0, 2] == pytest.approx(3.25)
+    assert q[1].tolist() == [2.0, 5.0, 1.0, 0.0] and q[0, [0, 1, 3]].tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.unit
+def test_no_bootstrap_from_a_terminal_state():
+    q = np.zeros((2, 4))
+    q[0, 1] = 3.0
+    q[1] = 50.0  # must be ignored: the episode ended
+    # y = r = 100;  δ = 97;  Q ← 3 + 0.5·97 = 51.5
+    assert ql.q_update(q, 0, 1, 100.0, 1, True, alpha=0.5, gamma=0.9) == pytest.approx(97.0)
+    assert q[0, 1] == pytest.approx(51.5)
+
+
+@pytest.mark.unit
+def test_a_time_limit_cut_still_bootstraps():
+    env = ql.GridWorld(max_steps=1)  # every episode is cut after one step
+    q = np.full((16, 4), 10.0)
+    ret, steps = ql.run_episode(env, q, eps=1.0, alpha=1.0, gamma=0.5, rng=np.random.default_rng(0))
+    assert (ret, steps) == (-1.0, 1)
+    # truncated, not terminated: Q(0, a) ← −1 + 0.5·10 = 4 (it would be −1 if the cut were treated as terminal)
+    changed = q != 10.0
+    assert changed.sum() == 1 and changed[0].any()
+    assert q[changed][0] == pytest.approx(4.0)
+
+
+@pytest.mark.unit
+def test_epsilon_decays_linearly_then_stays():
+    args = ql.Args(episodes=100, eps_start=1.0, eps_end=0.05, eps_decay=0.5)
+    assert ql.epsilon_at(0, args) == pytest.approx(1.0)
+    assert ql.epsilon_at(25, args) == pytest.approx(0.525)
+    assert ql.epsilon_at(50, args) == pytest.approx(0.05)
+    assert ql.epsilon_at(99, args) == pytest.approx(0.05)
+
+
+@pytest.mark.unit
+def test_alpha_decays_linearly_to_alpha_end():
+    args = ql.Args(episodes=100, alpha=0.1, alpha_end=0.0)
+    assert [ql.alpha_at(e, args) for e in (0, 50, 99)] == pytest.approx([0.1, 0.05, 0.001])
+    assert ql.alpha_at(99, ql.Args(episodes=100, alpha=0.1, alpha_end=0.1)) == 0.1  # constant rate
+
+
+@pytest.mark.unit
+def test_value_iteration_on_a_three_state_mdp():
+    model = three_state_mdp()
+    # γ = 0.9, walking on is best: V1 = 0.8 + 0.2·γ·V0 and V0 = γ·V1  =>  V1 = 0.8 / (1 − 0.2·0.81)
+    v, q = ql.value_iteration(model, gamma=0.9)
+    v1 = 0.8 / (1 - 0.2 * 0.81)
+    assert v == pytest.approx([0.9 * v1, v1, 0.0], abs=1e-8)
+    assert q[0] == pytest.approx([0.9 * v1, 0.5], abs=1e-8)
+    assert q[1] == pytest.approx([v1, 0.81 * v1], abs=1e-8)
+    # γ = 0.4: the sure 0.5 now beats walking on (V0 = 0.5, V1 = 0.8 + 0.2·0.4·0.5 = 0.84)
+    v, q = ql.value_iteration(model, gamma=0.4)
+    assert v == pytest.approx([0.5, 0.84, 0.0], abs=1e-8)
+    assert ql.greedy_policy(q)[:2].tolist() == [1, 0]
+
+
+@pytest.mark.unit
+def test_policy_value_and_optimality_check():
+    model = three_state_mdp()
+    v_star, _ = ql.value_iteration(model, gamma=0.9)
+    cash_out = np.array([1, 0, 0])
+    assert ql.policy_value(model, cash_out, 0.9)[0] == pytest.approx(0.5)
+    optimal, gap = ql.is_optimal(model, cash_out, v_star, 0.9)
+    assert not optimal and gap == pytest.approx(v_star[0] - 0.5)
+    optimal, gap = ql.is_optimal(model, np.array([0, 0, 0]), v_star, 0.9)
+    assert optimal and abs(gap) < 1e-9
+    # γ = 1: a policy that walks back and forth forever earns 0, not V* — the check must catch it
+    v1_star, _ = ql.value_iteration(model, gamma=1.0)
+    assert v1_star[0] == pytest.approx(1.0, abs=1e-6)
+    assert not ql.is_optimal(model, np.array([0, 1, 0]), v1_star, 1.0)[0]
+
+
+@pytest.mark.unit
+def test_grid_model_and_horizon_optimum():
+    model = ql.env_model(ql.GridWorld(max_steps=100))
+    expected = np.ones((16, 4))
+    expected[11, 1] = expected[14, 2] = 0.0  # down from 11 and right from 14 enter the goal: terminal
+    expected[15] = 0.0  # the goal itself: the episode is over
+    assert model.p_cont.sum(axis=2).tolist() == expected.tolist()
+    assert model.reward[14, 2] == 100.0 and model.reward[0, 0] == -1.0
+    # the shortest path is 6 steps: 5·(−1) + 100 = 95; within 5 steps the goal is out of reach (−5, success 0)
+    ret, success = ql.horizon_values(model, 6)
+    assert (ret[0], success[0]) == (95.0, 1.0)
+    ret, success = ql.horizon_values(model, 5)
+    assert (ret[0], success[0]) == (-5.0, 0.0)
+    # a policy that only goes right hits the wall and never arrives: 100 steps of −1
+    ret, success = ql.horizon_values(model, 100, policy=np.full(16, 2))
+    assert (ret[0], success[0]) == (-100.0, 0.0)
+
+
+@pytest.mark.unit
+def test_frozenlake_horizon_optimum():
+    env = ql.make_env(ql.Args(env="frozenlake", slippery=True))
+    model = ql.env_model(env)
+    _, success = ql.horizon_values(model, 100)
+    # the best success rate within 100 steps, from gymnasium's own model; the infinite-horizon optimum is 14/17
+    assert 0.74 < success[0] < 0.75
+    v_star, _ = ql.value_iteration(model, gamma=1.0)
+    assert v_star[0] == pytest.approx(14 / 17, abs=1e-6)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("bad, message", [
+    (dict(episodes=0), "--episodes"),
+    (dict(episodes=-5), "--episodes"),
+    (dict(alpha=0.0), "--alpha"),
+    (dict(alpha=1.5), "--alpha"),
+    (dict(gamma=-0.1), "--gamma"),
+    (dict(gamma=1.01), "--gamma"),
+    (dict(env="cliff"), "--env"),
+])
+def test_bad_settings_exit_with_one_line(bad, message, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        ql.main(ql.Args(out=str(tmp_path), **bad))
+    text = str(exc.value.code)
+    assert text.startswith("error: ") and message in text and "\n" not in text
+    assert not (tmp_path / "metrics.json").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# smoke
+
+@pytest.mark.smoke
+def test_cli_grid_writes_metrics_and_curve(tmp_path):
+    out = tmp_path / "run"
+    proc = run_script(SCRIPT, "--episodes", "40", "--evals", "4", "--out", str(out), cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("episode=") == 4 and "summary:" in proc.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    for key in ("greedy_return", "optimal_return", "greedy_success_rate", "optimal_success_rate",
+                "policy_is_optimal", "episodes_to_optimal", "train_seconds"):
+        assert key in metrics
+    assert metrics["optimal_return"] == 95.0 and metrics["args"]["episodes"] == 40
+    assert (out / "learning_curve.png").stat().st_size > 10_000
+
+
+@pytest.mark.smoke
+def test_cli_frozenlake_runs(tmp_path):
+    proc = run_script(SCRIPT, "--env", "frozenlake", "--slippery", "--episodes", "50", "--eval-episodes", "200",
+                      "--out", str(tmp_path), cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["env"] == "frozenlake-slippery" and metrics["eval_episodes"] == 200
+    assert 0.74 < metrics["optimal_success_rate"] < 0.75
+    assert 0.0 <= metrics["greedy_success_rate"] <= 1.0
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("argv", [
+    ["--episodes", "0"], ["--alpha", "2"], ["--gamma", "1.5"], ["--env", "cliff"], ["--episodes", "ten"],
+])
+def test_cli_bad_input_is_one_line(argv, tmp_path):
+    proc = run_script(SCRIPT, *argv, "--out", str(tmp_path), cwd=tmp_path, timeout=60)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: ")
+
+
+# ------------------------------------------------------------------------------------------------
+# learning
+
+@pytest.mark.learning
+def test_default_grid_is_optimal_on_seeds_0_to_4(tmp_path):
+    for seed in range(5):
+        m = ql.main(ql.Args(seed=seed, out=str(tmp_path / str(seed))))
+        assert m["policy_is_optimal"], seed
+        assert m["greedy_return"] == m["optimal_return"] == 95.0
+        assert m["greedy_success_rate"] == 1.0
+        assert m["episodes_to_optimal"] is not None and m["episodes_to_optimal"] <= m["episodes"]
+        assert m["train_seconds"] < 1.0
+
+
+@pytest.mark.learning
+def test_same_seed_same_run(tmp_path):
+    a = ql.main(ql.Args(env="frozenlake", slippery=True, episodes=300, eval_episodes=300, out=str(tmp_path / "a")))
+    b = ql.main(ql.Args(env="frozenlake", slippery=True, episodes=300, eval_episodes=300, out=str(tmp_path / "b")))
+    drop = ("train_seconds", "wall_seconds")
+    assert {k: v for k, v in a.items() if k not in drop} == {k: v for k, v in b.items() if k not in drop}
+
+
+@pytest.mark.learning
+def test_slippery_frozenlake_reaches_the_100_step_optimum(tmp_path):
+    m = ql.main(ql.Args(env="frozenlake", slippery=True, episodes=FROZENLAKE_EPISODES, eval_episodes=10_000,
+                        out=str(tmp_path)))
+    assert 0.74 < m["optimal_success_rate"] < 0.75
+    assert abs(m["optimal_success_rate"] - m["greedy_success_rate"]) <= 0.02  # 10,000 rollouts in the real env
+    assert abs(m["optimal_success_rate"] - m["greedy_success_rate_exact"]) <= 0.02
+
