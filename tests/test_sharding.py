@@ -1,0 +1,260 @@
+"""Tests for 5_Sharding_Mesh/sharding_mesh.py: rule resolution, byte counts, the CLI on faked 8- and 4-device hosts."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conftest import load_script, run_script
+
+SCRIPT = "5_Sharding_Mesh/sharding_mesh.py"
+sm = load_script(SCRIPT)
+
+# Logical axes of the weights in the script's TinyLM, by the name the metrics use.
+WEIGHT_AXES = {
+    "token_embed/embedding": ("vocab", "embed"),
+    "pos_embed": ("length", "embed"),
+    "query/kernel": ("embed", "heads", "kv"),
+    "attn_out/kernel": ("heads", "kv", "embed"),
+    "mlp_in/kernel": ("embed", "mlp"),
+    "mlp_out/kernel": ("mlp", "embed"),
+    "unembed/kernel": ("embed", "vocab"),
+    "attn_norm/scale": ("norm",),
+}
+
+# Hand-written expected PartitionSpecs for named weights (and the batch) under every rule set.
+EXPECTED = {
+    "dp": {"mlp_in/kernel": (None, None), "token_embed/embedding": (None, None), "attn_norm/scale": (None,),
+           "batch": ("data", None)},
+    "tp": {"mlp_in/kernel": (None, "model"), "mlp_out/kernel": ("model", None),
+           "token_embed/embedding": ("model", None), "attn_out/kernel": ("model", None, None),
+           "query/kernel": (None, "model", None), "attn_norm/scale": (None,), "batch": (None, None)},
+    "dp_tp": {"mlp_in/kernel": (None, "model"), "unembed/kernel": (None, "model"), "pos_embed": (None, None),
+              "batch": ("data", None)},
+    "fsdp": {"mlp_in/kernel": ("data", "model"), "mlp_out/kernel": ("model", "data"),
+             "token_embed/embedding": ("model", "data"), "query/kernel": ("data", "model", None),
+             "pos_embed": (None, "data"), "attn_norm/scale": (None,), "batch": ("data", None)},
+}
+
+
+def _axes(name):
+    return ("batch", "length") if name == "batch" else WEIGHT_AXES[name]
+
+
+# ---------------------------------------------------------------- unit: rule resolution
+
+@pytest.mark.unit
+@pytest.mark.parametrize("rule_set", list(EXPECTED))
+def test_partition_specs_of_named_weights(rule_set):
+    for name, spec in EXPECTED[rule_set].items():
+        assert sm.logical_to_mesh_axes(_axes(name), sm.RULE_SETS[rule_set]) == spec, (rule_set, name)
+
+
+@pytest.mark.unit
+def test_resolution_order_fallback_and_unmentioned_names():
+    # 'mlp' takes 'model' first, so the later ('embed', 'model') finds the mesh axis used: embed stays None.
+    assert sm.logical_to_mesh_axes(("embed", "mlp"), (("mlp", "model"), ("embed", "model"))) == (None, "model")
+    # a name may appear twice: the second rule is a fallback when the first one's mesh axis is taken
+    rules = (("mlp", "model"), ("embed", "model"), ("embed", "data"))
+    assert sm.logical_to_mesh_axes(("embed", "mlp"), rules) == ("data", "model")
+    # (name, None) pins the dimension to replicated; later rules for that name are skipped
+    assert sm.logical_to_mesh_axes(("embed",), (("embed", None), ("embed", "data"))) == (None,)
+    # a tuple target splits one dimension over several mesh axes
+    assert sm.logical_to_mesh_axes(("batch", "length"), (("batch", ("data", "model")),)) == (("data", "model"), None)
+    # names no rule mentions, and unnamed dimensions, are replicated
+    assert sm.logical_to_mesh_axes(("norm", None), sm.RULE_SETS["fsdp"]) == (None, None)
+    with pytest.raises(ValueError, match="not in the mesh"):
+        sm.logical_to_mesh_axes(("embed",), (("embed", "fsdp"),))
+
+
+@pytest.mark.unit
+def test_resolver_agrees_with_flax_linen():
+    import flax.linen as nn
+    cases = [*WEIGHT_AXES.values(), ("batch", "length"), ("embed", "heads", "kv"), ("norm",)]
+    extra = [(("mlp", "model"), ("embed", "model"), ("embed", "data")), (("batch", ("data", "model")),),
+             (("embed", None), ("embed", "data"), ("mlp", "data"))]
+    for rules in [*sm.RULE_SETS.values(), *extra]:
+        for axes in cases:
+            assert tuple(nn.logical_to_mesh_axes(axes, rules)) == sm.logical_to_mesh_axes(axes, rules), (rules, axes)
+
+
+@pytest.mark.unit
+def test_nnx_eager_sharding_needs_every_logical_name_in_the_rules():
+    """Flax NNX 0.12.8's own path passes an unmentioned name through unchanged, so it must be listed (→ None)."""
+    import jax
+    from flax import nnx
+    mesh = sm.make_mesh((1, 1), jax.devices()[:1])
+    init = nnx.with_partitioning(nnx.initializers.normal(0.02), ("embed", "mlp"))
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(sm.RULE_SETS["tp"]):
+        with pytest.raises(ValueError, match="embed"):
+            nnx.Linear(8, 16, use_bias=False, kernel_init=init, rngs=nnx.Rngs(0))
+    completed = (*sm.RULE_SETS["tp"], ("embed", None))
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(completed):
+        layer = nnx.Linear(8, 16, use_bias=False, kernel_init=init, rngs=nnx.Rngs(0))
+        nnx_spec = tuple(nnx.get_partition_spec(nnx.state(layer))["kernel"].get_value())
+    assert nnx_spec == sm.logical_to_mesh_axes(("embed", "mlp"), sm.RULE_SETS["tp"]) == (None, "model")
+
+
+# ---------------------------------------------------------------- unit: bytes
+
+@pytest.mark.unit
+def test_shard_shape_and_analytic_bytes():
+    sizes = {"data": 4, "model": 2}
+    assert sm.shard_shape((64, 256), ("data", "model"), sizes) == (16, 128)
+    assert sm.shard_shape((64, 256), (None, "model"), sizes) == (64, 128)
+    assert sm.shard_shape((8, 8, 64), (("data", "model"),), sizes) == (1, 8, 64)
+    assert sm.analytic_bytes((64, 256), 4, ("data", "model"), sizes) == 16 * 128 * 4
+    assert sm.analytic_bytes((64,), 4, (None,), sizes) == 256
+    assert sm.analytic_bytes((), 4, (), sizes) == 4
+
+
+@pytest.mark.unit
+def test_8b_example_arithmetic():
+    n = sum(math.prod(shape) * k for _, shape, _, k in sm.LLAMA_8B)
+    assert n == 8_030_261_248
+    norms = 4096 * (2 * 32 + 1)                     # replicated under every rule set
+    sizes = {"data": 4, "model": 2}
+    dp = sm.big_model_memory(sm.RULE_SETS["dp"], sizes, (2, 2, 4))
+    assert dp["params_gb"] == pytest.approx(n * 2 / 1e9) and dp["adam_gb"] == pytest.approx(n * 4 / 1e9)
+    assert dp["total_gb"] == pytest.approx(64.24, abs=0.01)          # the guide's 16 + 16 + 32 GB
+    tp = sm.big_model_memory(sm.RULE_SETS["tp"], sizes, (2, 2, 4))    # every non-norm weight has vocab/heads/mlp
+    assert tp["total_gb"] == pytest.approx(((n - norms) / 2 + norms) * 8 / 1e9)
+    fsdp = sm.big_model_memory(sm.RULE_SETS["fsdp"], sizes, (2, 2, 4))
+    assert fsdp["total_gb"] == pytest.approx(((n - norms) / 8 + norms) * 8 / 1e9)
+    # fp32 weights, grads and Adam: plain data parallelism no longer fits an 80 GB chip, tensor parallelism does
+    assert sm.big_model_memory(sm.RULE_SETS["dp"], sizes, (4, 4, 8))["total_gb"] == pytest.approx(128.48, abs=0.01)
+    assert sm.big_model_memory(sm.RULE_SETS["tp"], sizes, (4, 4, 8))["total_gb"] < 80
+
+
+# ---------------------------------------------------------------- unit: mesh and input errors
+
+@pytest.mark.unit
+def test_default_mesh_fits_the_device_count():
+    args = sm.Args()
+    assert [sm.mesh_shape(args, n) for n in (1, 2, 4, 6, 8)] == [(1, 1), (1, 2), (2, 2), (3, 2), (4, 2)]
+    assert sm.mesh_shape(sm.Args(mesh="8x1"), 8) == (8, 1)
+    with pytest.raises(SystemExit, match="needs 16 devices"):
+        sm.mesh_shape(sm.Args(mesh="4x4"), 8)
+    with pytest.raises(SystemExit, match="DATAxMODEL"):
+        sm.parse_mesh("4by2")
+
+
+@pytest.mark.unit
+def test_bad_flags_exit_with_one_line():
+    for bad in (dict(steps=1), dict(host_devices=-1), dict(mesh="0x2"), dict(tolerance=0.0)):
+        with pytest.raises(SystemExit):
+            sm.validate(sm.Args(**bad))
+
+
+@pytest.mark.unit
+def test_host_devices_too_late_is_a_clean_error(monkeypatch, tmp_path):
+    import jax
+    jax.devices()                                    # this process's JAX has started with its 1 CPU device
+    monkeypatch.setenv("XLA_FLAGS", "")              # start_devices edits XLA_FLAGS; restore it afterwards
+    with pytest.raises(SystemExit, match="came too late"):
+        sm.main(sm.Args(host_devices=3, out=str(tmp_path)))
+
+
+# ---------------------------------------------------------------- smoke: the CLI on faked devices
+
+def _param_values():
+    """Parameter count per weight of the default TinyLM, computed here from its shapes."""
+    V, E, H, K, F, L = 64, 64, 8, 8, 256, 16
+    return {"token_embed": V * E, "pos_embed": L * E, "norms": 3 * E, "qkv": 3 * E * H * K, "attn_out": H * K * E,
+            "mlp": 2 * E * F, "unembed": E * V}
+
+
+@pytest.mark.smoke
+def test_cli_8_devices_every_rule_set(tmp_path):
+    res = run_script(SCRIPT, "--host-devices", "8", "--steps", "3", "--out", str(tmp_path), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["devices"] == 8 and m["mesh"] == {"data": 4, "model": 2} and m["rules"] == ["dp", "tp", "dp_tp", "fsdp"]
+    assert m["check_passed"] and m["max_abs_diff_vs_single_device"] <= 1e-5
+    # partition specs of named weights, as the real arrays hold them
+    for rule_set, expected in EXPECTED.items():
+        weights = m["rule_sets"][rule_set]["weights"]
+        for name, spec in expected.items():
+            if name != "batch":
+                assert tuple(weights[name]["partition_spec"]) == spec, (rule_set, name)
+    # measured bytes per device == analytic, and == the count done here by hand (float32, 4 bytes)
+    v = _param_values()
+    total = sum(v.values())
+    split_model = total - v["pos_embed"] - v["norms"]                   # every other weight has vocab/heads/mlp
+    per_device_values = {"dp": total, "tp": split_model / 2 + v["pos_embed"] + v["norms"],
+                         "dp_tp": split_model / 2 + v["pos_embed"] + v["norms"],
+                         "fsdp": split_model / 8 + v["pos_embed"] / 4 + v["norms"]}
+    for rule_set, values in per_device_values.items():
+        r = m["rule_sets"][rule_set]
+        params = int(values) * 4
+        assert r["bytes_per_device"] == r["analytic_bytes_per_device"]
+        assert r["bytes_per_device"]["params"] == params == r["bytes_per_device"]["grads"]
+        assert r["bytes_per_device"]["adam"] == 2 * params + 8         # m and v, plus two 4-byte step counters
+        assert m["bytes_per_device"][rule_set] == 4 * params + 8
+    assert "CPU 0,2,4,6" in res.stdout                                  # visualize_array_sharding under tp
+    assert (tmp_path / "loss_curve.png").stat().st_size > 0
+
+
+@pytest.mark.smoke
+def test_cli_4_devices_fsdp(tmp_path):
+    res = run_script(SCRIPT, "--host-devices", "4", "--rules", "fsdp", "--steps", "3", "--no-visualize",
+                     "--out", str(tmp_path), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["devices"] == 4 and m["mesh"] == {"data": 2, "model": 2} and m["rules"] == ["fsdp"]
+    assert m["max_abs_diff_vs_single_device"] <= 1e-5
+    w = m["rule_sets"]["fsdp"]["weights"]["mlp_in/kernel"]
+    assert tuple(w["partition_spec"]) == ("data", "model") and tuple(w["shard_shape"]) == (32, 128)
+    assert w["bytes_per_device"] == 32 * 128 * 4
+    assert "check rules=fsdp" in res.stdout and "PASS" in res.stdout
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("flags, message", [
+    (("--host-devices", "4", "--mesh", "4x2"), "needs 8 devices but there are 4"),
+    (("--host-devices", "6", "--mesh", "3x2"), "does not split into 3 equal parts"),
+])
+def test_cli_mesh_that_does_not_fit(tmp_path, flags, message):
+    res = run_script(SCRIPT, *flags, "--out", str(tmp_path), cwd=tmp_path)
+    assert res.returncode != 0
+    assert message in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.smoke
+def test_cli_two_processes_with_distributed(tmp_path):
+    """--distributed for real: two processes on this machine, 2 CPU devices each, one 2x2 mesh over both."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from conftest import REPO
+    with socket.socket() as s:                       # a free port for the coordinator
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    common = [sys.executable, str(REPO / SCRIPT), "--distributed", "--coordinator-address", f"localhost:{port}",
+              "--num-processes", "2", "--host-devices", "2", "--rules", "fsdp", "--steps", "2", "--no-visualize"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs = [subprocess.Popen([*common, "--process-id", str(i), "--out", str(tmp_path / f"p{i}")], cwd=tmp_path,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in (1, 0)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-1500:] for _, err in outs]
+    m = json.loads((tmp_path / "p0" / "metrics.json").read_text())
+    assert m["processes"] == 2 and m["devices"] == 4 and m["mesh"] == {"data": 2, "model": 2}
+    assert m["check_passed"] and m["max_abs_diff_vs_single_device"] <= 1e-5
+    assert m["rule_sets"]["fsdp"]["bytes_match_analytic"]
+    assert not (tmp_path / "p1" / "metrics.json").exists()               # only process 0 writes
+
+
+# ---------------------------------------------------------------- learning: a short real run
+
+@pytest.mark.learning
+def test_training_lowers_the_loss(tmp_path):
+    m = sm.main(sm.Args(rules="dp", steps=40, visualize=False, out=str(tmp_path)))
+    losses = m["single_device_losses"]
+    assert losses[0] > 3.5                                              # ≈ ln(64) = 4.16 at the start
+    assert m["rule_sets"]["dp"]["final_loss"] < 0.25 * losses[0]
+    assert np.mean(losses[-5:]) < np.mean(losses[:5])
+    assert json.loads((tmp_path / "metrics.json").read_text())["check_passed"]
