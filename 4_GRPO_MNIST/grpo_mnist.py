@@ -1,0 +1,613 @@
+"""GRPO on MNIST: a critic-less policy learns digits from a 0/1 reward, one group of answers per image.
+
+Each image is a prompt. The actor (an MLP returning a tfp Categorical over the ten digits) samples
+G answers per image from the frozen rollout policy π_old; an answer earns reward 1 if it names the
+right digit, else 0. The group's own mean and standard deviation turn the rewards into advantages,
+so no value network (critic) is needed. The actor then takes `--inner-steps` clipped-surrogate
+(PPO-clip) steps on that rollout, optionally with a k3 KL penalty towards a frozen reference policy.
+
+`--group-mode batch` is the course spec's variant (one sample per image, a batch-wide baseline), and
+`--objective supervised` trains the same MLP with cross-entropy on the labels, for comparison.
+Every epoch reports the greedy (argmax) accuracy on held-out digits and the sampled training reward.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import math
+import os
+import struct
+import sys
+import time
+import urllib.request
+import zlib
+from dataclasses import asdict, dataclass, field, fields
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import matplotlib
+import numpy as np
+import optax
+from flax import nnx
+from tensorflow_probability.substrates import jax as tfp
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
+
+tfd = tfp.distributions
+
+
+def flag(default, help: str, **kw):
+    """A dataclass field that is also a command-line flag."""
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class Args:
+    seed: int = flag(0, "seeds everything: jax.random.key (shuffles, sampling) and nnx.Rngs (weights)")
+    dataset: str = flag("mnist", "tensorflow-datasets name, read with tfds.data_source",
+                        choices=("mnist", "fashion_mnist"))
+    data_dir: str = flag("", "read the standard IDX .gz files from this folder instead of tensorflow-datasets")
+    split_test_set: int = flag(0, "if > 0: train on this many images of the official TEST split and hold out "
+                                  "the rest (a fixed shuffle, the same for every --seed); 0: use train / test")
+    download: bool = flag(True, "if the dataset is not cached, let tensorflow-datasets prepare it, or else fetch "
+                                "the IDX files its builder uses (checked against its SHA-256 list)")
+    objective: str = flag("grpo", "grpo: learn from the 0/1 reward; supervised: cross-entropy on the labels",
+                          choices=("grpo", "supervised"))
+    group_mode: str = flag("prompt", "prompt: each image's G answers form a group (real GRPO); "
+                                     "batch: the whole batch is one group (the spec's variant)",
+                           choices=("prompt", "batch"))
+    group_size: int = flag(16, "G, answers sampled per image (prompt mode needs G >= 2)")
+    batch_size: int = flag(64, "images (prompts) per rollout and update")
+    inner_steps: int = flag(2, "μ, clipped-surrogate gradient steps on each rollout (1 keeps the ratio at 1)")
+    epochs: int = flag(10, "passes over the training images")
+    lr: float = flag(1e-3, "Adam learning rate")
+    clip_eps: float = flag(0.2, "ε of the PPO clip: the ratio π/π_old is clipped to [1 − ε, 1 + ε]")
+    beta: float = flag(0.1, "β, weight of the k3 KL penalty towards the frozen reference policy (the initial actor); 0 turns it off")
+    adv_eps: float = flag(1e-4, "ε in (r − mean) / (std + ε)")
+    hidden: int = flag(128, "width of the actor's two hidden layers")
+    out: str = flag("runs/grpo_mnist", "folder for metrics.json, the curve PNG and actor.npz")
+
+
+def parse_args(argv=None) -> Args:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in fields(Args):
+        name = "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):
+            p.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+        else:
+            p.add_argument(name, type=type(f.default), default=f.default,
+                           help=f.metadata["help"], choices=f.metadata.get("choices"))
+    return Args(**vars(p.parse_args(argv)))
+
+
+def validate(args: Args) -> None:
+    """Exit with one line on stderr if a flag value makes no sense."""
+    checks = [
+        (args.epochs >= 1, f"--epochs must be >= 1, got {args.epochs}"),
+        (args.batch_size >= 1, f"--batch-size must be >= 1, got {args.batch_size}"),
+        (args.group_size >= 1, f"--group-size must be >= 1, got {args.group_size}"),
+        (args.group_size >= 2 or args.group_mode == "batch" or args.objective == "supervised",
+         f"--group-size must be >= 2 with --group-mode prompt (a group of one always has advantage 0), "
+         f"got {args.group_size}"),
+        (args.inner_steps >= 1, f"--inner-steps must be >= 1, got {args.inner_steps}"),
+        (args.lr > 0, f"--lr must be > 0, got {args.lr}"),
+        (0 < args.clip_eps < 1, f"--clip-eps must be in (0, 1), got {args.clip_eps}"),
+        (args.beta >= 0, f"--beta must be >= 0, got {args.beta}"),
+        (args.adv_eps > 0, f"--adv-eps must be > 0, got {args.adv_eps}"),
+        (args.hidden >= 1, f"--hidden must be >= 1, got {args.hidden}"),
+        (args.split_test_set >= 0, f"--split-test-set must be >= 0, got {args.split_test_set}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            sys.exit(f"error: {message}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Data: tensorflow-datasets, or the four IDX .gz files from a folder
+# ---------------------------------------------------------------------------------------------
+IDX_FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
+
+
+class DataError(Exception):
+    """Data that cannot be had or read; main() turns it into a one-line error."""
+
+
+class Data(NamedTuple):
+    x_train: np.ndarray  # (N, 784) float32 in [0, 1]
+    y_train: np.ndarray  # (N,) int32
+    x_test: np.ndarray  # (M, 784) held-out images
+    y_test: np.ndarray
+    source: str  # what the numbers were measured on, e.g. "IDX mnist-test[:8000] / [8000:]"
+
+
+def read_idx(path: str) -> np.ndarray:
+    """Read one gzip-compressed IDX file of unsigned bytes (the MNIST format) into a uint8 array.
+
+    Layout: 0x00 0x00 0x08 ndim | ndim big-endian uint32 sizes | prod(sizes) bytes.
+    """
+    try:
+        with gzip.open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise DataError(f"{path} not found") from None
+    except (OSError, EOFError, zlib.error) as e:  # BadGzipFile, truncated stream, bad CRC
+        raise DataError(f"{path} is not a complete gzip file ({e})") from None
+    if len(raw) < 4 or raw[:3] != b"\x00\x00\x08":
+        raise DataError(f"{path} is not an IDX file of unsigned bytes (bad magic number)")
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DataError(f"{path} is truncated inside its IDX header")
+    shape = struct.unpack(f">{ndim}I", raw[4:header])
+    expected = math.prod(shape)
+    if len(raw) - header != expected:
+        raise DataError(f"{path}: shape {shape} needs {expected} data bytes, found {len(raw) - header} "
+                        f"(truncated or corrupt)")
+    return np.frombuffer(raw, np.uint8, offset=header).reshape(shape)
+
+
+def to_features(images: np.ndarray) -> np.ndarray:
+    """uint8 (N, 28, 28[, 1]) → float32 (N, 784) in [0, 1]."""
+    return (images.reshape(images.shape[0], -1).astype(np.float32) / 255.0)
+
+
+def load_idx_split(folder: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+    image_file, label_file = (os.path.join(folder, name) for name in IDX_FILES[split])
+    images, labels = read_idx(image_file), read_idx(label_file)
+    if images.ndim != 3 or images.shape[1:] != (28, 28):
+        raise DataError(f"{image_file}: expected images of shape (N, 28, 28), got {images.shape}")
+    if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
+        raise DataError(f"{label_file}: expected {images.shape[0]} labels, got shape {labels.shape}")
+    if labels.max(initial=0) > 9:
+        raise DataError(f"{label_file}: labels must be digits 0-9, found {labels.max()}")
+    return to_features(images), labels.astype(np.int32)
+
+
+def load_tfds_split(name: str, split: str, download: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Read a whole split through tfds.data_source (random-access ArrayRecord; no TensorFlow needed to read).
+
+    The tests run it under tfds.testing.mock_data, which fakes the dataset without any files."""
+    import absl.logging
+    absl.logging.set_verbosity(absl.logging.ERROR)  # keep tfds' warnings off the error path
+    import tensorflow_datasets as tfds
+    try:
+        source = tfds.data_source(name, split=split, download=download)
+        examples = [source[i] for i in range(len(source))]
+    except Exception as e:  # offline, not cached, tfds needs TensorFlow to prepare, ...
+        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:200]
+        raise DataError(f"could not load '{name}' split '{split}' through tensorflow-datasets ({reason}); "
+                        f"pass --data-dir DIR, a folder with the four IDX .gz files "
+                        f"({', '.join(IDX_FILES['train'] + IDX_FILES['test'])})") from None
+    images = np.stack([np.asarray(ex["image"]) for ex in examples])
+    labels = np.array([int(ex["label"]) for ex in examples], dtype=np.int32)
+    return to_features(images), labels
+
+
+def tfds_idx_files(name: str) -> dict[str, tuple[str, str]]:
+    """{file name: (url, sha256)} of the IDX files tfds's own builder downloads for `name`.
+
+    Read from the checksum list that tensorflow-datasets ships (url_checksums/<name>.txt)."""
+    import tensorflow_datasets as tfds
+    path = os.path.join(os.path.dirname(tfds.__file__), "url_checksums", f"{name}.txt")
+    files = {}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                url, _size, sha256, filename = line.rstrip("\n").split("\t")
+                files[filename] = (url, sha256)
+    return files
+
+
+def sha256_of(path: str) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+def fetch_idx_files(name: str, folder: str, timeout: float = 60.0) -> str:
+    """Download the four IDX .gz files of `name` into `folder` (once), each checked against tfds's SHA-256.
+
+    This is the fallback when tfds cannot prepare the dataset itself: preparing encodes every image
+    with TensorFlow, which this course does not install. Reading needs only NumPy (`read_idx`)."""
+    os.makedirs(folder, exist_ok=True)
+    for filename, (url, sha256) in tfds_idx_files(name).items():
+        path = os.path.join(folder, filename)
+        if os.path.exists(path) and sha256_of(path) == sha256:
+            continue  # cached by an earlier run
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                blob = response.read()
+        except (OSError, ValueError) as e:  # URLError, timeouts and refused connections are OSErrors
+            raise DataError(f"could not download {url} ({e}); pass --data-dir DIR, a folder with the four "
+                            f"IDX .gz files ({', '.join(IDX_FILES['train'] + IDX_FILES['test'])})") from None
+        if hashlib.sha256(blob).hexdigest() != sha256:
+            raise DataError(f"{url} does not match the SHA-256 that tensorflow-datasets lists; not using it")
+        with open(path + ".part", "wb") as fh:
+            fh.write(blob)
+        os.replace(path + ".part", path)  # never leave a half-written file under the real name
+    return folder
+
+
+def idx_cache_dir(name: str) -> str:
+    """Where fetched IDX files are kept: beside tfds's own data, $TFDS_DATA_DIR or ~/tensorflow_datasets."""
+    root = os.environ.get("TFDS_DATA_DIR") or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
+    return os.path.join(root, "downloads", f"{name}_idx")
+
+
+def load_data(args: Args) -> Data:
+    """Train and held-out arrays, from --data-dir or tensorflow-datasets, optionally splitting the test set.
+
+    Without --data-dir: tfds.data_source first; if tfds cannot provide the data (not prepared, and
+    preparing needs TensorFlow) and --download is on, the IDX files its builder uses, fetched and checked."""
+    need_train = args.split_test_set == 0
+    folder = args.data_dir
+    if not folder:
+        try:
+            origin = f"tfds {args.dataset}"
+            x_test, y_test = load_tfds_split(args.dataset, "test", args.download)
+            if need_train:
+                x_train, y_train = load_tfds_split(args.dataset, "train", args.download)
+        except DataError as tfds_error:
+            if not args.download:
+                raise
+            print(f"tensorflow-datasets could not provide {args.dataset}; fetching its IDX files instead "
+                  f"({str(tfds_error).split(';')[0]})", flush=True)
+            folder = fetch_idx_files(args.dataset, idx_cache_dir(args.dataset))
+    if folder:
+        if not os.path.isdir(folder):
+            raise DataError(f"--data-dir {folder} is not a folder")
+        origin = f"IDX files in {folder}"
+        x_test, y_test = load_idx_split(folder, "test")
+        if need_train:
+            if not os.path.exists(os.path.join(folder, IDX_FILES["train"][0])):
+                raise DataError(f"--data-dir {folder} has no {IDX_FILES['train'][0]}; with only the test "
+                                f"files, pass --split-test-set 8000 to train on 8,000 of them and hold out the rest")
+            x_train, y_train = load_idx_split(folder, "train")
+    if need_train:
+        return Data(x_train, y_train, x_test, y_test, f"{origin}: train {len(y_train)} / test {len(y_test)}")
+    n = args.split_test_set
+    if n >= len(y_test):
+        raise DataError(f"--split-test-set must be below the {len(y_test)} test images, got {n}")
+    order = np.random.default_rng(0).permutation(len(y_test))  # fixed: every --seed holds out the same digits
+    train, held = order[:n], order[n:]
+    return Data(x_test[train], y_test[train], x_test[held], y_test[held],
+                f"{origin}: test split shuffled, {n} train / {len(held)} held out")
+
+
+# ---------------------------------------------------------------------------------------------
+# Networks: the actor is the only one GRPO trains; the critic exists only to be counted
+# ---------------------------------------------------------------------------------------------
+class Actor(nnx.Module):
+    """π_θ(a | s): 784 → hidden → hidden → 10 logits, returned as a Categorical over the digits."""
+
+    def __init__(self, hidden: int, *, rngs: nnx.Rngs, in_features: int = 784, n_actions: int = 10):
+        self.fc1 = nnx.Linear(in_features, hidden, rngs=rngs)
+        self.fc2 = nnx.Linear(hidden, hidden, rngs=rngs)
+        self.out = nnx.Linear(hidden, n_actions, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> tfd.Categorical:
+        h = nnx.relu(self.fc1(x))  # (B, hidden)
+        h = nnx.relu(self.fc2(h))
+        return tfd.Categorical(logits=self.out(h))  # batch_shape (B,), 10 classes
+
+
+class Critic(nnx.Module):
+    """PPO's value network V(s) with the actor's trunk and one output. GRPO never builds or trains it;
+    this script instantiates it only to count the parameters (and memory) that GRPO saves."""
+
+    def __init__(self, hidden: int, *, rngs: nnx.Rngs, in_features: int = 784):
+        self.fc1 = nnx.Linear(in_features, hidden, rngs=rngs)
+        self.fc2 = nnx.Linear(hidden, hidden, rngs=rngs)
+        self.out = nnx.Linear(hidden, 1, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.out(nnx.relu(self.fc2(nnx.relu(self.fc1(x)))))[..., 0]  # (B,)
+
+
+def count_params(model: nnx.Module) -> int:
+    return sum(int(p.size) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+BYTES_PER_PARAM = 2 + 2 + 2 * 2  # bf16 weight + bf16 gradient + Adam's m and v in bf16 (the guide's module 6)
+LLM_ACTOR_PARAMS = 8e9  # the guide's 8B example
+
+
+def param_table(hidden: int) -> tuple[str, dict]:
+    """Actor-only (GRPO) vs actor + critic (PPO), counted from the models and scaled to an 8B actor."""
+    actor = count_params(Actor(hidden, rngs=nnx.Rngs(0)))
+    critic = count_params(Critic(hidden, rngs=nnx.Rngs(0)))
+    scale = LLM_ACTOR_PARAMS / actor  # an 8B actor; its critic has the same trunk and a 1-unit head
+    rows = [("actor only (GRPO)", actor), ("critic V(s) (PPO only)", critic), ("actor + critic (PPO)", actor + critic)]
+    lines = [f"{'model':<24}{'params here':>13}{'scaled to 8B actor':>20}{'train state, 8 B/param':>25}"]
+    for name, n in rows:
+        lines.append(f"{name:<24}{n:>13,}{n * scale / 1e9:>19.2f}B{n * scale * BYTES_PER_PARAM / 1e9:>22.1f} GB")
+    saved = critic / (actor + critic)
+    lines.append(f"GRPO drops the critic: {saved:.1%} of PPO's parameters, "
+                 f"{critic * scale * BYTES_PER_PARAM / 1e9:.1f} GB of training state at the 8B scale")
+    return "\n".join(lines), {"params_actor": actor, "params_critic": critic, "critic_share": saved}
+
+
+# ---------------------------------------------------------------------------------------------
+# Losses: group advantages, the clipped surrogate, the k3 KL, cross-entropy
+# ---------------------------------------------------------------------------------------------
+def group_advantages(rewards: jax.Array, eps: float) -> jax.Array:
+    """Real GRPO. rewards (B, G): row b holds the G answers to prompt b.
+    A_bg = (r_bg − mean_g r_b·) / (std_g r_b· + ε); a group whose rewards are all equal gets A = 0."""
+    mean = rewards.mean(axis=1, keepdims=True)  # (B, 1)
+    std = rewards.std(axis=1, keepdims=True)  # (B, 1), population std
+    return (rewards - mean) / (std + eps)
+
+
+def batch_advantages(rewards: jax.Array, eps: float) -> jax.Array:
+    """The spec's variant: one baseline for the whole batch. A = (r − mean(all r)) / (std(all r) + ε)."""
+    return (rewards - rewards.mean()) / (rewards.std() + eps)
+
+
+def clipped_surrogate(logp: jax.Array, logp_old: jax.Array, adv: jax.Array, clip_eps: float):
+    """PPO-clip objective to MAXIMISE, averaged over samples, and the fraction of samples clipped.
+    ρ = π_θ(a|s) / π_old(a|s) = exp(log π_θ − log π_old);  L = mean(min(ρ·A, clip(ρ, 1 − ε, 1 + ε)·A))."""
+    ratio = jnp.exp(logp - logp_old)
+    objective = jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
+    clip_frac = jnp.mean((jnp.abs(ratio - 1) > clip_eps).astype(jnp.float32))
+    return objective.mean(), clip_frac
+
+
+def k3_kl(logp: jax.Array, logp_ref: jax.Array) -> jax.Array:
+    """Per-sample k3 estimate of KL(π_θ ‖ π_ref): π_ref/π − log(π_ref/π) − 1 (≥ 0, = 0 where π = π_ref)."""
+    log_r = logp_ref - logp
+    return jnp.exp(log_r) - log_r - 1
+
+
+def grpo_loss(actor: Actor, x, actions, logp_old, adv, logp_ref, clip_eps: float, beta: float):
+    """Loss to minimise: −clipped surrogate + β·mean(k3). x (B, 784); actions, logp_old, adv, logp_ref (B, G)."""
+    logp = actor(x).log_prob(actions.T).T  # (B, G): log π_θ of each sampled answer
+    surrogate, clip_frac = clipped_surrogate(logp, logp_old, adv, clip_eps)
+    kl = k3_kl(logp, logp_ref).mean()
+    loss = -surrogate + beta * kl
+    return loss, {"loss": loss, "clip_frac": clip_frac, "k3_kl": kl}
+
+
+def supervised_loss(actor: Actor, x, labels):
+    """Cross-entropy: −mean log π_θ(label | x)."""
+    loss = -actor(x).log_prob(labels).mean()
+    return loss, {"loss": loss}
+
+
+# ---------------------------------------------------------------------------------------------
+# One update per batch, and a whole epoch compiled as one lax.scan
+# ---------------------------------------------------------------------------------------------
+class Config(NamedTuple):
+    """The static (compile-time) part of Args that the jitted epoch needs."""
+    objective: str
+    group_mode: str
+    group_size: int
+    batch_size: int
+    inner_steps: int
+    clip_eps: float
+    beta: float
+    adv_eps: float
+
+
+def grpo_update(actor: Actor, optimizer: nnx.Optimizer, reference: Actor, x, y, key, cfg: Config) -> dict:
+    """Rollout G answers per image from π_old, score them, then μ clipped-surrogate steps on that rollout."""
+    dist_old = actor(x)  # π_old: the parameters before this rollout's μ steps
+    actions = dist_old.sample(cfg.group_size, seed=key).T  # (B, G)
+    logp_old = jax.lax.stop_gradient(dist_old.log_prob(actions.T).T)  # (B, G)
+    rewards = (actions == y[:, None]).astype(jnp.float32)  # (B, G): 1 if the answer names the digit
+    if cfg.group_mode == "prompt":
+        adv = group_advantages(rewards, cfg.adv_eps)
+        zero_signal = jnp.mean(rewards.std(axis=1) == 0)  # groups with all-equal rewards teach nothing
+    else:
+        adv = batch_advantages(rewards, cfg.adv_eps)
+        zero_signal = (rewards.std() == 0).astype(jnp.float32)
+    if cfg.beta > 0:
+        logp_ref = reference(x).log_prob(actions.T).T  # (B, G), frozen π_ref
+    else:
+        logp_ref = logp_old  # unused: β = 0 multiplies it away; skip the extra forward pass
+    grad_fn = nnx.value_and_grad(grpo_loss, has_aux=True)
+    step_metrics = []
+    for _ in range(cfg.inner_steps):  # μ steps: after the first, ρ ≠ 1 and the clip can act
+        (_, aux), grads = grad_fn(actor, x, actions, logp_old, adv, logp_ref, cfg.clip_eps, cfg.beta)
+        optimizer.update(actor, grads)
+        step_metrics.append(aux)
+    metrics = jax.tree.map(lambda *v: jnp.mean(jnp.stack(v)), *step_metrics)
+    if cfg.beta == 0:
+        del metrics["k3_kl"]  # with β = 0 it compared π_θ with π_old, not with π_ref
+    return {**metrics, "reward": rewards.mean(), "zero_signal": zero_signal}
+
+
+def supervised_update(actor: Actor, optimizer: nnx.Optimizer, x, y, key) -> dict:
+    """One cross-entropy step; also samples one answer per image so 'reward' is comparable with GRPO's."""
+    reward = (actor(x).sample(seed=key) == y).astype(jnp.float32).mean()
+    (_, aux), grads = nnx.value_and_grad(supervised_loss, has_aux=True)(actor, x, y)
+    optimizer.update(actor, grads)
+    return {**aux, "reward": reward}
+
+
+def train_epoch(state, ref_state, x_all, y_all, key, *, graphdef, ref_graphdef, cfg: Config):
+    """One pass over the shuffled training images, compiled as a single lax.scan over batches.
+
+    The NNX objects are rebuilt from `state` inside the traced function (nnx.merge), updated in place,
+    and split back out, so Python and NNX bookkeeping run once at trace time, not once per batch."""
+    n_batches = x_all.shape[0] // cfg.batch_size  # the last partial batch is dropped
+    key, perm_key = jax.random.split(key)
+    order = jax.random.permutation(perm_key, x_all.shape[0])[: n_batches * cfg.batch_size]
+    batches = order.reshape(n_batches, cfg.batch_size)  # (n_batches, B) image indices
+    keys = jax.random.split(key, n_batches)
+    reference = nnx.merge(ref_graphdef, ref_state)
+
+    def one_batch(state, inputs):
+        idx, batch_key = inputs
+        actor, optimizer = nnx.merge(graphdef, state)
+        x, y = x_all[idx], y_all[idx]  # (B, 784), (B,)
+        if cfg.objective == "grpo":
+            metrics = grpo_update(actor, optimizer, reference, x, y, batch_key, cfg)
+        else:
+            metrics = supervised_update(actor, optimizer, x, y, batch_key)
+        return nnx.state((actor, optimizer)), metrics
+
+    state, metrics = jax.lax.scan(one_batch, state, (batches, keys))
+    return state, jax.tree.map(jnp.mean, metrics)
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------------------------
+@partial(jax.jit, static_argnames="graphdef")
+def evaluate(state, ref_state, x, y, *, graphdef):
+    """Greedy (argmax) accuracy on held-out images, and the exact mean KL(π_θ ‖ π_ref) over them."""
+    actor, reference = nnx.merge(graphdef, state), nnx.merge(graphdef, ref_state)
+    dist = actor(x)
+    accuracy = jnp.mean(dist.mode() == y)
+    kl_ref = jnp.mean(dist.kl_divergence(reference(x)))  # exact: only 10 actions to sum over
+    return accuracy, kl_ref
+
+
+def save_actor(actor: Actor, path: str) -> None:
+    """Write the actor's parameters to .npz, one array per '/'-joined path (no pickle)."""
+    flat = {"/".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(nnx.state(actor, nnx.Param))}
+    np.savez(path, **flat)
+
+
+def load_actor(path: str, hidden: int) -> Actor:
+    """Rebuild an Actor from save_actor's .npz; a missing, corrupt or mismatched file raises DataError."""
+    actor = Actor(hidden, rngs=nnx.Rngs(0))
+    state = nnx.state(actor, nnx.Param)
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except Exception as e:
+        raise DataError(f"cannot read actor file {path} ({type(e).__name__}: {e})") from None
+    for p, v in nnx.to_flat_state(state):
+        key = "/".join(map(str, p))
+        if key not in arrays or arrays[key].shape != v[...].shape:
+            raise DataError(f"{path}: parameter {key} missing or of the wrong shape for --hidden {hidden}")
+        v[...] = jnp.asarray(arrays[key])
+    nnx.update(actor, state)
+    return actor
+
+
+def plot_curves(history: list[dict], title: str, path: str) -> None:
+    epochs = [h["epoch"] for h in history]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    left.plot(epochs, [100 * h["test_accuracy"] for h in history], "o-", label="greedy held-out accuracy")
+    trained = [h for h in history if h["epoch"] > 0]
+    left.plot([h["epoch"] for h in trained], [100 * h["train_reward"] for h in trained], "s--",
+              label="sampled train reward")
+    left.set(xlabel="epoch", ylabel="%", title="accuracy / reward")
+    left.grid(alpha=0.3)
+    left.legend()
+    if "clip_frac" in trained[0]:  # GRPO only; the supervised objective has neither
+        right.plot([h["epoch"] for h in trained], [h["clip_frac"] for h in trained], "o-", label="clip fraction")
+        right.plot([h["epoch"] for h in trained], [h["zero_signal"] for h in trained], "s-",
+                   label="groups with all-equal rewards")
+    right.plot(epochs, [h["kl_ref"] for h in history], "^-", label="KL(π ‖ π_ref) held-out")
+    right.set(xlabel="epoch", title="clip fraction, zero-signal groups, KL to π_ref")
+    right.grid(alpha=0.3)
+    right.legend()
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------
+def main(args: Args) -> dict:
+    validate(args)
+    try:
+        data = load_data(args)
+    except DataError as e:
+        sys.exit(f"error: {e}")
+    if args.batch_size > len(data.y_train):
+        sys.exit(f"error: --batch-size {args.batch_size} exceeds the {len(data.y_train)} training images")
+    os.makedirs(args.out, exist_ok=True)
+    label = f"{args.objective}" + (f", group-mode {args.group_mode}, G={args.group_size}, μ={args.inner_steps}, "
+                                   f"β={args.beta}" if args.objective == "grpo" else "")
+    print(f"data: {data.source}", flush=True)
+    print(f"run: {label}, batch {args.batch_size}, lr {args.lr}, {args.epochs} epochs, seed {args.seed}", flush=True)
+    table, param_counts = param_table(args.hidden)
+    print(table, flush=True)
+
+    key = jax.random.key(args.seed)
+    actor = Actor(args.hidden, rngs=nnx.Rngs(args.seed))
+    reference = nnx.clone(actor)  # π_ref: the frozen initial policy (see README, "KL and the reference policy")
+    optimizer = nnx.Optimizer(actor, optax.adam(args.lr), wrt=nnx.Param)
+    graphdef, state = nnx.split((actor, optimizer))
+    actor_graphdef, ref_state = nnx.split(reference)
+    cfg = Config(args.objective, args.group_mode, args.group_size, args.batch_size, args.inner_steps,
+                 args.clip_eps, args.beta, args.adv_eps)
+    x_train, y_train = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
+    x_test, y_test = jnp.asarray(data.x_test), jnp.asarray(data.y_test)
+
+    def actor_state(state):  # the actor's half of the (actor, optimizer) state
+        return nnx.state(nnx.merge(graphdef, state)[0])
+
+    t0 = time.perf_counter()
+    epoch_fn = jax.jit(partial(train_epoch, graphdef=graphdef, ref_graphdef=actor_graphdef, cfg=cfg))
+    epoch_fn = epoch_fn.lower(state, ref_state, x_train, y_train, key).compile()  # compile once, up front
+    compile_seconds = time.perf_counter() - t0
+
+    acc, kl_ref = evaluate(actor_state(state), ref_state, x_test, y_test, graphdef=actor_graphdef)
+    history = [{"epoch": 0, "test_accuracy": float(acc), "kl_ref": float(kl_ref)}]
+    print(f"epoch=0 test_acc={float(acc):.4f} (untrained)", flush=True)
+    epoch_seconds = []
+    for epoch in range(1, args.epochs + 1):
+        key, epoch_key = jax.random.split(key)
+        t_epoch = time.perf_counter()
+        state, metrics = epoch_fn(state, ref_state, x_train, y_train, epoch_key)
+        jax.block_until_ready(state)
+        epoch_seconds.append(time.perf_counter() - t_epoch)
+        acc, kl_ref = evaluate(actor_state(state), ref_state, x_test, y_test, graphdef=actor_graphdef)
+        row = {"epoch": epoch, "test_accuracy": float(acc), "train_reward": float(metrics["reward"]),
+               "kl_ref": float(kl_ref), "seconds": epoch_seconds[-1],
+               **{k: float(v) for k, v in metrics.items() if k != "reward"}}
+        history.append(row)
+        extra = "".join(f" {k}={row[k]:.4f}" for k in ("clip_frac", "zero_signal", "k3_kl") if k in row)
+        print(f"epoch={epoch} test_acc={row['test_accuracy']:.4f} train_reward={row['train_reward']:.4f} "
+              f"loss={row['loss']:.4f}{extra} kl_ref={row['kl_ref']:.4f} sec={epoch_seconds[-1]:.2f} "
+              f"img/s={len(data.y_train) / epoch_seconds[-1]:.0f}", flush=True)
+    train_seconds = time.perf_counter() - t0
+
+    seconds_per_epoch = float(np.mean(epoch_seconds))
+    results = {
+        "test_accuracy": history[-1]["test_accuracy"],
+        "train_reward": history[-1]["train_reward"],
+        "epochs": args.epochs,
+        "train_seconds": train_seconds,
+        "seconds_per_epoch": seconds_per_epoch,
+        "compile_seconds": compile_seconds,
+        "train_images": int(len(data.y_train)),
+        "test_images": int(len(data.y_test)),
+        "seconds_per_epoch_at_60k": seconds_per_epoch * 60_000 / len(data.y_train),
+        "data": data.source,
+        **param_counts,
+        "history": history,
+        "args": asdict(args),
+    }
+    with open(os.path.join(args.out, "metrics.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    plot_curves(history, f"{label} | {data.source}", os.path.join(args.out, "learning_curve.png"))
+    save_actor(nnx.merge(graphdef, state)[0], os.path.join(args.out, "actor.npz"))
+    print("---- summary ----")
+    print(f"data:              {data.source}")
+    print(f"objective:         {label}")
+    print(f"test_accuracy:     {results['test_accuracy']:.4f}  (greedy, held-out, after epoch {args.epochs})")
+    print(f"train_reward:      {results['train_reward']:.4f}  (sampled, last epoch)")
+    print(f"seconds_per_epoch: {seconds_per_epoch:.2f}  ({results['seconds_per_epoch_at_60k']:.2f} s scaled to "
+          f"60,000 images; compile {compile_seconds:.1f} s, total {train_seconds:.1f} s)")
+    print(f"outputs:           {args.out}/metrics.json, learning_curve.png, actor.npz", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main(parse_args())

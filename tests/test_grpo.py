@@ -1,0 +1,339 @@
+"""Tests for 4_GRPO_MNIST/grpo_mnist.py: the math (unit), the CLI (smoke) and short real runs (learning)."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import gzip
+import hashlib
+import http.server
+import json
+import struct
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from conftest import REPO, load_script, run_script
+
+SCRIPT = "4_GRPO_MNIST/grpo_mnist.py"
+g = load_script(SCRIPT)
+REAL_MNIST = REPO.parent / "shared" / "data" / "mnist"  # CI clones the repo with shared/ beside it
+HAVE_REAL = (REAL_MNIST / "t10k-images-idx3-ubyte.gz").exists() and (REAL_MNIST / "t10k-labels-idx1-ubyte.gz").exists()
+
+
+# ------------------------------------------------------------------ helpers
+def idx_bytes(array: np.ndarray) -> bytes:
+    """Encode a uint8 array in the IDX format by hand: 0 0 0x08 ndim, big-endian sizes, the bytes."""
+    return bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape) + array.tobytes()
+
+
+def write_gz(path, payload: bytes) -> None:
+    with gzip.open(path, "wb") as f:
+        f.write(payload)
+
+
+def synthetic_digits(folder, n_train=2000, n_test=500, seed=0, splits=("train", "t10k")):
+    """Ten random 28×28 prototypes plus pixel noise, written as the four standard IDX .gz files."""
+    rng = np.random.default_rng(seed)
+    prototypes = rng.integers(0, 256, size=(10, 28, 28))
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("t10k", n_test)):
+        if split not in splits:
+            continue
+        labels = rng.integers(0, 10, size=n).astype(np.uint8)
+        noise = rng.normal(0, 60, size=(n, 28, 28))
+        images = np.clip(prototypes[labels] + noise, 0, 255).astype(np.uint8)
+        write_gz(folder / f"{split}-images-idx3-ubyte.gz", idx_bytes(images))
+        write_gz(folder / f"{split}-labels-idx1-ubyte.gz", idx_bytes(labels))
+    return folder
+
+
+# ------------------------------------------------------------------ unit: advantages, clip, KL
+@pytest.mark.unit
+def test_group_advantages_hand_computed_g4():
+    rewards = jnp.array([[1.0, 0, 0, 0],  # mean 1/4, std √3/4
+                         [1.0, 1, 0, 0],  # mean 1/2, std 1/2
+                         [1.0, 1, 1, 1],  # all right: no signal
+                         [0.0, 0, 0, 0]])  # all wrong: no signal
+    eps = 1e-4
+    s = np.sqrt(3) / 4
+    expected = np.array([[0.75 / (s + eps), -0.25 / (s + eps), -0.25 / (s + eps), -0.25 / (s + eps)],
+                         [0.5 / (0.5 + eps), 0.5 / (0.5 + eps), -0.5 / (0.5 + eps), -0.5 / (0.5 + eps)],
+                         [0, 0, 0, 0],
+                         [0, 0, 0, 0]])
+    adv = np.asarray(g.group_advantages(rewards, eps))
+    np.testing.assert_allclose(adv, expected, rtol=1e-6, atol=0)
+    assert (adv[2:] == 0).all()  # exactly zero, not just small
+    np.testing.assert_allclose(adv[:2].sum(axis=1), 0, atol=1e-6)  # each group's advantages sum to 0
+
+
+@pytest.mark.unit
+def test_batch_advantages_use_one_baseline_for_all_images():
+    rewards = jnp.array([[1.0], [0.0], [0.0], [1.0]])  # one sample per image, batch mean 1/2, std 1/2
+    adv = np.asarray(g.batch_advantages(rewards, 1e-4))
+    np.testing.assert_allclose(adv[:, 0], np.array([1, -1, -1, 1]) * 0.5 / (0.5 + 1e-4), rtol=1e-6)
+    # with group mode, every one-sample group would be all-equal and carry no signal at all
+    assert (np.asarray(g.group_advantages(rewards, 1e-4)) == 0).all()
+
+
+@pytest.mark.unit
+def test_clipped_surrogate_value_clip_fraction_and_gradient():
+    ratio = jnp.array([1.5, 0.5, 1.1, 0.7])
+    adv = jnp.array([1.0, 1.0, -1.0, -1.0])
+    logp_old = jnp.array([-1.0, -2.0, -0.5, -3.0])
+    logp = logp_old + jnp.log(ratio)
+    # min(ρA, clip(ρ, 0.8, 1.2)A): min(1.5, 1.2) = 1.2, min(0.5, 0.8) = 0.5, min(-1.1, -1.1) = -1.1, min(-0.7, -0.8) = -0.8
+    objective, clip_frac = g.clipped_surrogate(logp, logp_old, adv, 0.2)
+    np.testing.assert_allclose(objective, (1.2 + 0.5 - 1.1 - 0.8) / 4, rtol=1e-6)
+    np.testing.assert_allclose(clip_frac, 0.75, rtol=1e-6)  # |ρ − 1| > 0.2 for 1.5, 0.5, 0.7
+    # d/dlogp of ρA is ρA where the unclipped term is the minimum, 0 where the clipped constant wins
+    grad = jax.grad(lambda lp: g.clipped_surrogate(lp, logp_old, adv, 0.2)[0])(logp)
+    np.testing.assert_allclose(grad, np.array([0.0, 0.5, -1.1, 0.0]) / 4, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.unit
+def test_k3_kl_nonnegative_zero_when_equal_and_unbiased():
+    rng = np.random.default_rng(0)
+    logp, logp_ref = jnp.asarray(rng.normal(size=1000)), jnp.asarray(rng.normal(size=1000))
+    assert (np.asarray(g.k3_kl(logp, logp_ref)) >= 0).all()
+    assert (np.asarray(g.k3_kl(logp, logp)) == 0).all()
+    # sampled from π, the mean of k3 estimates the exact KL(π ‖ π_ref)
+    p, q = jnp.array([0.7, 0.2, 0.1]), jnp.array([0.3, 0.3, 0.4])
+    a = jax.random.categorical(jax.random.key(0), jnp.log(p), shape=(200_000,))
+    estimate = g.k3_kl(jnp.log(p)[a], jnp.log(q)[a]).mean()
+    exact = jnp.sum(p * jnp.log(p / q))
+    np.testing.assert_allclose(estimate, exact, rtol=0.02)
+
+
+def _one_update(inner_steps: int, lr: float):
+    actor = g.Actor(32, rngs=nnx.Rngs(0))
+    reference = nnx.clone(actor)
+    optimizer = nnx.Optimizer(actor, optax.adam(lr), wrt=nnx.Param)
+    x = jax.random.uniform(jax.random.key(1), (64, 784))
+    y = jnp.arange(64) % 10
+    cfg = g.Config("grpo", "prompt", 8, 64, inner_steps, 0.2, 0.0, 1e-4)
+    update = nnx.jit(g.grpo_update, static_argnames="cfg")  # compiled: eager tfp ops are slow
+    return update(actor, optimizer, reference, x, y, jax.random.key(2), cfg=cfg)
+
+
+@pytest.mark.unit
+def test_one_inner_step_never_clips_but_several_do():
+    # μ = 1 (the spec): the loss is evaluated at π_old itself, so ρ = 1 and the clip cannot act
+    assert float(_one_update(inner_steps=1, lr=1e-2)["clip_frac"]) == 0.0
+    # μ = 2 with a large step: the second step sees ρ ≠ 1 and some samples leave [0.8, 1.2]
+    assert float(_one_update(inner_steps=2, lr=1e-2)["clip_frac"]) > 0.0
+
+
+@pytest.mark.unit
+def test_param_table_counts_the_models():
+    _, counts = g.param_table(128)
+    assert counts["params_actor"] == 784 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10  # 118,282
+    assert counts["params_critic"] == 784 * 128 + 128 + 128 * 128 + 128 + 128 * 1 + 1  # 117,121
+
+
+@pytest.mark.unit
+def test_saved_actor_round_trips_and_bad_file_is_an_error(tmp_path):
+    actor = g.Actor(16, rngs=nnx.Rngs(3))
+    g.save_actor(actor, str(tmp_path / "a.npz"))
+    loaded = g.load_actor(str(tmp_path / "a.npz"), 16)
+    x = jnp.ones((2, 784))
+    np.testing.assert_array_equal(actor(x).logits, loaded(x).logits)
+    with pytest.raises(g.DataError, match="wrong shape"):
+        g.load_actor(str(tmp_path / "a.npz"), 32)
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(g.DataError, match="cannot read"):
+        g.load_actor(str(tmp_path / "bad.npz"), 16)
+
+
+# ------------------------------------------------------------------ unit: data
+@pytest.mark.unit
+def test_idx_reader_on_bytes_written_here(tmp_path):
+    images = np.arange(3 * 28 * 28, dtype=np.uint32).astype(np.uint8).reshape(3, 28, 28)
+    write_gz(tmp_path / "img.gz", idx_bytes(images))
+    np.testing.assert_array_equal(g.read_idx(str(tmp_path / "img.gz")), images)
+    labels = np.array([7, 2, 1], dtype=np.uint8)
+    write_gz(tmp_path / "lab.gz", idx_bytes(labels))
+    np.testing.assert_array_equal(g.read_idx(str(tmp_path / "lab.gz")), labels)
+
+    write_gz(tmp_path / "short.gz", idx_bytes(images)[:-10])  # IDX payload truncated
+    with pytest.raises(g.DataError, match="truncated or corrupt"):
+        g.read_idx(str(tmp_path / "short.gz"))
+    write_gz(tmp_path / "magic.gz", b"\x00\x00\x0d\x01" + idx_bytes(labels)[4:])  # float type code
+    with pytest.raises(g.DataError, match="magic"):
+        g.read_idx(str(tmp_path / "magic.gz"))
+    whole = (tmp_path / "img.gz").read_bytes()
+    (tmp_path / "cut.gz").write_bytes(whole[: len(whole) // 2])  # the gzip stream itself cut short
+    with pytest.raises(g.DataError, match="not a complete gzip"):
+        g.read_idx(str(tmp_path / "cut.gz"))
+    with pytest.raises(g.DataError, match="not found"):
+        g.read_idx(str(tmp_path / "missing.gz"))
+
+
+@pytest.mark.unit
+@pytest.mark.skipif(not HAVE_REAL, reason=f"real MNIST test files not found in {REAL_MNIST}")
+def test_idx_reader_on_the_real_mnist_test_set():
+    md5 = {"t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+           "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c"}
+    for name, digest in md5.items():
+        assert hashlib.md5((REAL_MNIST / name).read_bytes()).hexdigest() == digest
+    x, y = g.load_idx_split(str(REAL_MNIST), "test")
+    assert x.shape == (10_000, 784) and x.dtype == np.float32 and 0 <= x.min() and x.max() == 1.0
+    # the official test set's class counts, digits 0-9
+    assert np.bincount(y).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+
+
+@pytest.mark.unit
+def test_tfds_path_under_mock_data():
+    tfds = pytest.importorskip("tensorflow_datasets")
+    with tfds.testing.mock_data(num_examples=24):
+        x, y = g.load_tfds_split("mnist", "train", download=False)
+    assert x.shape == (24, 784) and x.dtype == np.float32
+    assert 0.0 <= x.min() and x.max() <= 1.0
+    assert y.dtype == np.int32 and ((0 <= y) & (y <= 9)).all()
+
+
+@contextlib.contextmanager
+def serve_folder(folder):
+    """An HTTP server on 127.0.0.1 that serves `folder`; yields its base URL."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.unit
+def test_tfds_checksum_list_names_the_four_idx_files():
+    for name in ("mnist", "fashion_mnist"):
+        files = g.tfds_idx_files(name)
+        assert sorted(files) == sorted(g.IDX_FILES["train"] + g.IDX_FILES["test"])
+        assert all(url.endswith(fname) and len(sha) == 64 for fname, (url, sha) in files.items())
+
+
+@pytest.mark.unit
+@pytest.mark.skipif(not HAVE_REAL, reason=f"real MNIST test files not found in {REAL_MNIST}")
+def test_tfds_checksums_match_the_real_mnist_files():
+    files = g.tfds_idx_files("mnist")
+    for name in g.IDX_FILES["test"]:
+        assert g.sha256_of(str(REAL_MNIST / name)) == files[name][1]
+
+
+@pytest.mark.unit
+def test_fallback_fetches_checked_idx_files_when_tfds_cannot(tmp_path, monkeypatch):
+    served = synthetic_digits(tmp_path / "served", n_train=40, n_test=30)
+    with serve_folder(served) as base:
+        table = {f: (base + f, g.sha256_of(str(served / f))) for f in g.IDX_FILES["train"] + g.IDX_FILES["test"]}
+        monkeypatch.setattr(g, "tfds_idx_files", lambda name: table)
+
+        def tfds_fails(name, split, download):  # what tfds does without TensorFlow: it cannot prepare
+            raise g.DataError("tfds needs TensorFlow to prepare")
+        monkeypatch.setattr(g, "load_tfds_split", tfds_fails)
+        monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
+
+        data = g.load_data(g.Args())
+        assert data.x_train.shape == (40, 784) and data.x_test.shape == (30, 784)
+        cache = tmp_path / "tfds" / "downloads" / "mnist_idx"
+        assert sorted(p.name for p in cache.iterdir()) == sorted(table)
+
+        monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds2"))
+        with pytest.raises(g.DataError, match="needs TensorFlow"):  # --no-download: tfds's error, no fetch
+            g.load_data(g.Args(download=False))
+        assert not (tmp_path / "tfds2").exists()
+
+        first = table["t10k-labels-idx1-ubyte.gz"]
+        table["t10k-labels-idx1-ubyte.gz"] = (first[0], "0" * 64)  # a file that does not match its checksum
+        with pytest.raises(g.DataError, match="SHA-256"):
+            g.fetch_idx_files("mnist", str(tmp_path / "other"))
+        assert not (tmp_path / "other" / "t10k-labels-idx1-ubyte.gz").exists()
+
+    with pytest.raises(g.DataError, match="could not download .*--data-dir"):  # server gone: offline
+        g.fetch_idx_files("mnist", str(tmp_path / "offline"), timeout=5)
+
+
+@pytest.mark.unit
+def test_split_test_set_is_fixed_and_disjoint(tmp_path):
+    folder = synthetic_digits(tmp_path / "d", n_test=300, splits=("t10k",))
+    a = g.load_data(g.Args(data_dir=str(folder), split_test_set=200, seed=0))
+    b = g.load_data(g.Args(data_dir=str(folder), split_test_set=200, seed=5))
+    assert a.x_train.shape == (200, 784) and a.x_test.shape == (100, 784)
+    np.testing.assert_array_equal(a.x_test, b.x_test)  # the held-out digits do not depend on --seed
+    rows = {r.tobytes() for r in a.x_train}
+    assert not any(r.tobytes() in rows for r in a.x_test)
+
+
+@pytest.mark.unit
+def test_bad_input_exits_with_one_line(tmp_path):
+    with pytest.raises(SystemExit, match="--group-size must be >= 2"):
+        g.main(g.Args(group_size=1, out=str(tmp_path)))
+    with pytest.raises(SystemExit, match="--clip-eps"):
+        g.main(g.Args(clip_eps=0.0, out=str(tmp_path)))
+    only_test = synthetic_digits(tmp_path / "t", splits=("t10k",))
+    with pytest.raises(SystemExit, match="--split-test-set 8000"):
+        g.main(g.Args(data_dir=str(only_test), out=str(tmp_path)))
+    with pytest.raises(SystemExit, match="below the 500 test images"):
+        g.main(g.Args(data_dir=str(only_test), split_test_set=500, out=str(tmp_path)))
+
+
+# ------------------------------------------------------------------ smoke: the CLI
+@pytest.mark.smoke
+def test_cli_runs_and_writes_outputs(tmp_path):
+    data = synthetic_digits(tmp_path / "data", n_train=512, n_test=128)
+    out = tmp_path / "out"
+    r = run_script(SCRIPT, "--data-dir", str(data), "--epochs", "2", "--batch-size", "32", "--group-size", "4",
+                   "--beta", "0.04", "--out", str(out), cwd=tmp_path, timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert "actor only (GRPO)" in r.stdout and "actor + critic (PPO)" in r.stdout
+    lines = [line for line in r.stdout.splitlines() if line.startswith("epoch=")]
+    assert len(lines) == 3 and "clip_frac=" in lines[-1] and "k3_kl=" in lines[-1]
+    metrics = json.loads((out / "metrics.json").read_text())
+    for key in ("test_accuracy", "train_reward", "epochs", "train_seconds", "seconds_per_epoch"):
+        assert key in metrics
+    assert metrics["epochs"] == 2 and len(metrics["history"]) == 3
+    assert (out / "learning_curve.png").stat().st_size > 1000
+    assert (out / "actor.npz").exists()
+
+
+@pytest.mark.smoke
+def test_cli_without_data_names_data_dir(tmp_path):
+    r = run_script(SCRIPT, "--no-download", "--out", str(tmp_path / "o"), cwd=tmp_path, timeout=120,
+                   env={"TFDS_DATA_DIR": str(tmp_path / "empty_tfds")})
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "--data-dir" in r.stderr
+
+    data = synthetic_digits(tmp_path / "data", n_train=64, n_test=64)
+    blob = (data / "train-images-idx3-ubyte.gz").read_bytes()
+    (data / "train-images-idx3-ubyte.gz").write_bytes(blob[: len(blob) // 3])  # truncated download
+    r = run_script(SCRIPT, "--data-dir", str(data), "--out", str(tmp_path / "o"), cwd=tmp_path, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "train-images-idx3-ubyte.gz" in r.stderr
+
+
+# ------------------------------------------------------------------ learning: short real runs
+@pytest.mark.learning
+def test_grpo_learns_synthetic_digits_and_is_reproducible(tmp_path):
+    data = synthetic_digits(tmp_path / "data", n_train=2000, n_test=500)
+    args = dict(data_dir=str(data), epochs=2, batch_size=32, group_size=8, seed=0)
+    first = g.main(g.Args(**args, out=str(tmp_path / "a")))
+    assert first["history"][0]["test_accuracy"] < 0.3  # untrained: near chance (10%)
+    assert first["test_accuracy"] > 0.8  # learned from the 0/1 reward alone
+    second = g.main(g.Args(**args, out=str(tmp_path / "b")))
+    assert second["test_accuracy"] == first["test_accuracy"]  # same seed, same run on CPU
+    assert second["train_reward"] == first["train_reward"]
+
+
+@pytest.mark.learning
+@pytest.mark.skipif(not HAVE_REAL, reason=f"real MNIST test files not found in {REAL_MNIST}")
+def test_grpo_learns_real_digits(tmp_path):
+    result = g.main(g.Args(data_dir=str(REAL_MNIST), split_test_set=8000, epochs=2, out=str(tmp_path)))
+    assert result["test_images"] == 2000
+    assert result["test_accuracy"] > 0.85  # greedy accuracy on 2,000 held-out real digits; chance is 10%
