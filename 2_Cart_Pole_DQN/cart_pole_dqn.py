@@ -1,0 +1,487 @@
+"""Deep Q-Network (DQN) on CartPole-v1 in JAX + Flax NNX: a replay buffer, a target network and ε-greedy.
+
+A small MLP replaces the Q-table. It learns from minibatches sampled out of a NumPy ring buffer and
+regresses onto TD targets computed by a slowly-moving copy of itself (the target network). The hot
+paths are plain `jax.jit` functions over `nnx.split` state: one call picks a greedy action, one call
+runs a whole block of gradient steps with `lax.scan`.
+
+    python 2_Cart_Pole_DQN/cart_pole_dqn.py                      # train 50k steps, evaluate 100 episodes
+    python 2_Cart_Pole_DQN/cart_pole_dqn.py --load runs/cart_pole_dqn/q_network.npz --video cartpole.gif
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from functools import partial
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+
+def flag(default, help: str, **kw):
+    """A dataclass field that is also a command-line flag."""
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class Args:
+    seed: int = flag(0, "seeds everything: jax.random.key, nnx.Rngs, env resets, NumPy's Generator")
+    total_timesteps: int = flag(50_000, "environment steps to train for")
+    learning_rate: float = flag(2.3e-3, "Adam learning rate")
+    anneal_lr: bool = flag(True, "decay the learning rate linearly to 0 over the run's gradient steps")
+    max_grad_norm: float = flag(10.0, "clip the global gradient norm to this value (0 turns clipping off)")
+    hidden_size: int = flag(256, "width of each of the two hidden layers of the Q-network")
+    buffer_size: int = flag(100_000, "replay buffer capacity (transitions)")
+    batch_size: int = flag(64, "transitions per gradient step")
+    gamma: float = flag(0.99, "discount factor γ")
+    learning_starts: int = flag(1_000, "env steps of pure exploration before the first gradient step")
+    train_frequency: int = flag(256, "env steps between two training calls")
+    gradient_steps: int = flag(128, "gradient steps per training call (one jitted lax.scan)")
+    target_network_frequency: int = flag(256, "env steps between two target-network updates")
+    tau: float = flag(1.0, "target update θ⁻ ← τ·θ + (1−τ)·θ⁻; 1.0 is a hard copy (Polyak averaging if < 1)")
+    start_e: float = flag(1.0, "ε at the start of training")
+    end_e: float = flag(0.04, "ε after the linear decay")
+    exploration_fraction: float = flag(0.16, "fraction of total_timesteps over which ε decays linearly")
+    loss: str = flag("mse", "TD-error loss", choices=("huber", "mse"))
+    double_dqn: bool = flag(True, "Double DQN: the online net picks argmax a', the target net scores it")
+    bootstrap_truncated: bool = flag(True, "bootstrap from s' when the episode is cut by the time limit "
+                                           "(--no-bootstrap-truncated treats truncation as termination, like the spec)")
+    eval_frequency: int = flag(2_500, "env steps between two periodic greedy evaluations (learning curve)")
+    periodic_eval_episodes: int = flag(20, "greedy episodes per periodic evaluation")
+    eval_episodes: int = flag(100, "greedy episodes of the final evaluation")
+    eval_seed: int = flag(10_000, "seed of the final evaluation's episodes (same for every run); "
+                                  "periodic evaluations use eval_seed + 1")
+    final_agent: str = flag("last", "which parameters are saved and finally evaluated: 'best' = the best periodic "
+                                    "evaluation (ties go to the later one), 'last' = those after the last step",
+                            choices=("best", "last"))
+    solve_threshold: float = flag(475.0, "a periodic evaluation at or above this mean return counts as solved")
+    out: str = flag("runs/cart_pole_dqn", "folder for metrics.json, the curve PNG and q_network.npz")
+    load: str = flag("", "evaluate (and with --video, watch) a saved q_network.npz instead of training")
+    video: str = flag("", "write one greedy episode of the final agent to this .gif path")
+
+
+def parse_args(argv=None) -> Args:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in fields(Args):
+        name = "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):
+            p.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+        else:
+            p.add_argument(name, type=type(f.default), default=f.default,
+                           help=f.metadata["help"], choices=f.metadata.get("choices"))
+    return Args(**vars(p.parse_args(argv)))
+
+
+def validate(args: Args) -> None:
+    """Exit with a one-line error on a bad flag value."""
+    def need(ok: bool, msg: str):
+        if not ok:
+            sys.exit(f"error: {msg}")
+    need(args.total_timesteps > 0, f"--total-timesteps must be > 0, got {args.total_timesteps}")
+    need(args.learning_rate > 0, f"--learning-rate must be > 0, got {args.learning_rate}")
+    need(args.max_grad_norm >= 0, f"--max-grad-norm must be >= 0, got {args.max_grad_norm}")
+    need(args.hidden_size > 0, f"--hidden-size must be > 0, got {args.hidden_size}")
+    need(args.buffer_size > 0, f"--buffer-size must be > 0, got {args.buffer_size}")
+    need(0 < args.batch_size <= args.buffer_size,
+         f"--batch-size must be in [1, --buffer-size={args.buffer_size}], got {args.batch_size}")
+    need(0 <= args.gamma <= 1, f"--gamma must be in [0, 1], got {args.gamma}")
+    need(args.learning_starts >= 0, f"--learning-starts must be >= 0, got {args.learning_starts}")
+    for name in ("train_frequency", "gradient_steps", "target_network_frequency", "eval_frequency",
+                 "periodic_eval_episodes", "eval_episodes"):
+        value = getattr(args, name)
+        need(value > 0, f"--{name.replace('_', '-')} must be > 0, got {value}")
+    need(0 < args.tau <= 1, f"--tau must be in (0, 1], got {args.tau}")
+    need(0 <= args.end_e <= args.start_e <= 1,
+         f"need 0 <= --end-e <= --start-e <= 1, got --start-e {args.start_e} --end-e {args.end_e}")
+    need(0 < args.exploration_fraction <= 1,
+         f"--exploration-fraction must be in (0, 1], got {args.exploration_fraction}")
+    need(args.eval_seed >= 0, f"--eval-seed must be >= 0, got {args.eval_seed}")
+    need(not args.video or args.video.endswith(".gif"), f"--video must end in .gif, got {args.video!r}")
+    if args.load:
+        need(os.path.isfile(args.load), f"--load: no such file {args.load!r}")
+
+
+# ----------------------------------------------------------------------------- environment
+
+ENV_ID = "CartPole-v1"  # 4 observations (x, ẋ, θ, θ̇), 2 actions, reward +1 per step, truncated at 500
+
+
+def make_env(render_mode: str | None = None) -> gym.Env:
+    return gym.make(ENV_ID, render_mode=render_mode)
+
+
+class ReplayBuffer:
+    """A preallocated ring buffer of transitions (s, a, r, s', terminated, truncated) in NumPy arrays.
+
+    `add` writes one row at index `pos` and advances `pos` modulo the capacity, so once full the
+    oldest transition is overwritten. `sample` draws uniformly from the filled rows with one gather per
+    field, instead of `random.sample` over a `deque` of tuples followed by `np.stack`.
+    """
+
+    def __init__(self, capacity: int, obs_dim: int):
+        self.capacity, self.pos, self.size = capacity, 0, 0
+        self.obs = np.zeros((capacity, obs_dim), np.float32)
+        self.next_obs = np.zeros((capacity, obs_dim), np.float32)
+        self.actions = np.zeros(capacity, np.int32)
+        self.rewards = np.zeros(capacity, np.float32)
+        self.terminated = np.zeros(capacity, np.float32)
+        self.truncated = np.zeros(capacity, np.float32)
+
+    def add(self, obs, action, reward, next_obs, terminated, truncated) -> None:
+        i = self.pos
+        self.obs[i], self.actions[i], self.rewards[i] = obs, action, reward
+        self.next_obs[i], self.terminated[i], self.truncated[i] = next_obs, terminated, truncated
+        self.pos = (i + 1) % self.capacity
+        self.size = min(self.size + 1, self.capacity)
+
+    def sample(self, rng: np.random.Generator, batch_size: int, n_batches: int) -> dict[str, np.ndarray]:
+        """`n_batches` minibatches at once, each array shaped (n_batches, batch_size, ...)."""
+        idx = rng.integers(0, self.size, size=(n_batches, batch_size))
+        return dict(obs=self.obs[idx], actions=self.actions[idx], rewards=self.rewards[idx],
+                    next_obs=self.next_obs[idx], terminated=self.terminated[idx], truncated=self.truncated[idx])
+
+
+def linear_schedule(start_e: float, end_e: float, duration: int, t: int) -> float:
+    """ε_t falls linearly from start_e to end_e over `duration` steps, then stays at end_e."""
+    return max(end_e, start_e + (end_e - start_e) * t / duration)
+
+
+# ----------------------------------------------------------------------------- network
+
+class QNetwork(nnx.Module):
+    """Q_θ(s, ·): an MLP from the 4 state numbers to one Q-value per action."""
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden_size: int, *, rngs: nnx.Rngs):
+        self.hidden1 = nnx.Linear(obs_dim, hidden_size, rngs=rngs)
+        self.hidden2 = nnx.Linear(hidden_size, hidden_size, rngs=rngs)
+        self.head = nnx.Linear(hidden_size, n_actions, rngs=rngs)
+
+    def __call__(self, obs: jax.Array) -> jax.Array:  # (..., obs_dim) -> (..., n_actions)
+        x = nnx.relu(self.hidden1(obs))
+        x = nnx.relu(self.hidden2(x))
+        return self.head(x)
+
+
+def derived(args: Args) -> dict:
+    """Sizes computed from the flags (never written back into args)."""
+    # (total − learning_starts) // train_frequency training blocks; the annealed learning rate reaches 0 after them
+    n_train_calls = max(0, args.total_timesteps - args.learning_starts) // args.train_frequency
+    return dict(exploration_steps=max(1, int(args.exploration_fraction * args.total_timesteps)),
+                n_train_calls=n_train_calls, total_gradient_steps=n_train_calls * args.gradient_steps)
+
+
+def make_optimizer(args: Args) -> optax.GradientTransformation:
+    """Adam, optionally behind global-norm clipping and with a linearly annealed learning rate."""
+    lr = args.learning_rate
+    if args.anneal_lr:
+        lr = optax.linear_schedule(args.learning_rate, 0.0, max(1, derived(args)["total_gradient_steps"]))
+    adam = optax.adam(lr)
+    return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), adam) if args.max_grad_norm > 0 else adam
+
+
+def create_agent(args: Args, obs_dim: int, n_actions: int) -> tuple[QNetwork, nnx.Optimizer]:
+    """Build the Q-network and its optimizer inside one nnx.jit: one compilation instead of one per init op."""
+    def build():
+        q_network = QNetwork(obs_dim, n_actions, args.hidden_size, rngs=nnx.Rngs(args.seed))
+        return q_network, nnx.Optimizer(q_network, make_optimizer(args), wrt=nnx.Param)
+    return nnx.jit(build)()
+
+
+# ----------------------------------------------------------------------------- losses
+
+def td_target(rewards, next_q_target, next_q_online, terminated, truncated, gamma: float,
+              double_dqn: bool = False, bootstrap_truncated: bool = True) -> jax.Array:
+    """y = r + γ·(1 − done)·Q⁻(s', a*), with a* = argmax_a' Q⁻(s', a') or, for Double DQN, argmax_a' Q(s', a').
+
+    `done` is `terminated` alone: a time-limit truncation still has a future, so it bootstraps.
+    With bootstrap_truncated=False, done = terminated OR truncated (the spec's merged flag).
+    Shapes: rewards/terminated/truncated (batch,), next_q_* (batch, n_actions).
+    """
+    done = terminated if bootstrap_truncated else jnp.maximum(terminated, truncated)
+    if double_dqn:
+        a_star = jnp.argmax(next_q_online, axis=-1)                                  # (batch,)
+        next_v = jnp.take_along_axis(next_q_target, a_star[:, None], axis=-1)[:, 0]  # Q⁻(s', argmax Q(s', ·))
+    else:
+        next_v = jnp.max(next_q_target, axis=-1)                                     # max_a' Q⁻(s', a')
+    return rewards + gamma * (1.0 - done) * next_v
+
+
+def loss_fn(q_network: QNetwork, target_network: QNetwork, batch: dict, gamma: float,
+            loss: str = "mse", double_dqn: bool = False, bootstrap_truncated: bool = True) -> jax.Array:
+    """L(θ) = mean_i ℓ(y_i − Q_θ(s_i, a_i)), ℓ = ½·squared error (mse) or Huber (δ=1); y is held constant."""
+    q = q_network(batch["obs"])                                                       # (batch, n_actions)
+    q_taken = jnp.take_along_axis(q, batch["actions"][:, None], axis=-1)[:, 0]        # Q_θ(s, a), (batch,)
+    next_q_target = target_network(batch["next_obs"])                                 # Q⁻(s', ·)
+    next_q_online = q_network(batch["next_obs"]) if double_dqn else next_q_target
+    y = jax.lax.stop_gradient(td_target(batch["rewards"], next_q_target, next_q_online, batch["terminated"],
+                                        batch["truncated"], gamma, double_dqn, bootstrap_truncated))
+    if loss == "huber":
+        return optax.huber_loss(q_taken, y, delta=1.0).mean()
+    return optax.l2_loss(q_taken, y).mean()  # ½(y − Q)²
+
+
+# ----------------------------------------------------------------------------- jitted steps
+# `nnx.split` turns a module into (graphdef, state): a static description plus a pytree of arrays.
+# These functions take that state and `nnx.merge` inside; `make_step_fns` wraps them in plain `jax.jit`
+# with the graphdefs bound by `functools.partial`, so a call only flattens a few arrays instead of
+# walking the module graph the way nnx.jit does on every call (see the README for measured costs).
+
+def greedy_actions(graphdef: nnx.GraphDef, params: nnx.State, obs: jax.Array) -> jax.Array:
+    """a = argmax_a Q_θ(s, a) for a batch of observations (n, obs_dim) -> (n,)."""
+    return jnp.argmax(nnx.merge(graphdef, params)(obs), axis=-1)
+
+
+def train_block(graphdef, opt_graphdef, params, opt_state, target_params, batches, gamma: float = 0.99,
+                loss: str = "mse", double_dqn: bool = True, bootstrap_truncated: bool = True):
+    """Run len(batches) gradient steps in one compiled lax.scan; the target network is fixed throughout.
+
+    Returns the new (params, opt_state) and the mean loss over the block.
+    """
+    def gradient_step(carry, batch):
+        params, opt_state = carry
+
+        def loss_of_params(p):  # pure in the parameter pytree, so jax.value_and_grad (not nnx.value_and_grad)
+            return loss_fn(nnx.merge(graphdef, p), nnx.merge(graphdef, target_params), batch, gamma,
+                           loss, double_dqn, bootstrap_truncated)
+
+        value, grads = jax.value_and_grad(loss_of_params)(params)
+        q_network, optimizer = nnx.merge(graphdef, params), nnx.merge(opt_graphdef, opt_state)
+        optimizer.update(q_network, grads)  # θ ← Adam(θ, ∇θ L), in place on the merged copies
+        return (nnx.state(q_network), nnx.state(optimizer)), value
+
+    (params, opt_state), losses = jax.lax.scan(gradient_step, (params, opt_state), batches)
+    return params, opt_state, losses.mean()
+
+
+@jax.jit
+def soft_update(params: nnx.State, target_params: nnx.State, tau: float) -> nnx.State:
+    """θ⁻ ← τ·θ + (1 − τ)·θ⁻ (Polyak averaging)."""
+    return jax.tree.map(lambda p, t: tau * p + (1.0 - tau) * t, params, target_params)
+
+
+def sync_target(params: nnx.State, target_params: nnx.State, tau: float) -> nnx.State:
+    """Hard copy θ⁻ ← θ when τ = 1 (JAX arrays are immutable, so sharing them is an exact copy), else Polyak.
+
+    On modules, the hard copy would read nnx.update(target_network, nnx.state(q_network)).
+    """
+    return params if tau == 1.0 else soft_update(params, target_params, tau)
+
+
+def make_step_fns(args: Args, graphdef: nnx.GraphDef, opt_graphdef: nnx.GraphDef):
+    """The two hot functions, compiled once: act(params, obs) -> actions and
+    train(params, opt_state, target_params, batches) -> (params, opt_state, mean_loss)."""
+    act = jax.jit(partial(greedy_actions, graphdef))
+    train = jax.jit(partial(train_block, graphdef, opt_graphdef, gamma=args.gamma, loss=args.loss,
+                            double_dqn=args.double_dqn, bootstrap_truncated=args.bootstrap_truncated))
+    return act, train
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+def evaluate(act, params: nnx.State, n_episodes: int, seed: int) -> np.ndarray:
+    """Greedy returns of `n_episodes` episodes, all run side by side in gymnasium's vectorised CartPole
+    (the same physics, stepped in NumPy for all episodes at once): one batched Q call per time step.
+    `seed` fixes the episodes' initial states, so every evaluation with the same seed is the same test."""
+    envs = gym.make_vec(ENV_ID, num_envs=n_episodes, vectorization_mode="vector_entry_point")
+    obs, _ = envs.reset(seed=seed)
+    returns = np.zeros(n_episodes)
+    alive = np.ones(n_episodes, bool)  # an episode that ended is auto-reset by the vector env: mask it out
+    while alive.any():
+        obs, reward, terminated, truncated, _ = envs.step(np.asarray(act(params, obs)))
+        returns += reward * alive
+        alive &= ~(terminated | truncated)
+    envs.close()
+    return returns
+
+
+def record_gif(act, params: nnx.State, path: str, seed: int,
+               frame_skip: int = 2, scale: float = 0.5) -> float:
+    """Render one greedy episode into an animated GIF (every `frame_skip`-th frame, downscaled); return its return."""
+    from PIL import Image
+
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen; no display needed
+    env = make_env(render_mode="rgb_array")
+    obs, _ = env.reset(seed=seed)
+    frames, total, t, done = [], 0.0, 0, False
+    while not done:
+        if t % frame_skip == 0:
+            frame = Image.fromarray(env.render())
+            frames.append(frame.resize((int(frame.width * scale), int(frame.height * scale))))
+        action = int(act(params, obs[None])[0])
+        obs, reward, terminated, truncated, _ = env.step(action)
+        total, t, done = total + reward, t + 1, terminated or truncated
+    env.close()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    frames = [f.convert("P", palette=Image.Palette.ADAPTIVE, colors=32) for f in frames]
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=40 * frame_skip, loop=0)
+    return total
+
+
+# ----------------------------------------------------------------------------- checkpoints (.npz, no pickle)
+
+def save_params(params: nnx.State, path: str) -> None:
+    np.savez(path, **{"/".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(params)})
+
+
+def load_params(params_like: nnx.State, path: str) -> nnx.State:
+    """Read an .npz written by `save_params`; its keys and shapes must match `params_like`."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except Exception as e:  # missing, truncated, not a zip, pickled objects ...
+        sys.exit(f"error: --load {path!r} is not a readable .npz checkpoint ({type(e).__name__})")
+    flat = []
+    for p, v in nnx.to_flat_state(params_like):
+        key = "/".join(map(str, p))
+        if key not in arrays or arrays[key].shape != v[...].shape:
+            found = arrays[key].shape if key in arrays else "missing"
+            sys.exit(f"error: --load {path!r} does not fit this Q-network: {key} expected {v[...].shape}, "
+                     f"found {found} (check --hidden-size)")
+        flat.append((p, v.replace(jnp.asarray(arrays[key]))))
+    return nnx.from_flat_state(flat)
+
+
+def plot_curve(curve: list[dict], threshold: float, path: str, title: str, chosen_step: int | None = None) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    steps = [c["step"] for c in curve]
+    ax.plot(steps, [c["eval_return"] for c in curve], marker="o", label="greedy evaluation (mean)")
+    ax.plot(steps, [c["train_return"] for c in curve], alpha=0.6, label="training episodes (ε-greedy, mean)")
+    ax.axhline(threshold, color="gray", ls="--", lw=1, label=f"solved ({threshold:g})")
+    if chosen_step is not None:
+        ax.axvline(chosen_step, color="green", ls=":", lw=1.5, label="saved parameters")
+    ax.set(xlabel="environment steps", ylabel="episode return", title=title, ylim=(0, 520))
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- main
+
+def main(args: Args) -> dict:
+    validate(args)
+    t_start = time.perf_counter()
+    os.makedirs(args.out, exist_ok=True)
+    rng = np.random.default_rng(args.seed)
+    env = make_env()
+    obs_dim, n_actions = env.observation_space.shape[0], int(env.action_space.n)
+
+    q_network, optimizer = create_agent(args, obs_dim, n_actions)
+    graphdef, params = nnx.split(q_network)
+    opt_graphdef, opt_state = nnx.split(optimizer)
+    act, train = make_step_fns(args, graphdef, opt_graphdef)
+
+    if args.load:  # evaluate / watch a saved agent, no training
+        params = load_params(params, args.load)
+        returns = evaluate(act, params, args.eval_episodes, args.eval_seed)
+        metrics = dict(eval_return_mean=float(returns.mean()), eval_return_std=float(returns.std()),
+                       eval_episodes=len(returns), env_steps=0, train_seconds=0.0, loaded_from=args.load)
+        if args.video:
+            metrics["video_return"] = record_gif(act, params, args.video, seed=args.eval_seed)
+        print(f"loaded {args.load}: eval_return_mean={metrics['eval_return_mean']:.1f} "
+              f"eval_return_std={metrics['eval_return_std']:.1f} over {len(returns)} episodes", flush=True)
+        with open(os.path.join(args.out, "metrics.json"), "w") as f:
+            json.dump({**metrics, "args": asdict(args)}, f, indent=2)
+        return metrics
+
+    # The target network starts as an exact copy of the online network.
+    target_params = params
+    buffer = ReplayBuffer(args.buffer_size, obs_dim)
+    exploration_steps = derived(args)["exploration_steps"]
+
+    obs, _ = env.reset(seed=args.seed)
+    episode_return, train_returns, losses, curve = 0.0, [], [], []
+    solved_step = solved_seconds = None
+    best_params, best_return, best_step = params, -np.inf, 0
+    t_train = time.perf_counter()
+    for step in range(1, args.total_timesteps + 1):
+        # ε-greedy: explore with probability ε_t, else a = argmax_a Q_θ(s, a)
+        epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, step - 1)
+        if step <= args.learning_starts or rng.random() < epsilon:
+            action = int(rng.integers(n_actions))
+        else:
+            action = int(act(params, obs))
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        buffer.add(obs, action, reward, next_obs, terminated, truncated)  # s' is the true next state, even at the end
+        episode_return += reward
+        obs = next_obs
+        if terminated or truncated:
+            train_returns.append(episode_return)
+            episode_return = 0.0
+            obs, _ = env.reset()
+
+        if step > args.learning_starts:
+            if step % args.train_frequency == 0:
+                batches = buffer.sample(rng, args.batch_size, args.gradient_steps)
+                params, opt_state, loss = train(params, opt_state, target_params, batches)
+                losses.append(loss)
+            if step % args.target_network_frequency == 0:
+                target_params = sync_target(params, target_params, args.tau)
+
+        if step % args.eval_frequency == 0 or step == args.total_timesteps:
+            eval_return = float(evaluate(act, params, args.periodic_eval_episodes, args.eval_seed + 1).mean())
+            elapsed = time.perf_counter() - t_start
+            train_return = float(np.mean(train_returns[-10:])) if train_returns else 0.0
+            mean_loss = float(np.mean(losses[-10:])) if losses else float("nan")
+            curve.append(dict(step=step, eval_return=eval_return, train_return=train_return,
+                              loss=mean_loss, seconds=round(elapsed, 2)))
+            if eval_return >= best_return:  # ties go to the later, longer-trained parameters
+                best_params, best_return, best_step = params, eval_return, step
+            if solved_step is None and eval_return >= args.solve_threshold:
+                solved_step, solved_seconds = step, round(elapsed, 2)
+            print(f"step={step} return={train_return:.1f} eval_return={eval_return:.1f} loss={mean_loss:.4f} "
+                  f"eps={epsilon:.3f} sps={step / (time.perf_counter() - t_train):.0f}", flush=True)
+    train_seconds = time.perf_counter() - t_train
+    env.close()
+
+    # Final greedy evaluation with a fixed seed, other than the periodic evaluations' seed used to pick `best`.
+    last_returns = evaluate(act, params, args.eval_episodes, args.eval_seed)
+    if args.final_agent == "best":
+        params = best_params
+        returns = evaluate(act, params, args.eval_episodes, args.eval_seed)
+    else:
+        returns = last_returns
+    save_params(params, os.path.join(args.out, "q_network.npz"))
+    metrics = dict(
+        eval_return_mean=float(returns.mean()), eval_return_std=float(returns.std()),
+        eval_return_min=float(returns.min()), eval_episodes=len(returns), final_agent=args.final_agent,
+        best_step=best_step, best_periodic_return=best_return, last_eval_return_mean=float(last_returns.mean()),
+        env_steps=args.total_timesteps,
+        train_seconds=round(train_seconds, 2), gradient_steps_total=len(losses) * args.gradient_steps,
+        solved_step=solved_step, solved_seconds=solved_seconds, train_episodes=len(train_returns), curve=curve,
+    )
+    if args.video:
+        metrics["video_return"] = record_gif(act, params, args.video, seed=args.eval_seed)
+    plot_curve(curve, args.solve_threshold, os.path.join(args.out, "learning_curve.png"),
+               f"DQN on {ENV_ID}, seed {args.seed}",
+               chosen_step=best_step if args.final_agent == "best" else args.total_timesteps)
+    metrics["total_seconds"] = round(time.perf_counter() - t_start, 2)
+    with open(os.path.join(args.out, "metrics.json"), "w") as f:
+        json.dump({**metrics, "args": asdict(args)}, f, indent=2)
+
+    print(f"\nfinal greedy evaluation of the {args.final_agent} parameters over {len(returns)} episodes "
+          f"(--eval-seed {args.eval_seed}): "
+          f"eval_return_mean={metrics['eval_return_mean']:.1f} eval_return_std={metrics['eval_return_std']:.1f} "
+          f"min={metrics['eval_return_min']:.0f}")
+    print(f"env_steps={args.total_timesteps} train_seconds={train_seconds:.1f} "
+          f"solved_step={solved_step} solved_seconds={solved_seconds} total_seconds={metrics['total_seconds']}")
+    print(f"wrote {os.path.join(args.out, 'metrics.json')}, learning_curve.png, q_network.npz"
+          + (f" and {args.video}" if args.video else ""), flush=True)
+    return metrics
+
+
+if __name__ == "__main__":
+    main(parse_args())
