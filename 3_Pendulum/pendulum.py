@@ -46,7 +46,8 @@ def flag(default, help: str, **kw):
 class Args:
     seed: int = flag(0, "seeds everything: jax.random.key, nnx.Rngs, env resets, NumPy's Generator")
     preset: str = flag("default", "'spec' makes the specification's hyperparameters the defaults "
-                       "(flags given explicitly still win)", choices=("default", "spec"))
+                       "(flags given explicitly still win; in Python: Args(preset='spec', **SPEC_PRESET))",
+                       choices=("default", "spec"))
     total_timesteps: int = flag(100_000, "environment steps to train for (summed over all envs)")
     num_envs: int = flag(16, "parallel Pendulum-v1 copies in a gymnasium SyncVectorEnv")
     num_steps: int = flag(125, "steps per env in one rollout; a rollout holds num_envs × num_steps transitions")
@@ -148,6 +149,10 @@ def validate(args: Args) -> None:
         bad(f"--load: no such file: {args.load}")
     if args.video and not args.video.lower().endswith(".gif"):
         bad(f"--video must end in .gif, got {args.video}")
+    defaults = Args()
+    if args.preset == "spec" and all(getattr(args, k) == getattr(defaults, k)
+                                     for k, v in SPEC_PRESET.items() if v != getattr(defaults, k)):
+        bad("preset 'spec' is applied by parse_args; from Python, use Args(preset='spec', **SPEC_PRESET)")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -21,6 +21,9 @@ from pathlib import Path
 # Tests are CPU-only and reproducible; set before any test imports jax.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# Tests write nothing into the repo tree, not even __pycache__ beside the imported scripts.
+sys.dont_write_bytecode = True
+os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
 
 REPO = Path(__file__).resolve().parent.parent
 _loaded: dict[str, object] = {}

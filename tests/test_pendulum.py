@@ -140,6 +140,10 @@ def test_spec_preset_sets_defaults_and_explicit_flags_win(pen):
     assert b.gamma == 0.9 and b.num_steps == 2048
     c = pen.parse_args([])
     assert c.gamma == 0.99 and c.sigma == "param" and c.total_timesteps == 100_000
+    pen.validate(a)  # the parsed preset is valid ...
+    pen.validate(pen.Args(preset="spec", **pen.SPEC_PRESET))  # ... and so is the same thing built in Python
+    with pytest.raises(SystemExit, match="applied by parse_args"):  # but not a preset that was never applied
+        pen.validate(pen.Args(preset="spec"))
 
 
 @pytest.mark.unit
