@@ -47,13 +47,15 @@ class Args:
     out: str = flag("runs/q_learning", "folder for metrics.json and learning_curve.png")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit status 1, no usage dump
-        sys.exit(f"error: {message}")
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line, exit status 1, instead of dumping the usage."""
+
+    def error(self, message):
+        sys.exit(f"error: {message} (see --help)")
 
 
 def parse_args(argv=None) -> Args:
-    p = _Parser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in fields(Args):
         name = "--" + f.name.replace("_", "-")
         if isinstance(f.default, bool):

@@ -87,8 +87,15 @@ SPEC_PRESET = dict(
 )
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line, exit status 1, instead of dumping the usage."""
+
+    def error(self, message):
+        sys.exit(f"error: {message} (see --help)")
+
+
 def parse_args(argv=None) -> Args:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    p = OneLineParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in fields(Args):
         name = "--" + f.name.replace("_", "-")

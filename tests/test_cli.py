@@ -1,0 +1,32 @@
+"""Every script, run as a user runs it: --help works, and a malformed flag is one line on stderr, not a usage dump."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import REPO, run_script
+
+pytestmark = pytest.mark.smoke
+
+SCRIPTS = sorted(str(p.relative_to(REPO)) for p in REPO.glob("[0-9]_*/*.py"))
+
+
+def test_there_are_five_scripts():
+    assert len(SCRIPTS) == 5, SCRIPTS
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_lists_the_flags(script, tmp_path):
+    r = run_script(script, "--help", cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "--seed" in r.stdout and "--out" in r.stdout
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("argv", [["--seed", "abc"], ["--no-such-flag"]], ids=["bad-value", "unknown-flag"])
+def test_malformed_flag_is_one_line(script, argv, tmp_path):
+    r = run_script(script, *argv, "--out", str(tmp_path / "out"), cwd=tmp_path, timeout=120)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
+    assert not (tmp_path / "out").exists()  # nothing ran
