@@ -612,7 +612,9 @@ def main(args: Args) -> dict:
         last_update=history[-1] if history else None,  # losses, KL, clip fraction of the final update
     )
     if args.video:  # the evaluation episode that starts closest to hanging straight down: a full swing-up
-        starts = [gym.make(ENV_ID).reset(seed=args.eval_seed + i)[0][0] for i in range(args.eval_episodes)]
+        probe = gym.make(ENV_ID)
+        starts = [probe.reset(seed=args.eval_seed + i)[0][0] for i in range(args.eval_episodes)]  # cos θ at t=0
+        probe.close()
         metrics["video_seed"] = args.eval_seed + int(np.argmin(starts))  # smallest cos θ
         metrics["video_return"] = save_video(args.video, actor, rms, metrics["video_seed"])
         print(f"video: {args.video} (return {metrics['video_return']:.1f})", flush=True)
