@@ -1,0 +1,145 @@
+"""tools/seeds.py: the seed parser and statistics against hand-computed numbers, and the CLI on tiny runs."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, load_script
+
+seeds = load_script("tools/seeds.py")
+
+
+def run_tool(*args: str, cwd=REPO, timeout: float = 300):
+    return subprocess.run([sys.executable, str(REPO / "tools/seeds.py"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+# ----------------------------------------------------------------------------- unit
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("text, expected", [
+    ("0-4", [0, 1, 2, 3, 4]), ("3", [3]), ("0,5,7-9", [0, 5, 7, 8, 9]), (" 2 - 3 ", [2, 3]), ("10-10", [10]),
+])
+def test_parse_seeds(text, expected):
+    assert seeds.parse_seeds(text) == expected
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("text", ["", "5-3", "a-b", "1-", "-2", "1,,2", "1-3,2", "1.5"])
+def test_parse_seeds_rejects(text):
+    with pytest.raises(seeds.SweepError):
+        seeds.parse_seeds(text)
+
+
+@pytest.mark.unit
+def test_iqm_is_the_mean_of_the_middle_half():
+    # 8 scores: drop the 2 lowest and the 2 highest, average the middle 4.
+    x = [1, 100, 3, 4, 5, 6, -50, 8]
+    assert seeds.iqm(x) == pytest.approx((3 + 4 + 5 + 6) / 4)
+    assert seeds.iqm([2.0, 2.0, 2.0, 2.0]) == 2.0
+
+
+@pytest.mark.unit
+def test_iqm_ci_brackets_the_iqm_and_is_reproducible():
+    rng = np.random.default_rng(1)
+    x = rng.normal(400, 50, size=20)
+    lo, hi = seeds.iqm_ci(x)
+    assert lo < seeds.iqm(x) < hi
+    assert (lo, hi) == seeds.iqm_ci(x)  # fixed bootstrap seed: the table reproduces
+    assert hi - lo < 100  # a 95 % interval of 20 draws with σ = 50 is tens wide, not hundreds
+    assert seeds.iqm_ci([5.0, 5.0, 5.0]) == (5.0, 5.0)
+    assert seeds.iqm_ci([5.0]) is None
+
+
+@pytest.mark.unit
+def test_summary_counts_the_bar_and_takes_the_median_time():
+    s = seeds.summarise({0: 500.0, 1: 474.9, 2: 475.0, 3: 120.0}, {0: 7.0, 1: 9.0, 2: 8.0, 3: 100.0},
+                        seeds.Headline("eval_return_mean", 475.0))
+    assert s["solved"] == 2  # 500 and 475 reach the bar; 474.9 does not
+    assert s["mean"] == pytest.approx((500 + 474.9 + 475 + 120) / 4)
+    assert s["median"] == pytest.approx((474.9 + 475) / 2)
+    assert s["min"] == 120.0 and s["median_seconds"] == pytest.approx(8.5)
+    assert seeds.summarise({0: 0.9}, {0: 1.0}, seeds.Headline("test_accuracy", None))["solved"] is None
+
+
+@pytest.mark.unit
+def test_known_headlines():
+    h = seeds.headline_for(REPO / "2_Cart_Pole_DQN" / "cart_pole_dqn.py", None, None)
+    assert h == seeds.Headline("eval_return_mean", 475.0)
+    assert seeds.headline_for(REPO / "3_Pendulum" / "pendulum.py", None, None).bar == -200.0
+    assert seeds.headline_for(REPO / "1_Q_Learning" / "Q_Learning.py", None, None).metric == "policy_is_optimal"
+    assert seeds.headline_for(REPO / "4_GRPO_MNIST" / "grpo_mnist.py", None, None) == seeds.Headline("test_accuracy", None)
+    assert seeds.headline_for(REPO / "4_GRPO_MNIST" / "grpo_mnist.py", "val_accuracy", None).bar is None
+    with pytest.raises(seeds.SweepError):
+        seeds.headline_for(REPO / "tools" / "seeds.py", None, None)
+
+
+# ----------------------------------------------------------------------------- CLI on tiny runs
+
+
+@pytest.mark.smoke
+def test_sweep_runs_each_seed_and_writes_the_table(tmp_path):
+    r = run_tool("1_Q_Learning/Q_Learning.py", "--seeds", "0-2", "--out", str(tmp_path), "--metric", "greedy_return",
+                 "--bar", "95", "--", "--episodes", "3")
+    assert r.returncode == 0, r.stderr
+    folder = tmp_path / "q_learning" / "episodes_3"
+    summary = json.loads((folder / "summary.json").read_text())
+    # Each run is really a separate run with its own seed and folder.
+    per_run = {s: json.loads((folder / f"seed_{s}" / "metrics.json").read_text()) for s in (0, 1, 2)}
+    assert [per_run[s]["args"]["seed"] for s in (0, 1, 2)] == [0, 1, 2]
+    assert all(per_run[s]["episodes"] == 3 for s in (0, 1, 2))
+    assert summary["per_seed"] == {str(s): per_run[s]["greedy_return"] for s in (0, 1, 2)}
+    assert summary["solved"] == sum(per_run[s]["greedy_return"] >= 95 for s in (0, 1, 2))
+    assert summary["iqm"] == pytest.approx(seeds.iqm([per_run[s]["greedy_return"] for s in (0, 1, 2)]))
+    assert (folder / "scores.png").stat().st_size > 1000
+    table = (folder / "summary.md").read_text()
+    assert "python tools/seeds.py 1_Q_Learning/Q_Learning.py --seeds 0-2" in table and "-- --episodes 3" in table
+    assert "IQM [95 % CI]" in table and table in r.stdout
+    assert r.stdout.count("seed=") == 3
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("argv, message", [
+    (["no/such_script.py", "--seeds", "0-2"], "no such script"),
+    (["1_Q_Learning/Q_Learning.py", "--seeds", "4-2"], "empty range"),
+    (["1_Q_Learning/Q_Learning.py", "--seeds", "x"], "cannot read"),
+    (["1_Q_Learning/Q_Learning.py"], "--seeds"),
+    (["1_Q_Learning/Q_Learning.py", "--seeds", "0", "--", "--seed", "3"], "set by the sweep"),
+    (["1_Q_Learning/Q_Learning.py", "--seeds", "0", "--metric", "no_such_key", "--", "--episodes", "2"], "no_such_key"),
+])
+def test_bad_input_is_one_line(argv, message, tmp_path):
+    r = run_tool("--out", str(tmp_path), *argv, cwd=REPO)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.smoke
+def test_a_failing_run_stops_the_sweep_but_keeps_the_finished_ones(tmp_path):
+    # Seed 2 of Q-learning with --episodes 2 runs fine; a bad flag value makes every run fail.
+    r = run_tool("1_Q_Learning/Q_Learning.py", "--seeds", "0-3", "--out", str(tmp_path), "--", "--episodes", "0")
+    assert r.returncode != 0 and "seed 0 failed" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.rglob("summary.json"))  # nothing finished, nothing to summarise
+    # A finished run is summarised even when a later one fails: make seed 1's folder unwritable.
+    blocker = tmp_path / "q_learning" / "episodes_2" / "seed_1"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("a file where the run's folder should be")
+    r = run_tool("1_Q_Learning/Q_Learning.py", "--seeds", "0-3", "--out", str(tmp_path), "--", "--episodes", "2")
+    assert r.returncode != 0 and "1 finished run(s) summarised" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    summary = json.loads((blocker.parent / "summary.json").read_text())
+    assert list(summary["per_seed"]) == ["0"]
+
+
+@pytest.mark.smoke
+def test_unwritable_sweep_folder_is_refused_before_any_run(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = run_tool("1_Q_Learning/Q_Learning.py", "--seeds", "0-1", "--out", str(blocker / "x"))
+    assert r.returncode != 0 and r.stderr.startswith("error: cannot write into") and "seed=" not in r.stdout

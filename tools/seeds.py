@@ -1,0 +1,303 @@
+"""Run one course script over many seeds and summarise its headline metric as Agarwal et al. (2021) ask:
+the per-seed scores, the interquartile mean (IQM) with a 95 % bootstrap confidence interval, and how many
+seeds reach the module's success bar.
+
+    python tools/seeds.py 2_Cart_Pole_DQN/cart_pole_dqn.py --seeds 0-19
+    python tools/seeds.py 1_Q_Learning/Q_Learning.py --seeds 0-19 -- --env frozenlake --slippery
+    python tools/seeds.py 4_GRPO_MNIST/grpo_mnist.py --seeds 0-4 --metric val_accuracy -- --epochs 3
+
+Each seed is one subprocess, `python SCRIPT --seed S --out <sweep>/seed_S [flags after --]`, run one after
+another, so its wall clock is the whole process (imports and compilation included). The sweep folder
+(default `runs/seeds/<script>/<tag>/`) gets every run's own folder and log, `summary.json`, `summary.md`
+(a table to paste into a README, with the command that made it) and `scores.png`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+
+@dataclass(frozen=True)
+class Headline:
+    """A module's headline metric (a key of its metrics.json) and the bar a seed must reach to count as solved."""
+
+    metric: str
+    bar: float | None  # None: no bar, nothing is "solved"
+
+
+# The headline of each module, keyed by the script's folder. A boolean metric counts as 1 (true) or 0.
+HEADLINES = {
+    "1_Q_Learning": Headline("policy_is_optimal", 1.0),
+    "2_Cart_Pole_DQN": Headline("eval_return_mean", 475.0),
+    "3_Pendulum": Headline("eval_return_mean", -200.0),
+    "4_GRPO_MNIST": Headline("test_accuracy", None),
+}
+
+CONFIDENCE = 0.95
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0  # fixed, so the same scores always give the same interval
+
+
+class SweepError(Exception):
+    """Bad input or a failed run: main prints it as one line and exits non-zero."""
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0-19' -> [0, …, 19]; '3' -> [3]; '0,5,7-9' -> [0, 5, 7, 8, 9]. Seeds are >= 0, distinct, in order given."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not m:
+            raise SweepError(f"--seeds: cannot read {text!r} (use forms like 0-19, 3 or 0,5,7-9)")
+        lo, hi = int(m[1]), int(m[2] if m[2] is not None else m[1])
+        if hi < lo:
+            raise SweepError(f"--seeds: empty range {part.strip()!r} in {text!r}")
+        seeds += range(lo, hi + 1)
+    if len(set(seeds)) != len(seeds):
+        raise SweepError(f"--seeds: {text!r} names a seed twice")
+    return seeds
+
+
+def iqm(x) -> float:
+    """Interquartile mean: the mean of the middle 50 % of the scores (25 % trimmed from each end)."""
+    return float(stats.trim_mean(np.asarray(x, dtype=float), 0.25))
+
+
+def iqm_ci(x, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Percentile-bootstrap confidence interval of the IQM (resampling seeds); None for fewer than 2 scores."""
+    x = np.asarray(x, dtype=float)
+    if len(x) < 2:
+        return None
+    if np.all(x == x[0]):  # every resample has the same IQM
+        return float(x[0]), float(x[0])
+    res = stats.bootstrap((x,), lambda s, axis: stats.trim_mean(s, 0.25, axis=axis), confidence_level=confidence,
+                          n_resamples=BOOTSTRAP_RESAMPLES, method="percentile",
+                          random_state=np.random.default_rng(BOOTSTRAP_SEED))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def summarise(scores: dict[int, float], seconds: dict[int, float], headline: Headline) -> dict:
+    """Everything the table shows, from the per-seed scores and wall clocks of the runs that finished."""
+    x = np.array(list(scores.values()), dtype=float)
+    ci = iqm_ci(x)
+    solved = None if headline.bar is None else int(np.sum(x >= headline.bar))
+    return {
+        "metric": headline.metric, "bar": headline.bar, "n": len(x),
+        "per_seed": {str(s): v for s, v in scores.items()},
+        "mean": float(x.mean()), "median": float(np.median(x)), "min": float(x.min()), "max": float(x.max()),
+        "std": float(x.std(ddof=1)) if len(x) > 1 else 0.0,
+        "iqm": iqm(x), "iqm_ci95": list(ci) if ci else None,
+        "solved": solved,
+        "seconds_per_seed": {str(s): v for s, v in seconds.items()},
+        "median_seconds": float(np.median(list(seconds.values()))),
+    }
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def headline_for(script: Path, metric: str | None, bar: float | None) -> Headline:
+    known = HEADLINES.get(script.parent.name)
+    if metric is None and known is None:
+        raise SweepError(f"{script}: not a course module with a known headline metric; pass --metric")
+    if metric is None or (known is not None and metric == known.metric):
+        return Headline(known.metric, known.bar if bar is None else bar)
+    return Headline(metric, bar)
+
+
+def run_seed(script: Path, seed: int, out: Path, flags: list[str]) -> tuple[dict, float]:
+    """Run the script for one seed; return (its metrics.json, whole-process seconds). Its output goes to run.log."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SweepError(f"seed {seed}: cannot create {out}: {e.strerror or e}") from None
+    cmd = [sys.executable, str(script), *flags, "--seed", str(seed), "--out", str(out)]
+    start = time.perf_counter()
+    with open(out / "run.log", "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.PIPE, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise SweepError(f"seed {seed} failed (exit {proc.returncode}): {last}  [log: {out / 'run.log'}]")
+    try:
+        metrics = json.loads((out / "metrics.json").read_text())
+    except (OSError, ValueError) as e:
+        raise SweepError(f"seed {seed}: cannot read {out / 'metrics.json'}: {e}") from None
+    return metrics, seconds
+
+
+def score_of(metrics: dict, headline: Headline, seed: int) -> float:
+    if headline.metric not in metrics:
+        raise SweepError(f"seed {seed}: metrics.json has no {headline.metric!r} (keys: {', '.join(sorted(metrics))})")
+    value = metrics[headline.metric]
+    if not isinstance(value, (bool, int, float)):
+        raise SweepError(f"seed {seed}: {headline.metric}={value!r} is not a number")
+    return float(value)
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def fmt(v: float, scale: np.ndarray) -> str:
+    """Returns to one decimal, accuracies and rates (all |x| <= 1) to four."""
+    return f"{v:.4f}" if np.all(np.abs(scale) <= 1) else f"{v:.1f}"
+
+
+def markdown(summary: dict, seeds_text: str, command: str) -> str:
+    x = np.array(list(summary["per_seed"].values()))
+    ci = summary["iqm_ci95"]
+    iqm_cell = fmt(summary["iqm"], x) + (f" [{fmt(ci[0], x)}, {fmt(ci[1], x)}]" if ci else "")
+    bar = summary["bar"]
+    solved = "–" if bar is None else f"{summary['solved']}/{summary['n']}"
+    bar_head = "solved" if bar is None else f"solved (≥ {bar:g})"
+    per_seed = " · ".join(f"{s}: {fmt(v, x)}" for s, v in summary["per_seed"].items())
+    return "\n".join([
+        f"`{command}`",
+        "",
+        f"| metric | seeds | mean | median | min | IQM [95 % CI] | {bar_head} | median s/run |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| `{summary['metric']}` | {seeds_text} ({summary['n']}) | {fmt(summary['mean'], x)} | "
+        f"{fmt(summary['median'], x)} | {fmt(summary['min'], x)} | {iqm_cell} | {solved} | "
+        f"{summary['median_seconds']:.1f} |",
+        "",
+        f"Per seed: {per_seed}",
+        "",
+    ])
+
+
+def plot(path: Path, summary: dict, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seeds = [int(s) for s in summary["per_seed"]]
+    x = list(summary["per_seed"].values())
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(seeds) + 2), 3.6))
+    ax.bar(range(len(seeds)), x, color="tab:blue", alpha=0.8, label=summary["metric"])
+    ax.set_xticks(range(len(seeds)), [str(s) for s in seeds])
+    ax.axhline(summary["iqm"], color="black", lw=1.2, label=f"IQM {summary['iqm']:.4g}")
+    if summary["iqm_ci95"]:
+        ax.axhspan(*summary["iqm_ci95"], color="black", alpha=0.12, label="IQM 95 % CI")
+    if summary["bar"] is not None:
+        ax.axhline(summary["bar"], color="tab:red", ls="--", lw=1.2, label=f"bar {summary['bar']:g}")
+    lo, hi = min(x + [summary["bar"] or x[0]]), max(x + [summary["bar"] or x[0]])
+    pad = 0.08 * (hi - lo or abs(hi) or 1.0)
+    ax.set_ylim(lo - pad, hi + pad)
+    ax.set_xlabel("seed")
+    ax.set_ylabel(summary["metric"])
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(folder: Path, summary: dict, seeds_text: str, command: str, title: str) -> str:
+    table = markdown(summary, seeds_text, command)
+    (folder / "summary.json").write_text(json.dumps({**summary, "command": command}, indent=2))
+    (folder / "summary.md").write_text(table)
+    plot(folder / "scores.png", summary, title)
+    return table
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Our flags before `--`, the script's flags after it."""
+    ours, script_flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+
+    class OneLineParser(argparse.ArgumentParser):
+        def error(self, message):
+            raise SweepError(f"{message} (see --help)")
+
+    p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                      epilog="Flags after -- go to the script, e.g. -- --total-timesteps 20000.")
+    p.add_argument("script", help="a course script, e.g. 2_Cart_Pole_DQN/cart_pole_dqn.py")
+    p.add_argument("--seeds", required=True, help="seeds to run: 0-19, 3, or 0,5,7-9")
+    p.add_argument("--metric", default=None, help="metrics.json key to summarise (default: the module's headline)")
+    p.add_argument("--bar", type=float, default=None, help="a seed is solved when metric >= bar (default: module's)")
+    p.add_argument("--tag", default=None, help="name of this sweep's folder (default: made from the script flags)")
+    p.add_argument("--out", default="runs/seeds", help="root folder of all sweeps")
+    args = p.parse_args(ours)
+    for f in ("--seed", "--out"):
+        if any(a == f or a.startswith(f + "=") for a in script_flags):
+            raise SweepError(f"{f} after -- is set by the sweep for each seed; remove it")
+    return args, script_flags
+
+
+def default_tag(flags: list[str]) -> str:
+    if not flags:
+        return "default"
+    return re.sub(r"[^A-Za-z0-9.=_-]+", "_", "_".join(a.lstrip("-") for a in flags)).strip("_")[:80]
+
+
+def check_writable(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write_test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise SweepError(f"cannot write into {folder}: {e.strerror or e}") from None
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args, flags = parse_args(sys.argv[1:] if argv is None else argv)
+    script = Path(args.script)
+    if not script.is_file() or script.suffix != ".py":
+        raise SweepError(f"no such script {args.script!r} (give a path like 2_Cart_Pole_DQN/cart_pole_dqn.py)")
+    seeds = parse_seeds(args.seeds)
+    headline = headline_for(script.resolve(), args.metric, args.bar)
+    folder = Path(args.out) / script.stem.lower() / (args.tag or default_tag(flags))
+    check_writable(folder)  # before any run
+    command = " ".join(["python", "tools/seeds.py", args.script, "--seeds", args.seeds]
+                       + (["--metric", args.metric] if args.metric else [])
+                       + (["--bar", f"{args.bar:g}"] if args.bar is not None else [])
+                       + (["--", *map(shlex.quote, flags)] if flags else []))
+    print(f"sweep: {script} seeds={args.seeds} metric={headline.metric} bar={headline.bar} folder={folder}", flush=True)
+
+    scores: dict[int, float] = {}
+    seconds: dict[int, float] = {}
+    failure = None
+    try:
+        for seed in seeds:
+            metrics, secs = run_seed(script, seed, folder / f"seed_{seed}", flags)
+            scores[seed], seconds[seed] = score_of(metrics, headline, seed), secs
+            solved = "" if headline.bar is None else f" solved={'yes' if scores[seed] >= headline.bar else 'no'}"
+            print(f"seed={seed} {headline.metric}={scores[seed]:.4f}{solved} seconds={secs:.1f}", flush=True)
+    except SweepError as e:
+        failure = str(e)
+    except KeyboardInterrupt:
+        failure = "interrupted"
+
+    summary = {}
+    if scores:  # whatever finished is summarised and saved, even after a failure
+        summary = summarise(scores, seconds, headline)
+        done = ",".join(map(str, scores)) if failure else args.seeds
+        print("\n" + write_report(folder, summary, done, command, f"{script.name}: {command.split(' -- ')[-1]}"))
+        print(f"wrote {folder}/summary.json, summary.md, scores.png", flush=True)
+    if failure:
+        raise SweepError(failure + (f" ({len(scores)} finished run(s) summarised in {folder})" if scores else ""))
+    return summary
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except SweepError as e:
+        sys.exit(f"error: {e}")
