@@ -1,12 +1,12 @@
 """Deep Q-Network (DQN) on CartPole-v1 in JAX + Flax NNX: a replay buffer, a target network and ε-greedy.
 
-A small MLP replaces the Q-table. It learns from minibatches sampled out of a NumPy ring buffer and
-regresses onto TD targets computed by a slowly-moving copy of itself (the target network). The hot
-paths are plain `jax.jit` functions over `nnx.split` state: one call picks a greedy action, one call
-runs a whole block of gradient steps with `lax.scan`.
+A small MLP replaces the Q-table. It acts in 16 CartPole copies at once, learns from minibatches sampled
+out of a NumPy ring buffer and regresses onto TD targets computed by a slowly-moving copy of itself (the
+target network). The hot paths are plain `jax.jit` functions over `nnx.split` state: one call picks the
+greedy actions of all envs, one call runs a whole block of gradient steps with `lax.scan`.
 
     python 2_Cart_Pole_DQN/cart_pole_dqn.py                      # train 50k steps, evaluate 100 episodes
-    python 2_Cart_Pole_DQN/cart_pole_dqn.py --load runs/cart_pole_dqn/q_network.npz --video cartpole.gif
+    python 2_Cart_Pole_DQN/cart_pole_dqn.py --load runs/cart_pole_dqn/q_network.npz --video   # -> <out>/eval/
 """
 from __future__ import annotations
 
@@ -34,11 +34,12 @@ def flag(default, help: str, **kw):
 @dataclass
 class Args:
     seed: int = flag(0, "seeds everything: jax.random.key, nnx.Rngs, env resets, NumPy's Generator")
-    total_timesteps: int = flag(50_000, "environment steps to train for")
+    total_timesteps: int = flag(50_000, "environment steps to train for, summed over the parallel envs")
+    num_envs: int = flag(16, "CartPole-v1 copies stepped side by side; each loop step adds up to num_envs transitions")
     learning_rate: float = flag(2.3e-3, "Adam learning rate")
     anneal_lr: bool = flag(True, "decay the learning rate linearly to 0 over the run's gradient steps")
     max_grad_norm: float = flag(10.0, "clip the global gradient norm to this value (0 turns clipping off)")
-    hidden_size: int = flag(256, "width of each of the two hidden layers of the Q-network")
+    hidden_size: int = flag(128, "width of each of the two hidden layers of the Q-network")
     buffer_size: int = flag(100_000, "replay buffer capacity (transitions)")
     batch_size: int = flag(64, "transitions per gradient step")
     gamma: float = flag(0.99, "discount factor γ")
@@ -54,8 +55,8 @@ class Args:
     double_dqn: bool = flag(True, "Double DQN: the online net picks argmax a', the target net scores it")
     bootstrap_truncated: bool = flag(True, "bootstrap from s' when the episode is cut by the time limit "
                                            "(--no-bootstrap-truncated treats truncation as termination, like the spec)")
-    eval_frequency: int = flag(2_500, "env steps between two periodic greedy evaluations (learning curve)")
-    periodic_eval_episodes: int = flag(20, "greedy episodes per periodic evaluation")
+    eval_frequency: int = flag(5_000, "env steps between two periodic greedy evaluations (learning curve)")
+    periodic_eval_episodes: int = flag(10, "greedy episodes per periodic evaluation")
     eval_episodes: int = flag(100, "greedy episodes of the final evaluation")
     eval_seed: int = flag(10_000, "seed of the final evaluation's episodes (same for every run); "
                                   "periodic evaluations use eval_seed + 1")
@@ -64,8 +65,9 @@ class Args:
                             choices=("best", "last"))
     solve_threshold: float = flag(475.0, "a periodic evaluation at or above this mean return counts as solved")
     out: str = flag("runs/cart_pole_dqn", "folder for metrics.json, the curve PNG and q_network.npz")
-    load: str = flag("", "evaluate (and with --video, watch) a saved q_network.npz instead of training")
-    video: str = flag("", "write one greedy episode of the final agent to this .gif path")
+    load: str = flag("", "evaluate (and with --video, watch) a saved q_network.npz instead of training; "
+                         "results go to <out>/eval/, never over a training run's files")
+    video: bool = flag(False, "also write one greedy episode of the final agent to <out>/episode.gif")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -102,6 +104,10 @@ def validate(args: Args) -> None:
          f"--batch-size must be in [1, --buffer-size={args.buffer_size}], got {args.batch_size}")
     need(0 <= args.gamma <= 1, f"--gamma must be in [0, 1], got {args.gamma}")
     need(args.learning_starts >= 0, f"--learning-starts must be >= 0, got {args.learning_starts}")
+    need(args.num_envs > 0, f"--num-envs must be > 0, got {args.num_envs}")
+    for name in ("train_frequency", "target_network_frequency", "eval_frequency"):  # at most one event per loop step
+        value = getattr(args, name)
+        need(value >= args.num_envs, f"--{name.replace('_', '-')} ({value}) must be >= --num-envs ({args.num_envs})")
     for name in ("train_frequency", "gradient_steps", "target_network_frequency", "eval_frequency",
                  "periodic_eval_episodes", "eval_episodes"):
         value = getattr(args, name)
@@ -112,9 +118,21 @@ def validate(args: Args) -> None:
     need(0 < args.exploration_fraction <= 1,
          f"--exploration-fraction must be in (0, 1], got {args.exploration_fraction}")
     need(args.eval_seed >= 0, f"--eval-seed must be >= 0, got {args.eval_seed}")
-    need(not args.video or args.video.endswith(".gif"), f"--video must end in .gif, got {args.video!r}")
     if args.load:
         need(os.path.isfile(args.load), f"--load: no such file {args.load!r}")
+    out = output_folder(args)  # checked before any work: a run that cannot save its results does not start
+    try:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, ".write_test"), "w"):
+            pass
+        os.remove(os.path.join(out, ".write_test"))
+    except OSError as e:
+        sys.exit(f"error: --out {args.out!r}: cannot write into {out!r} ({e.strerror or type(e).__name__})")
+
+
+def output_folder(args: Args) -> str:
+    """Where this run writes: --out for training, <out>/eval/ for a --load run (a training run's files stay)."""
+    return os.path.join(args.out, "eval") if args.load else args.out
 
 
 # ----------------------------------------------------------------------------- environment
@@ -124,6 +142,13 @@ ENV_ID = "CartPole-v1"  # 4 observations (x, ẋ, θ, θ̇), 2 actions, reward +
 
 def make_env(render_mode: str | None = None) -> gym.Env:
     return gym.make(ENV_ID, render_mode=render_mode)
+
+
+def make_envs(n: int) -> gym.vector.VectorEnv:
+    """n CartPole-v1 copies in gymnasium's own vectorised CartPole: the same physics, stepped in NumPy for all
+    n at once. Its autoreset is NEXT_STEP: the step that ends an episode returns the true final observation,
+    and the *next* step() call of that env only resets it (its action is ignored, nothing is learned from it)."""
+    return gym.make_vec(ENV_ID, num_envs=n, vectorization_mode="vector_entry_point")
 
 
 class ReplayBuffer:
@@ -143,12 +168,13 @@ class ReplayBuffer:
         self.terminated = np.zeros(capacity, np.float32)
         self.truncated = np.zeros(capacity, np.float32)
 
-    def add(self, obs, action, reward, next_obs, terminated, truncated) -> None:
-        i = self.pos
-        self.obs[i], self.actions[i], self.rewards[i] = obs, action, reward
+    def add(self, obs, actions, rewards, next_obs, terminated, truncated) -> None:
+        """Write n transitions (one per env; arrays with a leading axis n) at rows pos … pos + n − 1 (mod capacity)."""
+        i = (self.pos + np.arange(len(actions))) % self.capacity
+        self.obs[i], self.actions[i], self.rewards[i] = obs, actions, rewards
         self.next_obs[i], self.terminated[i], self.truncated[i] = next_obs, terminated, truncated
-        self.pos = (i + 1) % self.capacity
-        self.size = min(self.size + 1, self.capacity)
+        self.pos = (self.pos + len(actions)) % self.capacity
+        self.size = min(self.size + len(actions), self.capacity)
 
     def sample(self, rng: np.random.Generator, batch_size: int, n_batches: int) -> dict[str, np.ndarray]:
         """`n_batches` minibatches at once, each array shaped (n_batches, batch_size, ...)."""
@@ -180,8 +206,9 @@ class QNetwork(nnx.Module):
 
 def derived(args: Args) -> dict:
     """Sizes computed from the flags (never written back into args)."""
-    # (total − learning_starts) // train_frequency training blocks; the annealed learning rate reaches 0 after them
-    n_train_calls = max(0, args.total_timesteps - args.learning_starts) // args.train_frequency
+    # A training call runs at every step s with learning_starts < s <= total_timesteps and s % train_frequency == 0:
+    # ⌊total/f⌋ − ⌊learning_starts/f⌋ calls (192 for 50,000, 1,000, 256). The annealed rate reaches 0 after the last.
+    n_train_calls = max(0, args.total_timesteps // args.train_frequency - args.learning_starts // args.train_frequency)
     return dict(exploration_steps=max(1, int(args.exploration_fraction * args.total_timesteps)),
                 n_train_calls=n_train_calls, total_gradient_steps=n_train_calls * args.gradient_steps)
 
@@ -376,117 +403,153 @@ def plot_curve(curve: list[dict], threshold: float, path: str, title: str, chose
     plt.close(fig)
 
 
+# ----------------------------------------------------------------------------- training loop
+
+def train(args: Args, act, train_fn, params: nnx.State, opt_state: nnx.State) -> tuple[nnx.State, dict]:
+    """Collect with ε-greedy in num_envs envs, learn from replay: the DQN loop. Returns the last params and a log.
+
+    env_steps counts the real transitions (s, a, r, s') stored so far. Each time it passes a multiple of
+    train_frequency after learning_starts, one jitted call runs gradient_steps Adam steps on fresh minibatches;
+    each time it passes a multiple of target_network_frequency, the target network is synced.
+    """
+    rng = np.random.default_rng(args.seed)
+    envs = make_envs(args.num_envs)
+    n, n_actions = args.num_envs, int(envs.single_action_space.n)
+    buffer = ReplayBuffer(args.buffer_size, envs.single_observation_space.shape[0])
+    exploration_steps = derived(args)["exploration_steps"]
+    target_params = params  # the target network starts as an exact copy of the online network
+
+    def crossed(every: int, before: int, after: int) -> bool:  # did env_steps pass a multiple of `every`?
+        return after // every > before // every
+
+    obs, _ = envs.reset(seed=args.seed)
+    resetting = np.zeros(n, bool)  # envs whose episode ended last step: this step only resets them
+    episode_returns, train_returns, losses, curve = np.zeros(n), [], [], []
+    best = dict(params=params, eval_return=-np.inf, step=0)
+    solved_step = solved_seconds = None
+    env_steps, t_train = 0, time.perf_counter()
+    while env_steps < args.total_timesteps:
+        # ε-greedy in every env: explore with probability ε_t, else a = argmax_a Q_θ(s, a)
+        epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, env_steps)
+        explore = rng.random(n) < (1.0 if env_steps < args.learning_starts else epsilon)
+        actions = np.where(explore, rng.integers(n_actions, size=n), np.asarray(act(params, obs)))
+        next_obs, rewards, terminated, truncated, _ = envs.step(actions)
+        # Keep the real transitions (s, a, r, s'): not the reset steps, and no more than total_timesteps in all.
+        keep = ~resetting & (np.cumsum(~resetting) <= args.total_timesteps - env_steps)
+        buffer.add(obs[keep], actions[keep], rewards[keep], next_obs[keep], terminated[keep], truncated[keep])
+        before, env_steps = env_steps, env_steps + int(keep.sum())
+        resetting = terminated | truncated
+        episode_returns += rewards * keep
+        train_returns += episode_returns[resetting & keep].tolist()
+        episode_returns[resetting] = 0.0
+        obs = next_obs
+
+        if env_steps > args.learning_starts:
+            if crossed(args.train_frequency, max(before, args.learning_starts), env_steps):
+                batches = buffer.sample(rng, args.batch_size, args.gradient_steps)
+                params, opt_state, loss = train_fn(params, opt_state, target_params, batches)
+                losses.append(loss)
+            if crossed(args.target_network_frequency, max(before, args.learning_starts), env_steps):
+                target_params = sync_target(params, target_params, args.tau)
+
+        if crossed(args.eval_frequency, before, env_steps) or env_steps == args.total_timesteps:
+            eval_return = float(evaluate(act, params, args.periodic_eval_episodes, args.eval_seed + 1).mean())
+            elapsed = time.perf_counter() - t_train
+            train_return = float(np.mean(train_returns[-10:])) if train_returns else 0.0
+            mean_loss = float(np.mean(losses[-10:])) if losses else float("nan")
+            curve.append(dict(step=env_steps, eval_return=eval_return, train_return=train_return,
+                              loss=mean_loss, seconds=round(elapsed, 2)))
+            if eval_return >= best["eval_return"]:  # ties go to the later, longer-trained parameters
+                best = dict(params=params, eval_return=eval_return, step=env_steps)
+            if solved_step is None and eval_return >= args.solve_threshold:
+                solved_step, solved_seconds = env_steps, round(elapsed, 2)
+            print(f"step={env_steps} return={train_return:.1f} eval_return={eval_return:.1f} loss={mean_loss:.4f} "
+                  f"eps={epsilon:.3f} sps={env_steps / elapsed:.0f}", flush=True)
+    envs.close()
+    log = dict(curve=curve, best=best, train_seconds=time.perf_counter() - t_train, solved_step=solved_step,
+               solved_seconds=solved_seconds, train_episodes=len(train_returns),
+               gradient_steps_total=len(losses) * args.gradient_steps)
+    return params, log
+
+
 # ----------------------------------------------------------------------------- main
 
-def main(args: Args) -> dict:
-    validate(args)
-    t_start = time.perf_counter()
-    os.makedirs(args.out, exist_ok=True)
-    rng = np.random.default_rng(args.seed)
-    env = make_env()
-    obs_dim, n_actions = env.observation_space.shape[0], int(env.action_space.n)
+def save_metrics(folder: str, metrics: dict, args: Args) -> None:
+    with open(os.path.join(folder, "metrics.json"), "w") as f:
+        json.dump({**metrics, "args": asdict(args)}, f, indent=2)
 
+
+def write_video(act, params: nnx.State, folder: str, seed: int, metrics: dict, args: Args) -> None:
+    """The GIF comes last: the metrics are already saved, and they are saved again with the video's return."""
+    path = os.path.join(folder, "episode.gif")
+    try:
+        metrics["video_return"] = record_gif(act, params, path, seed=seed)
+    except Exception as e:  # pygame missing, disk full, ...: the run's results are already on disk
+        sys.exit(f"error: --video could not write {path!r} ({type(e).__name__}: {e}); metrics.json is saved")
+    save_metrics(folder, metrics, args)
+    print(f"video: {path} (return {metrics['video_return']:.0f})", flush=True)
+
+
+def evaluate_saved(args: Args, act, params: nnx.State) -> dict:
+    """--load: evaluate (and with --video, watch) a saved agent; writes into <out>/eval/."""
+    folder = output_folder(args)
+    params = load_params(params, args.load)
+    returns = evaluate(act, params, args.eval_episodes, args.eval_seed)
+    metrics = dict(eval_return_mean=float(returns.mean()), eval_return_std=float(returns.std()),
+                   eval_return_min=float(returns.min()), eval_episodes=len(returns), env_steps=0,
+                   train_seconds=0.0, loaded_from=args.load)
+    save_metrics(folder, metrics, args)
+    print(f"loaded {args.load}: eval_return_mean={metrics['eval_return_mean']:.1f} "
+          f"eval_return_std={metrics['eval_return_std']:.1f} over {len(returns)} episodes; wrote {folder}/metrics.json",
+          flush=True)
+    if args.video:
+        write_video(act, params, folder, args.eval_seed, metrics, args)
+    return metrics
+
+
+def main(args: Args) -> dict:
+    validate(args)  # flag values and the output folder, before any work
+    t_start = time.perf_counter()
+    obs_dim, n_actions = 4, 2  # CartPole-v1: (x, ẋ, θ, θ̇) and {push left, push right}
     q_network, optimizer = create_agent(args, obs_dim, n_actions)
     graphdef, params = nnx.split(q_network)
     opt_graphdef, opt_state = nnx.split(optimizer)
-    act, train = make_step_fns(args, graphdef, opt_graphdef)
+    act, train_fn = make_step_fns(args, graphdef, opt_graphdef)
+    if args.load:
+        return evaluate_saved(args, act, params)
 
-    if args.load:  # evaluate / watch a saved agent, no training
-        params = load_params(params, args.load)
-        returns = evaluate(act, params, args.eval_episodes, args.eval_seed)
-        metrics = dict(eval_return_mean=float(returns.mean()), eval_return_std=float(returns.std()),
-                       eval_episodes=len(returns), env_steps=0, train_seconds=0.0, loaded_from=args.load)
-        if args.video:
-            metrics["video_return"] = record_gif(act, params, args.video, seed=args.eval_seed)
-        print(f"loaded {args.load}: eval_return_mean={metrics['eval_return_mean']:.1f} "
-              f"eval_return_std={metrics['eval_return_std']:.1f} over {len(returns)} episodes", flush=True)
-        with open(os.path.join(args.out, "metrics.json"), "w") as f:
-            json.dump({**metrics, "args": asdict(args)}, f, indent=2)
-        return metrics
-
-    # The target network starts as an exact copy of the online network.
-    target_params = params
-    buffer = ReplayBuffer(args.buffer_size, obs_dim)
-    exploration_steps = derived(args)["exploration_steps"]
-
-    obs, _ = env.reset(seed=args.seed)
-    episode_return, train_returns, losses, curve = 0.0, [], [], []
-    solved_step = solved_seconds = None
-    best_params, best_return, best_step = params, -np.inf, 0
-    t_train = time.perf_counter()
-    for step in range(1, args.total_timesteps + 1):
-        # ε-greedy: explore with probability ε_t, else a = argmax_a Q_θ(s, a)
-        epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, step - 1)
-        if step <= args.learning_starts or rng.random() < epsilon:
-            action = int(rng.integers(n_actions))
-        else:
-            action = int(act(params, obs))
-        next_obs, reward, terminated, truncated, _ = env.step(action)
-        buffer.add(obs, action, reward, next_obs, terminated, truncated)  # s' is the true next state, even at the end
-        episode_return += reward
-        obs = next_obs
-        if terminated or truncated:
-            train_returns.append(episode_return)
-            episode_return = 0.0
-            obs, _ = env.reset()
-
-        if step > args.learning_starts:
-            if step % args.train_frequency == 0:
-                batches = buffer.sample(rng, args.batch_size, args.gradient_steps)
-                params, opt_state, loss = train(params, opt_state, target_params, batches)
-                losses.append(loss)
-            if step % args.target_network_frequency == 0:
-                target_params = sync_target(params, target_params, args.tau)
-
-        if step % args.eval_frequency == 0 or step == args.total_timesteps:
-            eval_return = float(evaluate(act, params, args.periodic_eval_episodes, args.eval_seed + 1).mean())
-            elapsed = time.perf_counter() - t_start
-            train_return = float(np.mean(train_returns[-10:])) if train_returns else 0.0
-            mean_loss = float(np.mean(losses[-10:])) if losses else float("nan")
-            curve.append(dict(step=step, eval_return=eval_return, train_return=train_return,
-                              loss=mean_loss, seconds=round(elapsed, 2)))
-            if eval_return >= best_return:  # ties go to the later, longer-trained parameters
-                best_params, best_return, best_step = params, eval_return, step
-            if solved_step is None and eval_return >= args.solve_threshold:
-                solved_step, solved_seconds = step, round(elapsed, 2)
-            print(f"step={step} return={train_return:.1f} eval_return={eval_return:.1f} loss={mean_loss:.4f} "
-                  f"eps={epsilon:.3f} sps={step / (time.perf_counter() - t_train):.0f}", flush=True)
-    train_seconds = time.perf_counter() - t_train
-    env.close()
+    last_params, log = train(args, act, train_fn, params, opt_state)
 
     # Final greedy evaluation with a fixed seed, other than the periodic evaluations' seed used to pick `best`.
-    last_returns = evaluate(act, params, args.eval_episodes, args.eval_seed)
+    last_returns = evaluate(act, last_params, args.eval_episodes, args.eval_seed)
+    params, returns = last_params, last_returns
     if args.final_agent == "best":
-        params = best_params
+        params = log["best"]["params"]
         returns = evaluate(act, params, args.eval_episodes, args.eval_seed)
-    else:
-        returns = last_returns
     save_params(params, os.path.join(args.out, "q_network.npz"))
     metrics = dict(
         eval_return_mean=float(returns.mean()), eval_return_std=float(returns.std()),
         eval_return_min=float(returns.min()), eval_episodes=len(returns), final_agent=args.final_agent,
-        best_step=best_step, best_periodic_return=best_return, last_eval_return_mean=float(last_returns.mean()),
-        env_steps=args.total_timesteps,
-        train_seconds=round(train_seconds, 2), gradient_steps_total=len(losses) * args.gradient_steps,
-        solved_step=solved_step, solved_seconds=solved_seconds, train_episodes=len(train_returns), curve=curve,
+        best_step=log["best"]["step"], best_periodic_return=log["best"]["eval_return"],
+        last_eval_return_mean=float(last_returns.mean()), env_steps=args.total_timesteps,
+        train_seconds=round(log["train_seconds"], 2), gradient_steps_total=log["gradient_steps_total"],
+        solved_step=log["solved_step"], solved_seconds=log["solved_seconds"], train_episodes=log["train_episodes"],
+        curve=log["curve"], total_seconds=round(time.perf_counter() - t_start, 2),
     )
-    if args.video:
-        metrics["video_return"] = record_gif(act, params, args.video, seed=args.eval_seed)
-    plot_curve(curve, args.solve_threshold, os.path.join(args.out, "learning_curve.png"),
+    save_metrics(args.out, metrics, args)
+    plot_curve(log["curve"], args.solve_threshold, os.path.join(args.out, "learning_curve.png"),
                f"DQN on {ENV_ID}, seed {args.seed}",
-               chosen_step=best_step if args.final_agent == "best" else args.total_timesteps)
-    metrics["total_seconds"] = round(time.perf_counter() - t_start, 2)
-    with open(os.path.join(args.out, "metrics.json"), "w") as f:
-        json.dump({**metrics, "args": asdict(args)}, f, indent=2)
-
+               chosen_step=log["best"]["step"] if args.final_agent == "best" else args.total_timesteps)
     print(f"\nfinal greedy evaluation of the {args.final_agent} parameters over {len(returns)} episodes "
           f"(--eval-seed {args.eval_seed}): "
           f"eval_return_mean={metrics['eval_return_mean']:.1f} eval_return_std={metrics['eval_return_std']:.1f} "
           f"min={metrics['eval_return_min']:.0f}")
-    print(f"env_steps={args.total_timesteps} train_seconds={train_seconds:.1f} "
-          f"solved_step={solved_step} solved_seconds={solved_seconds} total_seconds={metrics['total_seconds']}")
-    print(f"wrote {os.path.join(args.out, 'metrics.json')}, learning_curve.png, q_network.npz"
-          + (f" and {args.video}" if args.video else ""), flush=True)
+    print(f"env_steps={args.total_timesteps} train_seconds={metrics['train_seconds']:.1f} "
+          f"gradient_steps={metrics['gradient_steps_total']} solved_step={metrics['solved_step']} "
+          f"total_seconds={metrics['total_seconds']}")
+    print(f"wrote {os.path.join(args.out, 'metrics.json')}, learning_curve.png, q_network.npz", flush=True)
+    if args.video:
+        write_video(act, params, args.out, args.eval_seed, metrics, args)
     return metrics
 
 

@@ -6,12 +6,16 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from conftest import load_script, run_script
 
 SCRIPT = "2_Cart_Pole_DQN/cart_pole_dqn.py"
 dqn = load_script(SCRIPT)
+
+# Seeds outside the README's 0–19 sweep for the learning test of the default configuration.
+HELD_OUT_SEEDS = [20, 21, 22]
 
 # Tiny settings: a few hundred env steps and a 16-unit network, seconds end to end.
 TINY = ["--total-timesteps", "600", "--learning-starts", "200", "--train-frequency", "50", "--gradient-steps", "4",
@@ -42,11 +46,17 @@ def _leaves_equal(a, b):
 
 # ----------------------------------------------------------------------------- unit
 
+def _add(buf, values, terminated, truncated):
+    """Add one transition per value v (s = v, a = v % 2, r = v, s' = v + 0.5) in a single batched call."""
+    v = np.asarray(values, dtype=np.float32)
+    buf.add(np.repeat(v[:, None], 4, axis=1), v.astype(np.int32) % 2, v, np.repeat(v[:, None] + 0.5, 4, axis=1),
+            np.asarray(terminated, np.float32), np.asarray(truncated, np.float32))
+
+
 @pytest.mark.unit
 def test_replay_buffer_wraps_around_and_samples_shapes():
     buf = dqn.ReplayBuffer(capacity=5, obs_dim=4)
-    for i in range(3):
-        buf.add(np.full(4, i), i % 2, float(i), np.full(4, i + 0.5), False, i == 2)
+    _add(buf, [0, 1, 2], [0, 0, 0], [0, 0, 1])  # one call, three envs
     assert (buf.pos, buf.size) == (3, 3)
     batch = buf.sample(np.random.default_rng(0), batch_size=8, n_batches=6)
     assert batch["obs"].shape == (6, 8, 4) and batch["next_obs"].shape == (6, 8, 4)
@@ -54,14 +64,15 @@ def test_replay_buffer_wraps_around_and_samples_shapes():
         assert batch[key].shape == (6, 8)
     assert set(np.unique(batch["obs"][..., 0])) <= {0.0, 1.0, 2.0}  # only filled rows are drawn
 
-    for i in range(3, 7):  # 7 transitions into 5 slots: 5 and 6 overwrite the oldest rows 0 and 1
-        buf.add(np.full(4, i), i % 2, float(i), np.full(4, i + 0.5), i == 6, False)
+    _add(buf, [3, 4, 5, 6], [0, 0, 0, 1], [0, 0, 0, 0])  # 7 transitions into 5 slots: 5 and 6 overwrite rows 0, 1
     assert (buf.pos, buf.size) == (2, 5)
     np.testing.assert_array_equal(buf.obs[:, 0], [5, 6, 2, 3, 4])
     np.testing.assert_array_equal(buf.rewards, [5, 6, 2, 3, 4])
     np.testing.assert_array_equal(buf.next_obs[:, 0], [5.5, 6.5, 2.5, 3.5, 4.5])
     np.testing.assert_array_equal(buf.terminated, [0, 1, 0, 0, 0])
     np.testing.assert_array_equal(buf.truncated, [0, 0, 1, 0, 0])
+    _add(buf, [], [], [])  # an iteration where every env was only resetting adds nothing
+    assert (buf.pos, buf.size) == (2, 5)
     batch = buf.sample(np.random.default_rng(1), batch_size=200, n_batches=1)
     assert set(np.unique(batch["obs"][..., 0])) == {2.0, 3.0, 4.0, 5.0, 6.0}
     # every sampled row stays a consistent transition: reward i goes with s = i and s' = i + 0.5
@@ -104,23 +115,100 @@ def test_loss_fn_huber_and_mse_match_hand_computed_numbers():
 
 
 @pytest.mark.unit
-def test_target_sync_copies_parameters_exactly():
+def test_polyak_sync_averages_and_hard_sync_is_the_online_network():
     args, graphdef, params, opt_graphdef, opt_state = _agent()
-    target = params  # the target network starts as an exact copy
+    target = params
     _, train = dqn.make_step_fns(args, graphdef, opt_graphdef)
-    batches = {k: np.stack([v] * 3) for k, v in _fixed_batch().items()}
-    params, opt_state, _ = train(params, opt_state, target, batches)
+    params, opt_state, _ = train(params, opt_state, target, {k: np.stack([v] * 3) for k, v in _fixed_batch().items()})
     assert not _leaves_equal(params, target)  # training moved the online network
-    synced = dqn.sync_target(params, target, tau=1.0)
-    assert _leaves_equal(synced, params)
     # Polyak: θ⁻ ← τ·θ + (1 − τ)·θ⁻
     soft = dqn.sync_target(params, target, tau=0.25)
     for s, p, t in zip(jax.tree.leaves(soft), jax.tree.leaves(params), jax.tree.leaves(target)):
         np.testing.assert_allclose(s, 0.25 * np.asarray(p) + 0.75 * np.asarray(t), rtol=1e-6, atol=1e-7)
-    # the module-level way the spec names, nnx.update, gives the same exact copy
+    # the module-level way, nnx.update, gives the same values as the hard copy
     target_network = dqn.nnx.merge(graphdef, target)
-    dqn.nnx.update(target_network, params)
+    dqn.nnx.update(target_network, dqn.sync_target(params, target, tau=1.0))
     assert _leaves_equal(dqn.nnx.state(target_network), params)
+
+
+def _perturbed(params, scale=0.5, seed=7):
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("double", [False, True])
+def test_train_block_really_uses_the_target_network(double):
+    # A broken train_block that bootstrapped from the online network would ignore target_params entirely.
+    args, graphdef, params, opt_graphdef, opt_state = _agent(double_dqn=double)
+    _, train = dqn.make_step_fns(args, graphdef, opt_graphdef)
+    batches = {k: np.stack([v]) for k, v in _fixed_batch().items()}
+    other_target = _perturbed(params)
+    a, _, loss_a = train(params, opt_state, params, batches)
+    b, _, loss_b = train(params, opt_state, other_target, batches)
+    assert float(loss_a) != pytest.approx(float(loss_b), rel=1e-3)  # other TD targets, other loss
+    assert not _leaves_equal(a, b)  # and other gradients, so other updated parameters
+    # The TD targets themselves: y = r + γ(1 − terminated)·Q⁻(s', a*) moves with the target network.
+    batch = {k: jnp.asarray(v) for k, v in _fixed_batch().items()}
+
+    def grads(target):
+        return jax.grad(lambda p: dqn.loss_fn(dqn.nnx.merge(graphdef, p), dqn.nnx.merge(graphdef, target), batch,
+                                              0.99, double_dqn=double))(params)
+    assert not _leaves_equal(grads(params), grads(other_target))
+
+
+@pytest.mark.unit
+def test_scan_over_two_batches_equals_two_single_steps():
+    # A scan that reused batch 0 for every step would pass a test with one batch stacked many times; not this one.
+    args, graphdef, params, opt_graphdef, opt_state = _agent()
+    _, train = dqn.make_step_fns(args, graphdef, opt_graphdef)
+    b1, b2 = _fixed_batch(seed=1), _fixed_batch(seed=2)
+    target = _perturbed(params, scale=0.1)
+    both, opt_both, loss_both = train(params, opt_state, target, {k: np.stack([b1[k], b2[k]]) for k in b1})
+    p1, o1, l1 = train(params, opt_state, target, {k: v[None] for k, v in b1.items()})
+    p2, o2, l2 = train(p1, o1, target, {k: v[None] for k, v in b2.items()})
+    for x, y in zip(jax.tree.leaves(both), jax.tree.leaves(p2)):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(loss_both, (l1 + l2) / 2, rtol=1e-5)
+    swapped, _, _ = train(params, opt_state, target, {k: np.stack([b2[k], b1[k]]) for k in b1})
+    assert not all(np.allclose(x, y, rtol=1e-5, atol=1e-6) for x, y in zip(jax.tree.leaves(swapped),
+                                                                           jax.tree.leaves(both)))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("double", [False, True])
+def test_loss_fn_with_two_different_networks(double):
+    # Online and target networks differ, so swapping their roles inside loss_fn changes the number.
+    _, graphdef, params, _, _ = _agent(seed=0)
+    _, _, target_params, _, _ = _agent(seed=1)
+    online, target = dqn.nnx.merge(graphdef, params), dqn.nnx.merge(graphdef, target_params)
+    batch = {k: jnp.asarray(v) for k, v in _fixed_batch(8).items()}
+    a = np.asarray(batch["actions"])
+    q = np.asarray(online(batch["obs"]))[np.arange(8), a]                  # Q_θ(s, a)
+    next_target = np.asarray(target(batch["next_obs"]))                     # Q⁻(s', ·)
+    if double:
+        a_star = np.asarray(online(batch["next_obs"])).argmax(-1)            # argmax_a' Q_θ(s', a')
+        next_v = next_target[np.arange(8), a_star]
+    else:
+        next_v = next_target.max(-1)
+    y = np.asarray(batch["rewards"]) + 0.99 * (1 - np.asarray(batch["terminated"])) * next_v
+    expected = np.mean(0.5 * (y - q) ** 2)
+    got = dqn.loss_fn(online, target, batch, 0.99, loss="mse", double_dqn=double)
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    swapped = dqn.loss_fn(target, online, batch, 0.99, loss="mse", double_dqn=double)
+    assert not np.isclose(float(swapped), expected, rtol=1e-3)
+
+
+@pytest.mark.unit
+def test_learning_rate_schedule_spans_exactly_the_gradient_steps_made():
+    # Default flags: training calls at every multiple of 256 from 1,024 to 49,920, i.e. 195 − 3 = 192 calls.
+    args = dqn.Args()
+    d = dqn.derived(args)
+    assert d["n_train_calls"] == 192 and d["total_gradient_steps"] == 192 * args.gradient_steps
+    lr = optax.linear_schedule(args.learning_rate, 0.0, d["total_gradient_steps"])
+    assert float(lr(d["total_gradient_steps"] - 1)) > 0  # the last step still learns
+    assert dqn.derived(dqn.Args(total_timesteps=1000, learning_starts=100, train_frequency=300))["n_train_calls"] == 3
 
 
 @pytest.mark.unit
@@ -194,26 +282,43 @@ def test_load_rejects_a_corrupt_or_mismatched_checkpoint(tmp_path):
 @pytest.mark.smoke
 def test_cli_trains_saves_and_load_round_trip(tmp_path):
     out = tmp_path / "run"
-    gif = tmp_path / "episode.gif"
-    proc = run_script(SCRIPT, *TINY, "--out", str(out), "--video", str(gif), cwd=tmp_path, timeout=120)
+    proc = run_script(SCRIPT, *TINY, "--out", str(out), "--video", cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     progress = [line for line in proc.stdout.splitlines() if line.startswith("step=")]
-    assert len(progress) == 2 and all(k in progress[0] for k in ("return=", "loss=", "eps=", "sps="))
+    assert len(progress) == 2 and all(k in progress[0] for k in ("return=", "eval_return=", "loss=", "eps=", "sps="))
     metrics = json.loads((out / "metrics.json").read_text())
-    for key in ("eval_return_mean", "eval_return_std", "eval_episodes", "env_steps", "train_seconds"):
+    for key in ("eval_return_mean", "eval_return_std", "eval_episodes", "env_steps", "train_seconds", "video_return"):
         assert key in metrics
     assert metrics["eval_episodes"] == 3 and metrics["env_steps"] == 600
+    # exactly the gradient steps the learning-rate schedule was built for
+    assert metrics["gradient_steps_total"] == dqn.derived(dqn.parse_args(TINY))["total_gradient_steps"] == 8 * 4  # 250, 300, …, 600
     assert (out / "learning_curve.png").stat().st_size > 0
-    assert gif.read_bytes()[:6] == b"GIF89a"
+    assert (out / "episode.gif").read_bytes()[:6] == b"GIF89a"  # the video goes under --out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # and nothing lands in the working folder
 
-    # --load evaluates the saved agent without training, on the same fixed evaluation seeds
+    # --load evaluates the saved agent without training, on the same fixed evaluation seeds, into <out>/eval/
+    before = (out / "metrics.json").read_bytes()
     proc = run_script(SCRIPT, "--load", str(out / "q_network.npz"), "--eval-episodes", "3", "--hidden-size", "16",
-                      "--out", str(tmp_path / "loaded"), cwd=tmp_path, timeout=120)
+                      "--out", str(out), "--video", cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    loaded = json.loads((tmp_path / "loaded" / "metrics.json").read_text())
-    assert loaded["env_steps"] == 0
+    assert (out / "metrics.json").read_bytes() == before  # the training run's files are untouched
+    loaded = json.loads((out / "eval" / "metrics.json").read_text())
+    assert loaded["env_steps"] == 0 and (out / "eval" / "episode.gif").exists()
     assert loaded["eval_return_mean"] == metrics["eval_return_mean"]
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("where", ["/proc/nope", "file"])
+def test_unwritable_out_is_one_line_before_training(where, tmp_path):
+    if where == "file":
+        (tmp_path / "file").write_text("a file, not a folder")
+        where = str(tmp_path / "file" / "run")
+    proc = run_script(SCRIPT, *TINY, "--out", where, cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --out"), proc.stderr
+    assert "step=" not in proc.stdout  # refused before any training
 
 
 @pytest.mark.smoke
@@ -244,9 +349,19 @@ def test_same_seed_same_run(tmp_path):
 
 @pytest.mark.learning
 def test_short_run_clearly_beats_a_random_policy(tmp_path):
-    # A random policy averages about 22. Measured with seed 0: this 10k-step run scores 163 over 20 greedy
-    # episodes; broken variants of the same run score 9 (no learning, or the loss's sign flipped) and 16 (the
-    # terminated mask inverted). 100 separates the two with a wide margin.
+    # A random policy averages about 22. Measured: this 10k-step run of the default configuration scores
+    # well above 100 over 20 greedy episodes; 100 leaves a wide margin on both sides.
     args = dqn.parse_args(["--total-timesteps", "10000", "--eval-episodes", "20", "--out", str(tmp_path)])
     metrics = dqn.main(args)
     assert metrics["eval_return_mean"] >= 100, metrics["curve"]
+
+
+@pytest.mark.learning
+@pytest.mark.parametrize("seed", HELD_OUT_SEEDS)
+def test_default_configuration_learns_on_held_out_seeds(seed, tmp_path):
+    # The default, 50k steps, final parameters, 100 greedy episodes, on seeds outside the README's 0–19 table.
+    # Measured: 423.0, 446.8 and 500.0 (README, seeds 20-29). The course's goal is >= 475 on every seed; the
+    # default does not reach it on seeds 20 and 21 yet (the README says so), so this test guards >= 400:
+    # a random policy scores about 22, and a DQN with a broken target, loss or buffer stays far below.
+    metrics = dqn.main(dqn.parse_args(["--seed", str(seed), "--out", str(tmp_path)]))
+    assert metrics["eval_return_mean"] >= 400, [c["eval_return"] for c in metrics["curve"]]

@@ -87,7 +87,7 @@ def test_sweep_runs_each_seed_and_writes_the_table(tmp_path):
     r = run_tool("1_Q_Learning/Q_Learning.py", "--seeds", "0-2", "--out", str(tmp_path), "--metric", "greedy_return",
                  "--bar", "95", "--", "--episodes", "3")
     assert r.returncode == 0, r.stderr
-    folder = tmp_path / "q_learning" / "episodes_3"
+    folder = tmp_path / "q_learning" / "episodes_3_seeds-0-2"
     summary = json.loads((folder / "summary.json").read_text())
     # Each run is really a separate run with its own seed and folder.
     per_run = {s: json.loads((folder / f"seed_{s}" / "metrics.json").read_text()) for s in (0, 1, 2)}
@@ -127,7 +127,7 @@ def test_a_failing_run_stops_the_sweep_but_keeps_the_finished_ones(tmp_path):
     assert r.returncode != 0 and "seed 0 failed" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not list(tmp_path.rglob("summary.json"))  # nothing finished, nothing to summarise
     # A finished run is summarised even when a later one fails: make seed 1's folder unwritable.
-    blocker = tmp_path / "q_learning" / "episodes_2" / "seed_1"
+    blocker = tmp_path / "q_learning" / "episodes_2_seeds-0-3" / "seed_1"
     blocker.parent.mkdir(parents=True)
     blocker.write_text("a file where the run's folder should be")
     r = run_tool("1_Q_Learning/Q_Learning.py", "--seeds", "0-3", "--out", str(tmp_path), "--", "--episodes", "2")

@@ -8,7 +8,7 @@ seeds reach the module's success bar.
 
 Each seed is one subprocess, `python SCRIPT --seed S --out <sweep>/seed_S [flags after --]`, run one after
 another, so its wall clock is the whole process (imports and compilation included). The sweep folder
-(default `runs/seeds/<script>/<tag>/`) gets every run's own folder and log, `summary.json`, `summary.md`
+(default `runs/seeds/<script>/<flags>_seeds-<seeds>/`) gets every run's own folder and log, `summary.json`, `summary.md`
 (a table to paste into a README, with the command that made it) and `scores.png`.
 """
 from __future__ import annotations
@@ -231,7 +231,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--seeds", required=True, help="seeds to run: 0-19, 3, or 0,5,7-9")
     p.add_argument("--metric", default=None, help="metrics.json key to summarise (default: the module's headline)")
     p.add_argument("--bar", type=float, default=None, help="a seed is solved when metric >= bar (default: module's)")
-    p.add_argument("--tag", default=None, help="name of this sweep's folder (default: made from the script flags)")
+    p.add_argument("--tag", default=None, help="name of this sweep's folder (default: the script flags and the seeds)")
     p.add_argument("--out", default="runs/seeds", help="root folder of all sweeps")
     args = p.parse_args(ours)
     for f in ("--seed", "--out"):
@@ -240,10 +240,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, script_flags
 
 
-def default_tag(flags: list[str]) -> str:
-    if not flags:
-        return "default"
-    return re.sub(r"[^A-Za-z0-9.=_-]+", "_", "_".join(a.lstrip("-") for a in flags)).strip("_")[:80]
+def default_tag(flags: list[str], seeds_text: str) -> str:
+    """A folder name per sweep: the script flags and the seeds, e.g. 'default_seeds-0-19', 'episodes_3_seeds-0-2'."""
+    name = "_".join(a.lstrip("-") for a in flags) or "default"
+    return re.sub(r"[^A-Za-z0-9.=_-]+", "_", f"{name[:80]}_seeds-{seeds_text}").strip("_")
 
 
 def check_writable(folder: Path) -> None:
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise SweepError(f"no such script {args.script!r} (give a path like 2_Cart_Pole_DQN/cart_pole_dqn.py)")
     seeds = parse_seeds(args.seeds)
     headline = headline_for(script.resolve(), args.metric, args.bar)
-    folder = Path(args.out) / script.stem.lower() / (args.tag or default_tag(flags))
+    folder = Path(args.out) / script.stem.lower() / (args.tag or default_tag(flags, args.seeds))
     check_writable(folder)  # before any run
     command = " ".join(["python", "tools/seeds.py", args.script, "--seeds", args.seeds]
                        + (["--metric", args.metric] if args.metric else [])
