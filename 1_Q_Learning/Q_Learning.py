@@ -33,7 +33,8 @@ class Args:
                             "or 'frozenlake' (gymnasium FrozenLake-v1 4x4)", choices=ENVS)
     slippery: bool = flag(False, "FrozenLake only: the ice is slippery (the agent moves as intended with "
                                  "probability 1/3 and to either side with 1/3 each)")
-    episodes: int = flag(100, "training episodes")
+    episodes: int = flag(0, "training episodes; 0 = the environment's default (100 on the grid, 10,000 on "
+                            "FrozenLake, where a random walk rarely reaches the goal)")
     max_steps: int = flag(100, "episode step limit; reaching it truncates the episode (not a terminal state)")
     alpha: float = flag(0.1, "learning rate α in (0, 1] at the first episode")
     alpha_end: float = flag(0.0, "learning rate at the last episode; α falls linearly from --alpha to this "
@@ -70,7 +71,7 @@ def validate(args: Args) -> None:
     """Exit with a one-line error on a bad setting."""
     checks = [
         (args.env in ENVS, f"--env must be one of {', '.join(ENVS)}, got {args.env!r}"),
-        (args.episodes > 0, f"--episodes must be positive, got {args.episodes}"),
+        (args.episodes >= 0, f"--episodes must be positive (or 0 for the environment's default), got {args.episodes}"),
         (args.max_steps > 0, f"--max-steps must be positive, got {args.max_steps}"),
         (0 < args.alpha <= 1, f"--alpha must be in (0, 1], got {args.alpha}"),
         (0 <= args.alpha_end <= 1, f"--alpha-end must be in [0, 1], got {args.alpha_end}"),
@@ -85,6 +86,13 @@ def validate(args: Args) -> None:
     for ok, message in checks:
         if not ok:
             sys.exit(f"error: {message}")
+    try:  # the output folder is checked before any work: a run that cannot save its results does not start
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, ".write_test"), "w"):
+            pass
+        os.remove(os.path.join(args.out, ".write_test"))
+    except OSError as e:
+        sys.exit(f"error: --out {args.out!r} is not a writable folder ({e.strerror or type(e).__name__})")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -170,9 +178,17 @@ def env_model(env) -> Model:
 # ------------------------------------------------------------------------------------------------
 # Q-learning
 
+DEFAULT_EPISODES = {"grid": 100, "frozenlake": 10_000}
+
+
+def n_episodes(args: Args) -> int:
+    """The number of training episodes: --episodes, or the environment's default when it is 0."""
+    return args.episodes or DEFAULT_EPISODES[args.env]
+
+
 def epsilon_at(episode: int, args: Args) -> float:
     """Linear decay: ε goes from eps_start at episode 0 to eps_end at episode eps_decay·episodes, then stays."""
-    decay_episodes = args.eps_decay * args.episodes
+    decay_episodes = args.eps_decay * n_episodes(args)
     if decay_episodes <= 0:
         return args.eps_end
     frac = min(episode / decay_episodes, 1.0)
@@ -181,7 +197,7 @@ def epsilon_at(episode: int, args: Args) -> float:
 
 def alpha_at(episode: int, args: Args) -> float:
     """Linear decay over the whole run: α_e = α + (α_end − α) · e / episodes; late, noisy updates move Q less."""
-    return args.alpha + (args.alpha_end - args.alpha) * episode / args.episodes
+    return args.alpha + (args.alpha_end - args.alpha) * episode / n_episodes(args)
 
 
 def epsilon_greedy(q_row: np.ndarray, eps: float, rng: np.random.Generator) -> int:
@@ -356,21 +372,22 @@ def main(args: Args) -> dict:
     opt_return, opt_success = (x[model.start] for x in horizon_values(model, args.max_steps))
 
     q = np.zeros((model.reward.shape[0], 4))  # the Q-table, (S, A)
-    eval_every = max(1, args.episodes // args.evals)
+    episodes = n_episodes(args)
+    eval_every = max(1, episodes // args.evals)
     returns, eval_eps, eval_success, optimal_at = [], [], [], []
     train_seconds, steps_done = 0.0, 0
     name = args.env + ("-slippery" if args.slippery else "")
-    print(f"q-learning env={name} episodes={args.episodes} alpha={args.alpha}->{args.alpha_end} "
+    print(f"q-learning env={name} episodes={episodes} alpha={args.alpha}->{args.alpha_end} "
           f"gamma={args.gamma} optimal_return={opt_return:.4f} optimal_success={opt_success:.4f}", flush=True)
 
-    for episode in range(args.episodes):
+    for episode in range(episodes):
         t0 = time.perf_counter()
         eps, alpha = epsilon_at(episode, args), alpha_at(episode, args)
         ret, steps = run_episode(env, q, eps, alpha, args.gamma, rng)
         train_seconds += time.perf_counter() - t0
         returns.append(ret)
         steps_done += steps
-        if (episode + 1) % eval_every == 0 or episode + 1 == args.episodes:
+        if (episode + 1) % eval_every == 0 or episode + 1 == episodes:
             policy = greedy_policy(q)
             success = float(horizon_values(model, args.max_steps, policy)[1][model.start])
             optimal_at.append(is_optimal(model, policy, v_star, args.gamma)[0])
@@ -410,7 +427,7 @@ def main(args: Args) -> dict:
         "optimal_value_start": float(v_star[model.start]),
         "episodes_to_optimal": episodes_to_optimal,
         "eval_episodes": n_rollouts,
-        "episodes": args.episodes,
+        "episodes": episodes,
         "env_steps": steps_done,
         "train_seconds": round(train_seconds, 4),
         "wall_seconds": round(time.perf_counter() - wall_start, 4),

@@ -65,13 +65,16 @@ def flag(default, help: str, **kw):
 @dataclass
 class Args:
     seed: int = flag(0, "seeds everything: nnx.Rngs for the weights and NumPy's Generator for the batches")
-    host_devices: int = flag(0, "fake this many CPU devices (sets XLA_FLAGS=--xla_force_host_platform_device_count=N "
-                                "before JAX starts); 0 = use the devices that exist")
+    host_devices: int = flag(-1, "fake this many CPU devices (sets XLA_FLAGS=--xla_force_host_platform_device_count=N "
+                                 "before JAX starts); 0 = use the devices that exist; -1 = 8 when JAX would run on "
+                                 "one CPU, else the devices that exist")
     distributed: bool = flag(False, "call jax.distributed.initialize() first: one process per host in a multi-host run")
     coordinator_address: str = flag("", "with --distributed: host:port of process 0; empty = auto-detect "
                                         "(Cloud TPU, SLURM, Open MPI, Kubernetes) or $JAX_COORDINATOR_ADDRESS")
     num_processes: int = flag(0, "with --distributed: how many processes in all; 0 = auto-detect")
     process_id: int = flag(-1, "with --distributed: this process's rank, 0..num_processes-1; -1 = auto-detect")
+    perturb: float = flag(0.0, "add this to every value of one sharded weight before the equivalence check, to see "
+                               "the check FAIL (0 = off)")
     mesh: str = flag("", "device mesh as DATAxMODEL, e.g. 4x2; empty = model 2 if the device count is even, else 1")
     rules: str = flag("all", "logical-axis rule set to run", choices=(*RULE_SETS, "all"))
     steps: int = flag(40, "Adam steps per rule set")
@@ -124,25 +127,48 @@ def validate(args: Args) -> None:
             sys.exit(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.steps < 2:
         sys.exit(f"error: --steps must be >= 2 (the check repeats the last step from a trained state), got {args.steps}")
-    if args.host_devices < 0:
-        sys.exit(f"error: --host-devices must be >= 0, got {args.host_devices}")
+    if args.host_devices < -1:
+        sys.exit(f"error: --host-devices must be >= 0 (or -1 for automatic), got {args.host_devices}")
     if args.mesh:
         parse_mesh(args.mesh)
     if args.num_processes < 0:
         sys.exit(f"error: --num-processes must be >= 0, got {args.num_processes}")
     if not args.learning_rate > 0 or not args.tolerance > 0 or not args.hbm_gb > 0:
         sys.exit("error: --learning-rate, --tolerance and --hbm-gb must be > 0")
+    try:  # the output folder is checked before any work: a run that cannot save its results does not start
+        os.makedirs(args.out, exist_ok=True)
+        probe = os.path.join(args.out, f".write_test_{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        sys.exit(f"error: --out {args.out!r} is not a writable folder ({e.strerror or type(e).__name__})")
 
 
 # ---------------------------------------------------------------- devices and mesh
 
+AUTO_HOST_DEVICES = 8  # what --host-devices -1 fakes on a CPU-only host
+
+
+def set_host_device_count(n: int) -> None:
+    """XLA reads this flag once, when JAX starts its CPU backend (the first jax.devices() call)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    flags = " ".join(f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count"))
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+
+
 def start_devices(args: Args) -> list:
-    """Fake CPU devices and/or join a multi-host run, then return the devices to build the mesh from."""
-    if args.host_devices:
-        # XLA reads this flag once, when JAX starts its CPU backend (the first jax.devices() call below).
-        flags = os.environ.get("XLA_FLAGS", "")
-        flags = " ".join(f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count"))
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.host_devices}".strip()
+    """Fake CPU devices and/or join a multi-host run, then return the devices to build the mesh from.
+
+    --host-devices -1 (the default) asks for 8 CPU devices before JAX starts; the flag only shapes the CPU
+    backend, so on a GPU or TPU host the real accelerators are used as before. If JAX had already started
+    (inside a test or a notebook), it keeps the devices it has, and a one-device run says that nothing is sharded.
+    """
+    auto = args.host_devices < 0
+    if auto and "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        set_host_device_count(AUTO_HOST_DEVICES)
+    elif args.host_devices > 0:
+        set_host_device_count(args.host_devices)
     if args.distributed:
         # Every process runs this same script; the flags left empty are auto-detected (see the README).
         try:
@@ -151,6 +177,12 @@ def start_devices(args: Args) -> list:
                                        process_id=None if args.process_id < 0 else args.process_id)
         except Exception as e:  # noqa: BLE001 - any failure to join is a one-line error
             sys.exit(f"error: jax.distributed.initialize() failed: {str(e).splitlines()[0]}")
+    if auto:
+        devices = jax.devices()
+        if devices[0].platform == "cpu":
+            log(f"devices: this host has only a CPU, so the script fakes {len(jax.local_devices())} CPU devices "
+                f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}); --host-devices 0 uses the one real device")
+        return devices
     devices = jax.devices("cpu") if args.host_devices else jax.devices()   # every process's devices
     local = len(jax.local_devices(backend="cpu")) if args.host_devices else 0
     if args.host_devices and local != args.host_devices:
@@ -486,6 +518,22 @@ def save_curve(path: str, curves: dict[str, list[float]]) -> None:
 
 # ---------------------------------------------------------------- main
 
+def perturbed(state, delta: float):
+    """The state with `delta` added to every value of its first weight matrix; delta 0: unchanged."""
+    if not delta:
+        return state
+    leaves, tree = jax.tree.flatten(state)
+    i = next(k for k, x in enumerate(leaves) if x.ndim >= 2)
+    return jax.tree.unflatten(tree, [*leaves[:i], leaves[i] + delta, *leaves[i + 1:]])
+
+
+def verdict(passed: bool, mesh) -> str:
+    """PASS / FAIL, or n/a when the mesh holds one device: then both runs are the same run and prove nothing."""
+    if mesh.devices.size == 1:
+        return "n/a (nothing is sharded: the mesh holds one device)"
+    return "PASS" if passed else "FAIL"
+
+
 def main(args: Args) -> dict:
     validate(args)
     t_start = time.perf_counter()
@@ -537,8 +585,8 @@ def main(args: Args) -> dict:
         state, losses, first, _ = train(args, step, state, batches, mesh, rules, name)
         # The check: the same Adam step (the last one), from the same state (the single-device run's, resharded
         # by these rules), on the same batch, must give the same loss and updated values as on one device.
-        check_state, check_loss, grads = step(jax.device_put(ref_before_last, shardings),
-                                              place_batch(batches[-1], mesh, rules))
+        check_in = perturbed(jax.device_put(ref_before_last, shardings), args.perturb)
+        check_state, check_loss, grads = step(check_in, place_batch(batches[-1], mesh, rules))
         diff = max(abs(float(check_loss) - ref_losses[-1]), max_abs_diff(to_host(check_state), ref_final))
         mem = state_bytes(graphdef, check_state, grads, mesh, rules)
         exact = (mem["measured"] == mem["analytic"] and all(r["bytes"] == r["analytic"] for r in rows)
@@ -552,7 +600,7 @@ def main(args: Args) -> dict:
         passed = diff <= args.tolerance
         ok &= passed and exact
         log(f"check rules={name} step_max_abs_diff={diff:.2e} tol={args.tolerance:.0e} "
-            f"{'PASS' if passed else 'FAIL'} (fresh_adam_step1_diff={diff_first:.2e} "
+            f"{verdict(passed, mesh)} (fresh_adam_step1_diff={diff_first:.2e} "
             f"loss_curve_diff={diff_curve:.2e}) seconds={time.perf_counter() - t0:.1f}")
         curves[name] = losses
         results[name] = dict(
@@ -580,7 +628,7 @@ def main(args: Args) -> dict:
     metrics = dict(
         devices=len(devices), platform=devices[0].platform, processes=jax.process_count(),
         mesh={"data": shape[0], "model": shape[1]}, rules=names, tolerance=args.tolerance,
-        max_abs_diff_vs_single_device=max_diff, check_passed=bool(ok),
+        max_abs_diff_vs_single_device=max_diff, check_passed=bool(ok) if mesh.devices.size > 1 else None,
         bytes_per_device={n: r["bytes_per_device"]["total"] for n, r in results.items()},
         rule_sets=results, single_device_losses=ref_losses, llama_8b_4x2=big,
         seconds=round(time.perf_counter() - t_start, 2), args=asdict(args))
@@ -593,7 +641,7 @@ def main(args: Args) -> dict:
     for n, r in results.items():
         log(f"rules={n} bytes_per_device={r['bytes_per_device']['total']} final_loss={r['final_loss']:.4f} "
             f"max_abs_diff_vs_single_device={r['max_abs_diff_vs_single_device']:.2e}")
-    log(f"max_abs_diff_vs_single_device={max_diff:.2e} tol={args.tolerance:.0e} check={'PASS' if ok else 'FAIL'} "
+    log(f"max_abs_diff_vs_single_device={max_diff:.2e} tol={args.tolerance:.0e} check={verdict(ok, mesh)} "
         f"seconds={metrics['seconds']} out={args.out}")
     if not ok:
         sys.exit(f"error: a sharded run differs from the single-device run by more than {args.tolerance:g}, "

@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
+import jax
 import numpy as np
 import pytest
 
-from conftest import load_script, run_script
+from conftest import REPO, load_script, run_script
 
 SCRIPT = "5_Sharding_Mesh/sharding_mesh.py"
 sm = load_script(SCRIPT)
@@ -143,7 +147,7 @@ def test_default_mesh_fits_the_device_count():
 
 @pytest.mark.unit
 def test_bad_flags_exit_with_one_line():
-    for bad in (dict(steps=1), dict(host_devices=-1), dict(mesh="0x2"), dict(tolerance=0.0)):
+    for bad in (dict(steps=1), dict(host_devices=-2), dict(mesh="0x2"), dict(tolerance=0.0)):
         with pytest.raises(SystemExit):
             sm.validate(sm.Args(**bad))
 
@@ -224,6 +228,40 @@ def test_cli_mesh_that_does_not_fit(tmp_path, flags, message):
 
 
 @pytest.mark.smoke
+def test_cli_default_fakes_8_devices_and_a_perturbed_state_fails_the_check(tmp_path):
+    # No --host-devices on a CPU-only host: 8 faked devices, said in the first line. --perturb adds 0.001 to one
+    # sharded weight before the equivalence check, which must then FAIL with a one-line error.
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    res = subprocess.run([sys.executable, str(REPO / SCRIPT), "--rules", "fsdp", "--steps", "3", "--no-visualize",
+                          "--perturb", "0.001", "--out", str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
+    first = res.stdout.splitlines()[0]
+    assert "fakes 8 CPU devices" in first, res.stdout[:500]
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert "check rules=fsdp" in res.stdout and "FAIL" in res.stdout and "PASS" not in res.stdout
+    assert len(res.stderr.strip().splitlines()) == 1 and res.stderr.startswith("error: a sharded run differs")
+    m = json.loads((tmp_path / "metrics.json").read_text())  # the results are saved before the error
+    assert m["devices"] == 8 and m["check_passed"] is False and m["max_abs_diff_vs_single_device"] > 1e-4
+
+
+@pytest.mark.smoke
+def test_cli_one_device_says_nothing_is_sharded(tmp_path):
+    res = run_script(SCRIPT, "--host-devices", "1", "--rules", "dp", "--steps", "3", "--no-visualize",
+                     "--out", str(tmp_path), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "n/a (nothing is sharded" in res.stdout and "PASS" not in res.stdout
+    assert json.loads((tmp_path / "metrics.json").read_text())["check_passed"] is None
+
+
+@pytest.mark.smoke
+def test_cli_unwritable_out_is_one_line(tmp_path):
+    res = run_script(SCRIPT, "--out", "/proc/nope", cwd=tmp_path)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert res.stderr.strip().startswith("error: --out") and len(res.stderr.strip().splitlines()) == 1
+    assert "devices" not in res.stdout
+
+
+@pytest.mark.smoke
 def test_cli_two_processes_with_distributed(tmp_path):
     """--distributed for real: two processes on this machine, 2 CPU devices each, one 2x2 mesh over both."""
     import os
@@ -252,9 +290,14 @@ def test_cli_two_processes_with_distributed(tmp_path):
 
 @pytest.mark.learning
 def test_training_lowers_the_loss(tmp_path):
-    m = sm.main(sm.Args(rules="dp", steps=40, visualize=False, out=str(tmp_path)))
+    # host_devices=0: the devices this test process already has (one CPU), so nothing is sharded and the
+    # equivalence check must say n/a rather than PASS; the sharded checks run in the subprocess tests above.
+    m = sm.main(sm.Args(rules="dp", steps=40, visualize=False, host_devices=0, out=str(tmp_path)))
     losses = m["single_device_losses"]
     assert losses[0] > 3.5                                              # ≈ ln(64) = 4.16 at the start
     assert m["rule_sets"]["dp"]["final_loss"] < 0.25 * losses[0]
     assert np.mean(losses[-5:]) < np.mean(losses[:5])
-    assert json.loads((tmp_path / "metrics.json").read_text())["check_passed"]
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert saved["devices"] == len(jax.devices())
+    if saved["devices"] == 1:
+        assert saved["check_passed"] is None
