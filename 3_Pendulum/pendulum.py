@@ -160,6 +160,19 @@ def validate(args: Args) -> None:
     if args.preset == "spec" and all(getattr(args, k) == getattr(defaults, k)
                                      for k, v in SPEC_PRESET.items() if v != getattr(defaults, k)):
         bad("preset 'spec' is applied by parse_args; from Python, use Args(preset='spec', **SPEC_PRESET)")
+    try:  # the output folder and the video's folder are checked before any work: a run that cannot save does not start
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, ".write_test"), "w"):
+            pass
+        os.remove(os.path.join(args.out, ".write_test"))
+        if args.video:
+            folder = os.path.dirname(os.path.abspath(args.video))
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, ".write_test"), "w"):
+                pass
+            os.remove(os.path.join(folder, ".write_test"))
+    except OSError as e:
+        bad(f"--out {args.out!r} or --video {args.video!r}: cannot write there ({e.strerror or type(e).__name__})")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -113,6 +113,13 @@ def validate(args: Args) -> None:
     for ok, message in checks:
         if not ok:
             sys.exit(f"error: {message}")
+    try:  # the output folder is checked before any work: a run that cannot save its results does not start
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, ".write_test"), "w"):
+            pass
+        os.remove(os.path.join(args.out, ".write_test"))
+    except OSError as e:
+        sys.exit(f"error: --out {args.out!r} is not a writable folder ({e.strerror or type(e).__name__})")
 
 
 # ---------------------------------------------------------------------------------------------

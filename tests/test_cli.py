@@ -1,4 +1,5 @@
-"""Every script, run as a user runs it: --help works, and a malformed flag is one line on stderr, not a usage dump."""
+"""Every script, run as a user runs it: --help works, and a malformed flag or an output folder that cannot be
+written is one line on stderr, not a usage dump or a traceback, before any work."""
 from __future__ import annotations
 
 import pytest
@@ -30,3 +31,18 @@ def test_malformed_flag_is_one_line(script, argv, tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
     assert not (tmp_path / "out").exists()  # nothing ran
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("where", ["proc", "under-a-file"])
+def test_unwritable_out_is_one_line_before_any_work(script, where, tmp_path):
+    if where == "proc":
+        out = "/proc/nope"
+    else:
+        (tmp_path / "file").write_text("a file, not a folder")
+        out = str(tmp_path / "file" / "run")
+    r = run_script(script, "--out", out, cwd=tmp_path, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --out"), r.stderr
+    assert r.stdout.strip() == ""  # refused before the first progress line

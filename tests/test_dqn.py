@@ -292,7 +292,8 @@ def test_cli_trains_saves_and_load_round_trip(tmp_path):
         assert key in metrics
     assert metrics["eval_episodes"] == 3 and metrics["env_steps"] == 600
     # exactly the gradient steps the learning-rate schedule was built for
-    assert metrics["gradient_steps_total"] == dqn.derived(dqn.parse_args(TINY))["total_gradient_steps"] == 8 * 4  # 250, 300, …, 600
+    scheduled = dqn.derived(dqn.parse_args(TINY))["total_gradient_steps"]
+    assert metrics["gradient_steps_total"] == scheduled == 8 * 4  # 8 calls (250, 300, …, 600) of 4 steps
     assert (out / "learning_curve.png").stat().st_size > 0
     assert (out / "episode.gif").read_bytes()[:6] == b"GIF89a"  # the video goes under --out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # and nothing lands in the working folder
@@ -306,19 +307,6 @@ def test_cli_trains_saves_and_load_round_trip(tmp_path):
     loaded = json.loads((out / "eval" / "metrics.json").read_text())
     assert loaded["env_steps"] == 0 and (out / "eval" / "episode.gif").exists()
     assert loaded["eval_return_mean"] == metrics["eval_return_mean"]
-
-
-@pytest.mark.smoke
-@pytest.mark.parametrize("where", ["/proc/nope", "file"])
-def test_unwritable_out_is_one_line_before_training(where, tmp_path):
-    if where == "file":
-        (tmp_path / "file").write_text("a file, not a folder")
-        where = str(tmp_path / "file" / "run")
-    proc = run_script(SCRIPT, *TINY, "--out", where, cwd=tmp_path, timeout=120)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: --out"), proc.stderr
-    assert "step=" not in proc.stdout  # refused before any training
 
 
 @pytest.mark.smoke

@@ -7,6 +7,7 @@ and bad input. learning: a short fixed-seed run beats a random policy by a wide 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -132,7 +133,7 @@ def test_value_loss_shapes(pen):
 
 
 @pytest.mark.unit
-def test_spec_preset_sets_defaults_and_explicit_flags_win(pen):
+def test_spec_preset_sets_defaults_and_explicit_flags_win(pen, tmp_path):
     a = pen.parse_args(["--preset", "spec"])
     assert (a.gamma, a.num_envs, a.num_steps, a.minibatch_size, a.actor_lr, a.critic_lr, a.sigma) == \
         (0.99, 1, 2048, 64, 3e-4, 1e-3, "state")
@@ -140,8 +141,8 @@ def test_spec_preset_sets_defaults_and_explicit_flags_win(pen):
     assert b.gamma == 0.9 and b.num_steps == 2048
     c = pen.parse_args([])
     assert c.gamma == 0.99 and c.sigma == "param" and c.total_timesteps == 100_000
-    pen.validate(a)  # the parsed preset is valid ...
-    pen.validate(pen.Args(preset="spec", **pen.SPEC_PRESET))  # ... and so is the same thing built in Python
+    pen.validate(dataclasses.replace(a, out=str(tmp_path)))  # the parsed preset is valid ...
+    pen.validate(pen.Args(preset="spec", out=str(tmp_path), **pen.SPEC_PRESET))  # ... and so is the same in Python
     with pytest.raises(SystemExit, match="applied by parse_args"):  # but not a preset that was never applied
         pen.validate(pen.Args(preset="spec"))
 

@@ -73,7 +73,8 @@ def test_known_headlines():
     assert h == seeds.Headline("eval_return_mean", 475.0)
     assert seeds.headline_for(REPO / "3_Pendulum" / "pendulum.py", None, None).bar == -200.0
     assert seeds.headline_for(REPO / "1_Q_Learning" / "Q_Learning.py", None, None).metric == "policy_is_optimal"
-    assert seeds.headline_for(REPO / "4_GRPO_MNIST" / "grpo_mnist.py", None, None) == seeds.Headline("test_accuracy", None)
+    grpo = REPO / "4_GRPO_MNIST" / "grpo_mnist.py"
+    assert seeds.headline_for(grpo, None, None) == seeds.Headline("test_accuracy", None)
     assert seeds.headline_for(REPO / "4_GRPO_MNIST" / "grpo_mnist.py", "val_accuracy", None).bar is None
     with pytest.raises(seeds.SweepError):
         seeds.headline_for(REPO / "tools" / "seeds.py", None, None)
@@ -122,8 +123,8 @@ def test_bad_input_is_one_line(argv, message, tmp_path):
 
 @pytest.mark.smoke
 def test_a_failing_run_stops_the_sweep_but_keeps_the_finished_ones(tmp_path):
-    # Seed 2 of Q-learning with --episodes 2 runs fine; a bad flag value makes every run fail.
-    r = run_tool("1_Q_Learning/Q_Learning.py", "--seeds", "0-3", "--out", str(tmp_path), "--", "--episodes", "0")
+    # A bad flag value (--episodes -1) makes every run fail: the sweep stops at the first one.
+    r = run_tool("1_Q_Learning/Q_Learning.py", "--seeds", "0-3", "--out", str(tmp_path), "--", "--episodes", "-1")
     assert r.returncode != 0 and "seed 0 failed" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not list(tmp_path.rglob("summary.json"))  # nothing finished, nothing to summarise
     # A finished run is summarised even when a later one fails: make seed 1's folder unwritable.
