@@ -46,3 +46,17 @@ def test_unwritable_out_is_one_line_before_any_work(script, where, tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --out"), r.stderr
     assert r.stdout.strip() == ""  # refused before the first progress line
+
+
+def _warn_from(module_name: str) -> None:
+    """Raise a DeprecationWarning whose origin is a module called `module_name` (as for a loaded course script)."""
+    namespace = {"__name__": module_name}
+    exec(compile("import warnings\nwarnings.warn('old API', DeprecationWarning)\n", module_name, "exec"), namespace)
+
+
+def test_deprecations_from_course_code_fail_the_tests():
+    # pytest.ini: error::DeprecationWarning:course_.* — the scripts load as course_<name> (conftest.load_script).
+    with pytest.raises(DeprecationWarning, match="old API"):
+        _warn_from("course_cart_pole_dqn")
+    with pytest.warns(DeprecationWarning):  # from a library it is reported, not fatal
+        _warn_from("some_library")
