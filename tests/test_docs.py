@@ -7,7 +7,10 @@ The checks read the scripts with ``ast`` (no imports, no jax), so they run in mi
 - every relative link and image resolves;
 - every README.md has a README_ch.md twin with the same heading structure;
 - every backticked name that looks like code (``compute_gae``, ``pendulum.py``, ``--gamma``) exists
-  in the module the README belongs to (the top-level README may name any module's code).
+  in the module the README belongs to (the top-level README may name any module's code);
+- every README_ch.md uses one Traditional Chinese term per concept (no retired variant such as 代理人,
+  回歸, 無偏, or 截斷 for clip), has no paragraph hard-wrapped mid-sentence, and the top-level one has a
+  詞彙表 (glossary) table that maps each core English term to a single Chinese term.
 
 Each check is a plain function that returns a list of problems, so the last tests can run it on a
 deliberately broken copy and prove that it fails.
@@ -266,3 +269,231 @@ def test_a_missing_twin_fails(broken_repo):
     shutil.copy(module / "README.md", module / "README.bak")
     (module / "README_ch.md").unlink()
     assert check_twin(module / "README.md") != []
+
+
+# ------------------------------------------------------------------------------------------------
+# The Chinese READMEs: one Traditional Chinese term per concept, no hard wraps, a glossary
+
+CHINESE = [p for p in ALL if p.name == "README_ch.md"]
+CHINESE_IDS = [str(p.relative_to(REPO)) for p in CHINESE]
+
+# Files whose prose is still hard-wrapped, exempt from the hard-wrap check until they are rewrapped.
+# The test below fails (strict xfail) as soon as one of them is clean, so the entry gets removed.
+HARD_WRAP_PENDING = {"4_GRPO_MNIST/README_ch.md"}
+
+# A retired variant → the one term of the glossary in README_ch.md (詞彙表).
+RETIRED_TERMS = {
+    "代理人": "智慧體 (agent)",
+    "回歸": "迴歸 (regression)",
+    "無偏": "不偏 (unbiased)",
+    "一階動量": "一階動差 (Adam's first moment)",
+    "二階動量": "二階動差 (Adam's second moment)",
+    "兩個動量": "兩個動差 (Adam's two moments)",
+    "參數旗標": "旗標 (a command-line flag)",
+    "基準線": "基線 (baseline)",
+    "代理目標": "替代目標 (surrogate objective)",
+    "機率比值": "機率比 (probability ratio)",
+    "分佈": "分布 (distribution)",
+    "抽樣": "取樣 (sample)",
+    "自助": "自舉 (bootstrap)",
+    "過擬合": "過度擬合 (overfitting)",
+    "前向傳遞": "前向傳播 (forward pass)",
+    "環狀緩衝區": "環形緩衝區 (ring buffer)",
+    "重播緩衝區": "回放緩衝區 (replay buffer)",
+    # 截斷 is only truncation by the time limit; clip and clipping are 裁剪
+    "截斷比率": "裁剪機率比 (clip the ratio)",
+    "比率截斷": "機率比裁剪 (ratio clipping)",
+    "截斷機率比": "裁剪機率比 (clip the ratio)",
+    "機率比截斷": "機率比裁剪 (ratio clipping)",
+    "梯度截斷": "梯度裁剪 (gradient clipping)",
+    "截斷梯度": "裁剪梯度 (clip the gradient)",
+    "截斷的目標": "裁剪的目標 (clipped objective)",
+    "截斷目標": "裁剪目標 (clipped objective)",
+    "截斷替代目標": "裁剪替代目標 (clipped surrogate)",
+    "截斷損失": "裁剪損失 (clipped loss)",
+    "截斷項": "裁剪項 (the clip term)",
+    "截斷更新": "裁剪更新 (clipped update)",
+    "截斷範圍": "裁剪範圍 (clip range)",
+    "截斷的 ε": "裁剪的 ε (clip ε)",
+}
+RETIRED_PATTERNS = [
+    (re.compile(r"截斷[^。；，]{0,12}clip|clip[^。；，]{0,12}截斷", re.IGNORECASE),
+     "裁剪 near clip (截斷 is only truncation)"),
+    (re.compile(r"機率比[^。；]{0,10}截斷|截斷[^。；]{0,4}機率比"),
+     "裁剪 near the ratio (截斷 is only truncation)"),
+    (re.compile(r"Adam\W{0,2}(?:的)?(?:兩個)?動量"), "動差 for Adam's moments (動量 is momentum)"),
+    (re.compile(r"^\|\s*參數\s*\|\s*預設"), "旗標 as the header of a table of flags"),
+]
+NAMED_AS_RETIRED = re.compile(r"不用「[^」]*」")  # how the glossary names a retired variant
+
+CJK = "\u3400-\u4dbf\u4e00-\u9fff\u3000-\u303f\uff00-\uffef"  # ideographs, CJK and full-width punctuation
+ENDS_CJK = re.compile(rf"[{CJK}][*_]*$")
+STARTS_CJK = re.compile(rf"^[*_\[]*[{CJK}]")
+LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
+
+GLOSSARY_HEADING = re.compile(r"^##\s+詞彙表")
+# English term (matched as words in the table's first column) → the Chinese term its row must give
+GLOSSARY_REQUIRED = {
+    "agent": "智慧體", "environment": "環境", "state": "狀態", "action": "動作", "reward": "獎勵",
+    "return": "回報", "episode": "回合", "truncation": "截斷", "termination": "終止", "clip": "裁剪",
+    "policy": "策略", "value function": "價值函數", "replay buffer": "回放緩衝區",
+    "target network": "目標網路", "discount factor": "折扣因子", "advantage": "優勢",
+    "baseline": "基線", "actor": "演員", "critic": "評論家", "bootstrap": "自舉", "seed": "種子",
+    "learning rate": "學習率", "gradient": "梯度", "regression": "迴歸", "unbiased": "不偏",
+    "flag": "旗標", "hyperparameter": "超參數", "moment": "一階動差", "sharding": "分片",
+    "mesh": "網格",
+}
+
+
+def numbered_prose(text: str) -> list[tuple[int, str]]:
+    """(line number, line) for every line; code blocks, fences and $$ math blocks read as blank."""
+    out, in_code, in_math = [], False, False
+    for n, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if FENCE.match(s):
+            in_code = not in_code
+            out.append((n, ""))
+        elif in_code:
+            out.append((n, ""))
+        elif in_math or s.startswith("$$"):
+            closes = s.endswith("$$") and (in_math or len(s) > 2)
+            in_math = not closes
+            out.append((n, ""))
+        else:
+            out.append((n, line))
+    return out
+
+
+def check_terms(readme: Path) -> list[str]:
+    """Chinese prose must use the glossary's term, not a retired variant (code is not checked)."""
+    problems = []
+    for n, line in numbered_prose(readme.read_text(encoding="utf-8")):
+        line = NAMED_AS_RETIRED.sub("", line)
+        words = INLINE_CODE.sub("", line)
+        for old, new in RETIRED_TERMS.items():
+            if old in words:
+                problems.append(f"{readme}:{n}: {old} is retired, write {new}")
+        for pattern, fix in RETIRED_PATTERNS:
+            if pattern.search(line):
+                problems.append(f"{readme}:{n}: '{pattern.search(line).group(0)}': write {fix}")
+    return problems
+
+
+def prose_kind(line: str) -> str:
+    s = line.strip()
+    if not s:
+        return "blank"
+    if s[0] in "#|><" or s.startswith("$$"):
+        return "block"  # heading, table row, blockquote, HTML, display math
+    return "list" if LIST_ITEM.match(line) else "text"
+
+
+def check_hard_wraps(readme: Path) -> list[str]:
+    """A paragraph or list item must be one line: a wrap mid-sentence renders as a stray space in Chinese."""
+    problems = []
+    lines = numbered_prose(readme.read_text(encoding="utf-8"))
+    for (n, line), (_, nxt) in zip(lines, lines[1:]):
+        if prose_kind(line) not in ("text", "list") or prose_kind(nxt) != "text":
+            continue
+        if line.endswith(("  ", "\\", "<br>")):
+            continue  # an explicit line break
+        if ENDS_CJK.search(line.rstrip()) or STARTS_CJK.match(nxt.strip()):
+            problems.append(f"{readme}:{n}: hard wrap before '{nxt.strip()[:20]}…'; join the lines")
+    return problems
+
+
+def glossary_rows(readme: Path) -> list[tuple[str, str]]:
+    """(English, 中文) cells of the table in the 詞彙表 section of a README_ch.md."""
+    rows, inside = [], False
+    for _, line in numbered_prose(readme.read_text(encoding="utf-8")):
+        if HEADING.match(line):
+            inside = bool(GLOSSARY_HEADING.match(line))
+        elif inside and line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) >= 2 and not set(cells[0]) <= set("-: "):
+                rows.append((cells[0], cells[1]))
+    return rows[1:]  # without the header row
+
+
+def check_glossary(readme: Path) -> list[str]:
+    """The 詞彙表 maps every core term to its Chinese term, and no Chinese term to two concepts."""
+    rows = glossary_rows(readme)
+    if not rows:
+        return [f"{readme}: no 詞彙表 (glossary) section with a table"]
+    problems = []
+    for english, chinese in GLOSSARY_REQUIRED.items():
+        found = [zh for en, zh in rows if re.search(rf"\b{re.escape(english)}\b", en, re.IGNORECASE)]
+        if not any(chinese in zh for zh in found):
+            problems.append(f"{readme}: the glossary has no row mapping '{english}' to {chinese}")
+    seen: dict[str, str] = {}
+    for english, chinese in rows:
+        for term in re.split(r"[／、,，]", re.sub(r"（[^）]*）", "", chinese)):
+            term = term.strip()
+            if term and term in seen and seen[term] != english:
+                problems.append(f"{readme}: {term} translates both '{seen[term]}' and '{english}'")
+            seen.setdefault(term, english)
+    return problems
+
+
+@pytest.mark.parametrize("readme", CHINESE, ids=CHINESE_IDS)
+def test_chinese_uses_one_term_per_concept(readme):
+    assert check_terms(readme) == []
+
+
+@pytest.mark.parametrize(
+    "readme",
+    [
+        pytest.param(p, marks=pytest.mark.xfail(
+            strict=True, reason="still hard-wrapped: rewrap it, then remove it from HARD_WRAP_PENDING"))
+        if str(p.relative_to(REPO)) in HARD_WRAP_PENDING else p
+        for p in CHINESE
+    ],
+    ids=CHINESE_IDS,
+)
+def test_chinese_prose_is_not_hard_wrapped(readme):
+    assert check_hard_wraps(readme) == []
+
+
+def test_glossary_gives_one_term_per_concept():
+    assert check_glossary(REPO / "README_ch.md") == []
+
+
+def test_a_retired_term_fails(tmp_path):
+    readme = tmp_path / "README_ch.md"
+    readme.write_text(
+        "# 測試\n\n智慧體用迴歸擬合回報。不用「代理人」。\n\n"
+        "```python\nx = '代理人'  # code is not checked\n```\n\n"
+        "代理人學會了。評論家以回歸擬合回報，`clip_frac` 顯示截斷（clip）。\n\n"
+        "| 參數 | 預設 | 意義 |\n| --- | --- | --- |\n\n"
+        "每次 rollout 做梯度截斷，Adam 的兩個動量是 m 與 v。\n",
+        encoding="utf-8",
+    )
+    problems = check_terms(readme)
+    assert [p.split(":")[1] for p in problems] == ["9", "9", "9", "11", "14", "14", "14"]
+    named = " ".join(problems)
+    assert all(word in named for word in ("代理人", "回歸", "clip_frac` 顯示截斷", "參數", "梯度截斷", "動量"))
+
+
+def test_a_hard_wrap_fails(tmp_path):
+    readme = tmp_path / "README_ch.md"
+    good = (
+        "# 標題\n\n一整段只有一行。\n\n- 一個項目。\n- 另一個項目。\n  | 表格 | 內含 |\n\n"
+        "```text\n程式碼可以\n換行\n```\n\n$$\nx = 1\n，\n$$\n\n| 表 |\n| 格 |\n"
+    )
+    readme.write_text(good, encoding="utf-8")
+    assert check_hard_wraps(readme) == []
+    wrapped = "\n這一段在句子中間\n換了行。\n\n- 清單項目也不能\n  換行。\n\n英文結尾 `x`\n中文開頭也算。\n"
+    readme.write_text(good + wrapped, encoding="utf-8")
+    assert [p.split(":")[1] for p in check_hard_wraps(readme)] == ["22", "25", "28"]
+
+
+def test_a_missing_or_ambiguous_glossary_fails(tmp_path):
+    readme = tmp_path / "README_ch.md"
+    readme.write_text("# 標題\n\n## 測試\n\n沒有詞彙表。\n", encoding="utf-8")
+    assert check_glossary(readme) != []
+    good = (REPO / "README_ch.md").read_text(encoding="utf-8")
+    readme.write_text(good, encoding="utf-8")
+    assert check_glossary(readme) == []
+    readme.write_text(good.replace("| clip, clipping | 裁剪 |", "| clip, clipping | 截斷 |"), encoding="utf-8")
+    problems = check_glossary(readme)
+    assert any("'clip' to 裁剪" in p for p in problems) and any("截斷 translates both" in p for p in problems)
