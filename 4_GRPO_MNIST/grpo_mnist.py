@@ -4,11 +4,13 @@ Each image is a prompt. The actor (an MLP returning a tfp Categorical over the t
 G answers per image from the frozen rollout policy π_old; an answer earns reward 1 if it names the
 right digit, else 0. The group's own mean and standard deviation turn the rewards into advantages,
 so no value network (critic) is needed. The actor then takes `--inner-steps` clipped-surrogate
-(PPO-clip) steps on that rollout, optionally with a k3 KL penalty towards a frozen reference policy.
+(PPO-clip) steps on that rollout, optionally with a KL penalty towards a frozen reference policy: the
+exact KL(π_θ ‖ π_ref) over the ten answers (`--kl exact`), or the sampled k3 estimator of LLM-scale GRPO.
 
 `--group-mode batch` is the course spec's variant (one sample per image, a batch-wide baseline), and
 `--objective supervised` trains the same MLP with cross-entropy on the labels, for comparison.
-Every epoch reports the greedy (argmax) accuracy on held-out digits and the sampled training reward.
+Every epoch reports the greedy (argmax) accuracy on a validation split carved from the training images;
+the held-out test accuracy is computed once, after the last epoch.
 """
 from __future__ import annotations
 
@@ -54,6 +56,8 @@ class Args:
     data_dir: str = flag("", "read the standard IDX .gz files from this folder instead of tensorflow-datasets")
     split_test_set: int = flag(0, "if > 0: train on this many images of the official TEST split and hold out "
                                   "the rest (a fixed shuffle, the same for every --seed); 0: use train / test")
+    val_size: float = flag(0.1, "fraction of the training images held out as the validation split (a fixed "
+                                "shuffle, the same for every --seed); every choice is made on it, never on test")
     download: bool = flag(True, "if the dataset is not cached, let tensorflow-datasets prepare it, or else fetch "
                                 "the IDX files its builder uses (checked against its SHA-256 list)")
     objective: str = flag("grpo", "grpo: learn from the 0/1 reward; supervised: cross-entropy on the labels",
@@ -63,11 +67,15 @@ class Args:
                            choices=("prompt", "batch"))
     group_size: int = flag(16, "G, answers sampled per image (prompt mode needs G >= 2)")
     batch_size: int = flag(64, "images (prompts) per rollout and update")
-    inner_steps: int = flag(2, "μ, clipped-surrogate gradient steps on each rollout (1 keeps the ratio at 1)")
+    inner_steps: int = flag(1, "μ, clipped-surrogate gradient steps on each rollout (1 keeps the ratio at 1, "
+                               "so the clip never acts; chosen on validation, see README)")
     epochs: int = flag(10, "passes over the training images")
     lr: float = flag(1e-3, "Adam learning rate")
     clip_eps: float = flag(0.2, "ε of the PPO clip: the ratio π/π_old is clipped to [1 − ε, 1 + ε]")
-    beta: float = flag(0.1, "β, weight of the k3 KL penalty towards the frozen reference policy (the initial actor); 0 turns it off")
+    beta: float = flag(1.0, "β, weight of the KL penalty towards the frozen reference policy (the initial "
+                            "actor); 0 turns it off")
+    kl: str = flag("exact", "exact: the analytic KL(π_θ ‖ π_ref) over the ten answers; k3: the sampled "
+                            "estimator π_ref/π − log(π_ref/π) − 1 of LLM-scale GRPO", choices=("exact", "k3"))
     adv_eps: float = flag(1e-4, "ε in (r − mean) / (std + ε)")
     hidden: int = flag(128, "width of the actor's two hidden layers")
     out: str = flag("runs/grpo_mnist", "folder for metrics.json, the curve PNG and actor.npz")
@@ -109,6 +117,7 @@ def validate(args: Args) -> None:
         (args.adv_eps > 0, f"--adv-eps must be > 0, got {args.adv_eps}"),
         (args.hidden >= 1, f"--hidden must be >= 1, got {args.hidden}"),
         (args.split_test_set >= 0, f"--split-test-set must be >= 0, got {args.split_test_set}"),
+        (0 < args.val_size < 1, f"--val-size must be a fraction in (0, 1), got {args.val_size}"),
     ]
     for ok, message in checks:
         if not ok:
@@ -138,9 +147,23 @@ class DataError(Exception):
 class Data(NamedTuple):
     x_train: np.ndarray  # (N, 784) float32 in [0, 1]
     y_train: np.ndarray  # (N,) int32
-    x_test: np.ndarray  # (M, 784) held-out images
+    x_val: np.ndarray  # (V, 784) validation images, carved from the training images: every choice is made here
+    y_val: np.ndarray
+    x_test: np.ndarray  # (M, 784) held-out test images, scored once at the end
     y_test: np.ndarray
-    source: str  # what the numbers were measured on, e.g. "IDX mnist-test[:8000] / [8000:]"
+    source: str  # what the numbers were measured on, e.g. "IDX files in DIR: test split shuffled, ..."
+
+
+SPLIT_SEED = 0  # the fixed shuffles behind --split-test-set and --val-size: the same digits for every --seed
+
+
+def carve_validation(x: np.ndarray, y: np.ndarray, val_size: float) -> tuple[np.ndarray, ...]:
+    """Split the training images into (x_train, y_train, x_val, y_val) with a fixed shuffle; val gets
+    round(val_size · N) images, at least one, and training keeps at least one."""
+    n_val = min(max(1, round(val_size * len(y))), len(y) - 1)
+    order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
+    train, val = order[n_val:], order[:n_val]
+    return x[train], y[train], x[val], y[val]
 
 
 def read_idx(path: str) -> np.ndarray:
@@ -257,7 +280,8 @@ def idx_cache_dir(name: str) -> str:
 
 
 def load_data(args: Args) -> Data:
-    """Train and held-out arrays, from --data-dir or tensorflow-datasets, optionally splitting the test set.
+    """Train, validation and test arrays, from --data-dir or tensorflow-datasets, optionally splitting the
+    test set; the validation split is always carved from the training images (`carve_validation`).
 
     Without --data-dir: tfds.data_source first; if tfds cannot provide the data (not prepared, and
     preparing needs TensorFlow) and --download is on, the IDX files its builder uses, fetched and checked."""
@@ -286,14 +310,20 @@ def load_data(args: Args) -> Data:
                                 f"files, pass --split-test-set 8000 to train on 8,000 of them and hold out the rest")
             x_train, y_train = load_idx_split(folder, "train")
     if need_train:
-        return Data(x_train, y_train, x_test, y_test, f"{origin}: train {len(y_train)} / test {len(y_test)}")
-    n = args.split_test_set
-    if n >= len(y_test):
-        raise DataError(f"--split-test-set must be below the {len(y_test)} test images, got {n}")
-    order = np.random.default_rng(0).permutation(len(y_test))  # fixed: every --seed holds out the same digits
-    train, held = order[:n], order[n:]
-    return Data(x_test[train], y_test[train], x_test[held], y_test[held],
-                f"{origin}: test split shuffled, {n} train / {len(held)} held out")
+        source = f"{origin}: train split"
+    else:
+        n = args.split_test_set
+        if n >= len(y_test):
+            raise DataError(f"--split-test-set must be below the {len(y_test)} test images, got {n}")
+        order = np.random.default_rng(SPLIT_SEED).permutation(len(y_test))  # every --seed holds out the same
+        train, held = order[:n], order[n:]
+        x_train, y_train, x_test, y_test = x_test[train], y_test[train], x_test[held], y_test[held]
+        source = f"{origin}: test split shuffled, first {n}"
+    if len(y_train) < 2:
+        raise DataError(f"need at least 2 training images to carve a validation split, got {len(y_train)}")
+    x_train, y_train, x_val, y_val = carve_validation(x_train, y_train, args.val_size)
+    return Data(x_train, y_train, x_val, y_val, x_test, y_test,
+                f"{source} -> train {len(y_train)} / val {len(y_val)}; test {len(y_test)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,18 +405,34 @@ def clipped_surrogate(logp: jax.Array, logp_old: jax.Array, adv: jax.Array, clip
 
 
 def k3_kl(logp: jax.Array, logp_ref: jax.Array) -> jax.Array:
-    """Per-sample k3 estimate of KL(π_θ ‖ π_ref): π_ref/π − log(π_ref/π) − 1 (≥ 0, = 0 where π = π_ref)."""
+    """Per-sample k3 estimate of KL(π_θ ‖ π_ref): π_ref/π − log(π_ref/π) − 1 (≥ 0, = 0 where π = π_ref).
+
+    Its mean over a ~ π_θ is KL(π_θ ‖ π_ref), but its gradient on fixed samples has mean
+    E_π[(1 − π_ref/π) ∇log π] = −Σ_a π_ref(a) ∇log π(a) = ∇KL(π_ref ‖ π_θ): the other direction."""
     log_r = logp_ref - logp
     return jnp.exp(log_r) - log_r - 1
 
 
-def grpo_loss(actor: Actor, x, actions, logp_old, adv, logp_ref, clip_eps: float, beta: float):
-    """Loss to minimise: −clipped surrogate + β·mean(k3). x (B, 784); actions, logp_old, adv, logp_ref (B, G)."""
-    logp = actor(x).log_prob(actions.T).T  # (B, G): log π_θ of each sampled answer
+def exact_kl(logits: jax.Array, ref_logits: jax.Array) -> jax.Array:
+    """KL(π_θ ‖ π_ref) = Σ_a π_θ(a) (log π_θ(a) − log π_ref(a)) per image, summed over all ten answers.
+    logits, ref_logits (B, 10) -> (B,). Its gradient is the true ∇KL(π_θ ‖ π_ref)."""
+    return tfd.Categorical(logits=logits).kl_divergence(tfd.Categorical(logits=ref_logits))
+
+
+def grpo_loss(actor: Actor, x, actions, logp_old, adv, ref_logits, clip_eps: float, beta: float, kl: str):
+    """Loss to minimise: −clipped surrogate + β·KL.  x (B, 784); actions, logp_old, adv (B, G); ref_logits (B, 10).
+
+    kl="exact": mean over images of KL(π_θ ‖ π_ref) (`exact_kl`); kl="k3": mean of k3 over the sampled answers."""
+    dist = actor(x)
+    logp = dist.log_prob(actions.T).T  # (B, G): log π_θ of each sampled answer
     surrogate, clip_frac = clipped_surrogate(logp, logp_old, adv, clip_eps)
-    kl = k3_kl(logp, logp_ref).mean()
-    loss = -surrogate + beta * kl
-    return loss, {"loss": loss, "clip_frac": clip_frac, "k3_kl": kl}
+    if kl == "exact":
+        kl_value = exact_kl(dist.logits, ref_logits).mean()
+    else:
+        logp_ref = tfd.Categorical(logits=ref_logits).log_prob(actions.T).T  # (B, G)
+        kl_value = k3_kl(logp, logp_ref).mean()
+    loss = -surrogate + beta * kl_value
+    return loss, {"loss": loss, "clip_frac": clip_frac, "kl": kl_value}
 
 
 def supervised_loss(actor: Actor, x, labels):
@@ -407,6 +453,7 @@ class Config(NamedTuple):
     inner_steps: int
     clip_eps: float
     beta: float
+    kl: str
     adv_eps: float
 
 
@@ -423,18 +470,18 @@ def grpo_update(actor: Actor, optimizer: nnx.Optimizer, reference: Actor, x, y, 
         adv = batch_advantages(rewards, cfg.adv_eps)
         zero_signal = (rewards.std() == 0).astype(jnp.float32)
     if cfg.beta > 0:
-        logp_ref = reference(x).log_prob(actions.T).T  # (B, G), frozen π_ref
+        ref_logits = reference(x).logits  # (B, 10), frozen π_ref
     else:
-        logp_ref = logp_old  # unused: β = 0 multiplies it away; skip the extra forward pass
+        ref_logits = dist_old.logits  # unused: β = 0 multiplies it away; skip the extra forward pass
     grad_fn = nnx.value_and_grad(grpo_loss, has_aux=True)
     step_metrics = []
     for _ in range(cfg.inner_steps):  # μ steps: after the first, ρ ≠ 1 and the clip can act
-        (_, aux), grads = grad_fn(actor, x, actions, logp_old, adv, logp_ref, cfg.clip_eps, cfg.beta)
+        (_, aux), grads = grad_fn(actor, x, actions, logp_old, adv, ref_logits, cfg.clip_eps, cfg.beta, cfg.kl)
         optimizer.update(actor, grads)
         step_metrics.append(aux)
     metrics = jax.tree.map(lambda *v: jnp.mean(jnp.stack(v)), *step_metrics)
     if cfg.beta == 0:
-        del metrics["k3_kl"]  # with β = 0 it compared π_θ with π_old, not with π_ref
+        del metrics["kl"]  # with β = 0 it compared π_θ with π_old, not with π_ref
     return {**metrics, "reward": rewards.mean(), "zero_signal": zero_signal}
 
 
@@ -509,13 +556,14 @@ def load_actor(path: str, hidden: int) -> Actor:
     return actor
 
 
-def plot_curves(history: list[dict], title: str, path: str) -> None:
+def plot_curves(history: list[dict], test_accuracy: float, title: str, path: str) -> None:
     epochs = [h["epoch"] for h in history]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    left.plot(epochs, [100 * h["test_accuracy"] for h in history], "o-", label="greedy held-out accuracy")
+    left.plot(epochs, [100 * h["val_accuracy"] for h in history], "o-", label="greedy validation accuracy")
     trained = [h for h in history if h["epoch"] > 0]
     left.plot([h["epoch"] for h in trained], [100 * h["train_reward"] for h in trained], "s--",
               label="sampled train reward")
+    left.plot([epochs[-1]], [100 * test_accuracy], "k*", ms=12, label="test accuracy (scored once, at the end)")
     left.set(xlabel="epoch", ylabel="%", title="accuracy / reward")
     left.grid(alpha=0.3)
     left.legend()
@@ -523,7 +571,7 @@ def plot_curves(history: list[dict], title: str, path: str) -> None:
         right.plot([h["epoch"] for h in trained], [h["clip_frac"] for h in trained], "o-", label="clip fraction")
         right.plot([h["epoch"] for h in trained], [h["zero_signal"] for h in trained], "s-",
                    label="groups with all-equal rewards")
-    right.plot(epochs, [h["kl_ref"] for h in history], "^-", label="KL(π ‖ π_ref) held-out")
+    right.plot(epochs, [h["kl_ref"] for h in history], "^-", label="KL(π ‖ π_ref) on validation")
     right.set(xlabel="epoch", title="clip fraction, zero-signal groups, KL to π_ref")
     right.grid(alpha=0.3)
     right.legend()
@@ -534,24 +582,18 @@ def plot_curves(history: list[dict], title: str, path: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# main
+# Training loop and main
 # ---------------------------------------------------------------------------------------------
-def main(args: Args) -> dict:
-    validate(args)
-    try:
-        data = load_data(args)
-    except DataError as e:
-        sys.exit(f"error: {e}")
-    if args.batch_size > len(data.y_train):
-        sys.exit(f"error: --batch-size {args.batch_size} exceeds the {len(data.y_train)} training images")
-    os.makedirs(args.out, exist_ok=True)
-    label = f"{args.objective}" + (f", group-mode {args.group_mode}, G={args.group_size}, μ={args.inner_steps}, "
-                                   f"β={args.beta}" if args.objective == "grpo" else "")
-    print(f"data: {data.source}", flush=True)
-    print(f"run: {label}, batch {args.batch_size}, lr {args.lr}, {args.epochs} epochs, seed {args.seed}", flush=True)
-    table, param_counts = param_table(args.hidden)
-    print(table, flush=True)
+def run_label(args: Args) -> str:
+    if args.objective == "supervised":
+        return "supervised"
+    kl = f"β={args.beta}, kl {args.kl}" if args.beta > 0 else "β=0"
+    return f"grpo, group-mode {args.group_mode}, G={args.group_size}, μ={args.inner_steps}, {kl}"
 
+
+def train(args: Args, data: Data) -> tuple[Actor, Actor, list[dict], dict]:
+    """Build the actor, its frozen reference and Adam; run the epochs, scoring validation after each.
+    Returns (actor, reference, history, timings). The test images are not touched here."""
     key = jax.random.key(args.seed)
     actor = Actor(args.hidden, rngs=nnx.Rngs(args.seed))
     reference = nnx.clone(actor)  # π_ref: the frozen initial policy (see README, "KL and the reference policy")
@@ -559,66 +601,82 @@ def main(args: Args) -> dict:
     graphdef, state = nnx.split((actor, optimizer))
     actor_graphdef, ref_state = nnx.split(reference)
     cfg = Config(args.objective, args.group_mode, args.group_size, args.batch_size, args.inner_steps,
-                 args.clip_eps, args.beta, args.adv_eps)
+                 args.clip_eps, args.beta, args.kl, args.adv_eps)
     x_train, y_train = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
-    x_test, y_test = jnp.asarray(data.x_test), jnp.asarray(data.y_test)
+    x_val, y_val = jnp.asarray(data.x_val), jnp.asarray(data.y_val)
 
-    def actor_state(state):  # the actor's half of the (actor, optimizer) state
-        return nnx.state(nnx.merge(graphdef, state)[0])
+    def validate_actor(state):  # greedy accuracy and exact KL(π ‖ π_ref) on the validation images
+        acc, kl_ref = evaluate(nnx.state(nnx.merge(graphdef, state)[0]), ref_state, x_val, y_val,
+                               graphdef=actor_graphdef)
+        return float(acc), float(kl_ref)
 
     t0 = time.perf_counter()
     epoch_fn = jax.jit(partial(train_epoch, graphdef=graphdef, ref_graphdef=actor_graphdef, cfg=cfg))
     epoch_fn = epoch_fn.lower(state, ref_state, x_train, y_train, key).compile()  # compile once, up front
     compile_seconds = time.perf_counter() - t0
 
-    acc, kl_ref = evaluate(actor_state(state), ref_state, x_test, y_test, graphdef=actor_graphdef)
-    history = [{"epoch": 0, "test_accuracy": float(acc), "kl_ref": float(kl_ref)}]
-    print(f"epoch=0 test_acc={float(acc):.4f} (untrained)", flush=True)
-    epoch_seconds = []
+    acc, kl_ref = validate_actor(state)
+    history = [{"epoch": 0, "val_accuracy": acc, "kl_ref": kl_ref}]
+    print(f"epoch=0 val_acc={acc:.4f} (untrained)", flush=True)
     for epoch in range(1, args.epochs + 1):
         key, epoch_key = jax.random.split(key)
         t_epoch = time.perf_counter()
         state, metrics = epoch_fn(state, ref_state, x_train, y_train, epoch_key)
         jax.block_until_ready(state)
-        epoch_seconds.append(time.perf_counter() - t_epoch)
-        acc, kl_ref = evaluate(actor_state(state), ref_state, x_test, y_test, graphdef=actor_graphdef)
-        row = {"epoch": epoch, "test_accuracy": float(acc), "train_reward": float(metrics["reward"]),
-               "kl_ref": float(kl_ref), "seconds": epoch_seconds[-1],
-               **{k: float(v) for k, v in metrics.items() if k != "reward"}}
+        seconds = time.perf_counter() - t_epoch
+        acc, kl_ref = validate_actor(state)
+        row = {"epoch": epoch, "val_accuracy": acc, "train_reward": float(metrics["reward"]), "kl_ref": kl_ref,
+               "seconds": seconds, **{k: float(v) for k, v in metrics.items() if k != "reward"}}
         history.append(row)
-        extra = "".join(f" {k}={row[k]:.4f}" for k in ("clip_frac", "zero_signal", "k3_kl") if k in row)
-        print(f"epoch={epoch} test_acc={row['test_accuracy']:.4f} train_reward={row['train_reward']:.4f} "
-              f"loss={row['loss']:.4f}{extra} kl_ref={row['kl_ref']:.4f} sec={epoch_seconds[-1]:.2f} "
-              f"img/s={len(data.y_train) / epoch_seconds[-1]:.0f}", flush=True)
-    train_seconds = time.perf_counter() - t0
+        extra = "".join(f" {k}={row[k]:.4f}" for k in ("clip_frac", "zero_signal", "kl") if k in row)
+        print(f"epoch={epoch} val_acc={acc:.4f} train_reward={row['train_reward']:.4f} loss={row['loss']:.4f}"
+              f"{extra} kl_ref={kl_ref:.4f} sec={seconds:.2f} img/s={len(data.y_train) / seconds:.0f}", flush=True)
+    actor, _ = nnx.merge(graphdef, state)
+    timings = {"train_seconds": time.perf_counter() - t0, "compile_seconds": compile_seconds,
+               "seconds_per_epoch": float(np.mean([h["seconds"] for h in history[1:]]))}
+    return actor, reference, history, timings
 
-    seconds_per_epoch = float(np.mean(epoch_seconds))
+
+def main(args: Args) -> dict:
+    validate(args)  # flag values and the output folder, before any work
+    try:
+        data = load_data(args)
+    except DataError as e:
+        sys.exit(f"error: {e}")
+    if args.batch_size > len(data.y_train):
+        sys.exit(f"error: --batch-size {args.batch_size} exceeds the {len(data.y_train)} training images")
+    label = run_label(args)
+    print(f"data: {data.source}", flush=True)
+    print(f"run: {label}, batch {args.batch_size}, lr {args.lr}, {args.epochs} epochs, seed {args.seed}", flush=True)
+    table, param_counts = param_table(args.hidden)
+    print(table, flush=True)
+
+    actor, reference, history, timings = train(args, data)
+    # The held-out test set is scored once, here, after every choice has been made on validation.
+    test_acc, test_kl = evaluate(nnx.state(actor), nnx.state(reference), jnp.asarray(data.x_test),
+                                 jnp.asarray(data.y_test), graphdef=nnx.graphdef(actor))
     results = {
-        "test_accuracy": history[-1]["test_accuracy"],
-        "train_reward": history[-1]["train_reward"],
-        "epochs": args.epochs,
-        "train_seconds": train_seconds,
-        "seconds_per_epoch": seconds_per_epoch,
-        "compile_seconds": compile_seconds,
-        "train_images": int(len(data.y_train)),
-        "test_images": int(len(data.y_test)),
-        "seconds_per_epoch_at_60k": seconds_per_epoch * 60_000 / len(data.y_train),
-        "data": data.source,
-        **param_counts,
-        "history": history,
-        "args": asdict(args),
+        "val_accuracy": history[-1]["val_accuracy"], "test_accuracy": float(test_acc),
+        "test_kl_ref": float(test_kl), "train_reward": history[-1]["train_reward"], "epochs": args.epochs,
+        **timings, "train_images": len(data.y_train), "val_images": len(data.y_val),
+        "test_images": len(data.y_test),
+        "seconds_per_epoch_at_60k": timings["seconds_per_epoch"] * 60_000 / len(data.y_train),
+        "data": data.source, **param_counts, "history": history, "args": asdict(args),
     }
     with open(os.path.join(args.out, "metrics.json"), "w") as f:
         json.dump(results, f, indent=2)
-    plot_curves(history, f"{label} | {data.source}", os.path.join(args.out, "learning_curve.png"))
-    save_actor(nnx.merge(graphdef, state)[0], os.path.join(args.out, "actor.npz"))
+    plot_curves(history, results["test_accuracy"], f"{label} | {data.source}",
+                os.path.join(args.out, "learning_curve.png"))
+    save_actor(actor, os.path.join(args.out, "actor.npz"))
     print("---- summary ----")
     print(f"data:              {data.source}")
     print(f"objective:         {label}")
-    print(f"test_accuracy:     {results['test_accuracy']:.4f}  (greedy, held-out, after epoch {args.epochs})")
+    print(f"val_accuracy:      {results['val_accuracy']:.4f}  (greedy, validation split, after epoch {args.epochs})")
+    print(f"test_accuracy:     {results['test_accuracy']:.4f}  (greedy, held-out test set, scored once)")
     print(f"train_reward:      {results['train_reward']:.4f}  (sampled, last epoch)")
-    print(f"seconds_per_epoch: {seconds_per_epoch:.2f}  ({results['seconds_per_epoch_at_60k']:.2f} s scaled to "
-          f"60,000 images; compile {compile_seconds:.1f} s, total {train_seconds:.1f} s)")
+    print(f"seconds_per_epoch: {timings['seconds_per_epoch']:.2f}  ({results['seconds_per_epoch_at_60k']:.2f} s "
+          f"scaled to 60,000 images; compile {timings['compile_seconds']:.1f} s, total "
+          f"{timings['train_seconds']:.1f} s)")
     print(f"outputs:           {args.out}/metrics.json, learning_curve.png, actor.npz", flush=True)
     return results
 

@@ -279,7 +279,7 @@ CHINESE_IDS = [str(p.relative_to(REPO)) for p in CHINESE]
 
 # Files whose prose is still hard-wrapped, exempt from the hard-wrap check until they are rewrapped.
 # The test below fails (strict xfail) as soon as one of them is clean, so the entry gets removed.
-HARD_WRAP_PENDING = {"4_GRPO_MNIST/README_ch.md"}
+HARD_WRAP_PENDING: set[str] = set()
 
 # A retired variant → the one term of the glossary in README_ch.md (詞彙表).
 RETIRED_TERMS = {

@@ -7,8 +7,10 @@ import gzip
 import hashlib
 import http.server
 import json
+import os
 import struct
 import threading
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -21,8 +23,11 @@ from conftest import REPO, load_script, run_script
 
 SCRIPT = "4_GRPO_MNIST/grpo_mnist.py"
 g = load_script(SCRIPT)
-REAL_MNIST = REPO.parent / "shared" / "data" / "mnist"  # CI clones the repo with shared/ beside it
-HAVE_REAL = (REAL_MNIST / "t10k-images-idx3-ubyte.gz").exists() and (REAL_MNIST / "t10k-labels-idx1-ubyte.gz").exists()
+# Real digits come from the folder named by MNIST_IDX_DIR (any folder with the MNIST IDX .gz files, e.g. the
+# cache ~/tensorflow_datasets/downloads/mnist_idx that the default run fills). .ci/run sets it when the course's
+# test data sits beside the repository. Unset: the real-digit tests skip. Set but missing or wrong: they FAIL.
+REAL_MNIST = Path(os.environ["MNIST_IDX_DIR"]) if os.environ.get("MNIST_IDX_DIR") else None
+real_digits = pytest.mark.skipif(REAL_MNIST is None, reason="set MNIST_IDX_DIR to a folder with the MNIST IDX files")
 
 
 # ------------------------------------------------------------------ helpers
@@ -109,15 +114,112 @@ def test_k3_kl_nonnegative_zero_when_equal_and_unbiased():
     np.testing.assert_allclose(estimate, exact, rtol=0.02)
 
 
+def _categorical(k=5, seed=0):
+    """Logits θ and reference logits of a small Categorical, and its probabilities."""
+    rng = np.random.default_rng(seed)
+    logits, ref_logits = jnp.asarray(rng.normal(size=k)), jnp.asarray(rng.normal(size=k))
+    return logits, ref_logits, jax.nn.softmax(logits), jax.nn.softmax(ref_logits)
+
+
+@pytest.mark.unit
+def test_exact_kl_value_and_gradient_are_those_of_kl_pi_to_ref():
+    logits, ref_logits, p, q = _categorical()
+    kl = float(jnp.sum(p * jnp.log(p / q)))  # KL(π ‖ π_ref), summed over all five answers
+    np.testing.assert_allclose(g.exact_kl(logits, ref_logits), kl, rtol=1e-5)
+    # d/dθ_k Σ_a π_a (log π_a − log q_a) = π_k (log π_k − log q_k − KL), for softmax logits θ
+    expected = p * (jnp.log(p) - jnp.log(q) - kl)
+    np.testing.assert_allclose(jax.grad(g.exact_kl)(logits, ref_logits), expected, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.unit
+def test_k3_gradient_on_fixed_samples_is_the_forward_kl_gradient_in_expectation():
+    logits, ref_logits, p, q = _categorical()
+    logp_ref = jnp.log(q)
+
+    def expected_k3(theta):  # E_{a ~ π_old}[k3(a)] with π_old = π_θ held fixed: the samples do not move with θ
+        weights = jax.lax.stop_gradient(jax.nn.softmax(theta))
+        return jnp.sum(weights * g.k3_kl(jax.nn.log_softmax(theta), logp_ref))
+
+    grad = jax.grad(expected_k3)(logits)
+    # ∇KL(π_ref ‖ π_θ) = −Σ_a q_a ∇log π_a = π − q   (the forward KL), summed over all actions, not sampled
+    np.testing.assert_allclose(grad, p - q, rtol=1e-4, atol=1e-7)
+    exact_grad = jax.grad(g.exact_kl)(logits, ref_logits)  # ∇KL(π_θ ‖ π_ref): a different vector
+    assert float(jnp.abs(grad - exact_grad).max()) > 0.05
+    # its VALUE is still unbiased for KL(π_θ ‖ π_ref)
+    np.testing.assert_allclose(expected_k3(logits), g.exact_kl(logits, ref_logits), rtol=1e-5)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kl", ["exact", "k3"])
+def test_grpo_loss_kl_term_has_the_stated_gradient(kl):
+    # With every advantage 0 the surrogate contributes nothing, so ∇loss = β·∇(KL term). One image whose
+    # G = 10 "samples" are the ten answers once each: the k3 mean is then (1/10)·Σ_a k3(a).
+    actor = g.Actor(8, rngs=nnx.Rngs(0))
+    reference = g.Actor(8, rngs=nnx.Rngs(1))  # another π_ref, so that KL > 0
+    x = jax.random.uniform(jax.random.key(0), (1, 784))
+    actions = jnp.arange(10)[None, :]  # (B=1, G=10)
+    logits, ref_logits = actor(x).logits, reference(x).logits
+    logp = jax.nn.log_softmax(logits)
+    beta = 0.5
+    grads = nnx.grad(lambda a: g.grpo_loss(a, x, actions, logp, jnp.zeros((1, 10)), ref_logits, 0.2, beta, kl)[0])(
+        actor)
+    p, q = jax.nn.softmax(logits[0]), jax.nn.softmax(ref_logits[0])
+    if kl == "exact":  # ∂/∂logits of KL(π ‖ π_ref), as above
+        d_logits = p * (jnp.log(p) - jnp.log(q) - jnp.sum(p * jnp.log(p / q)))
+    else:  # (1/10)·Σ_a (1 − q_a/π_a)(e_a − π): each sample's k3 gradient, equal weights
+        d_logits = jnp.mean((1 - q / p)[:, None] * (jnp.eye(10) - p[None, :]), axis=0)
+    # chain rule through the network: the logits' vector-Jacobian product with β·d_logits
+    graphdef, params = nnx.split(actor, nnx.Param)
+    _, pullback = jax.vjp(lambda prm: nnx.merge(graphdef, prm)(x).logits, params)
+    (expected,) = pullback(beta * d_logits[None, :])
+    for got, want in zip(jax.tree.leaves(nnx.state(grads, nnx.Param)), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-6)
+
+
 def _one_update(inner_steps: int, lr: float):
     actor = g.Actor(32, rngs=nnx.Rngs(0))
     reference = nnx.clone(actor)
     optimizer = nnx.Optimizer(actor, optax.adam(lr), wrt=nnx.Param)
     x = jax.random.uniform(jax.random.key(1), (64, 784))
     y = jnp.arange(64) % 10
-    cfg = g.Config("grpo", "prompt", 8, 64, inner_steps, 0.2, 0.0, 1e-4)
+    cfg = g.Config("grpo", "prompt", 8, 64, inner_steps, 0.2, 0.0, "exact", 1e-4)
     update = nnx.jit(g.grpo_update, static_argnames="cfg")  # compiled: eager tfp ops are slow
     return update(actor, optimizer, reference, x, y, jax.random.key(2), cfg=cfg)
+
+
+class FixedActor(nnx.Module):
+    """π(a | x) = softmax(x @ W) with W = 1 on the diagonal: x = 12·e_c makes the answer c almost certain
+    (π(c) = 1 − 5.5e-5), yet keeps ∇log π large enough for Adam to act on."""
+
+    def __init__(self):
+        self.w = nnx.Param(jnp.eye(784, 10))
+
+    def __call__(self, x):
+        return g.tfd.Categorical(logits=x @ self.w[...])
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("group_mode", ["prompt", "batch"])
+def test_groups_are_rows_of_one_image(group_mode):
+    # Eight images; the actor answers image b with digit b. Even images are labelled b (every sample right),
+    # odd ones b + 1 (every sample wrong). Per image, each group's rewards are all equal: zero signal, A = 0,
+    # so the update must not move the actor. A group axis taken across images would mix 1s and 0s.
+    B, G = 8, 4
+    x = 12.0 * jnp.eye(B, 784)
+    y = jnp.where(jnp.arange(B) % 2 == 0, jnp.arange(B), jnp.arange(B) + 1)
+    actor = FixedActor()
+    optimizer = nnx.Optimizer(actor, optax.adam(1e-2), wrt=nnx.Param)
+    before = np.asarray(actor.w[...]).copy()
+    cfg = g.Config("grpo", group_mode, G, B, 2, 0.2, 0.0, "exact", 1e-4)
+    metrics = g.grpo_update(actor, optimizer, FixedActor(), x, y, jax.random.key(0), cfg)
+    assert float(metrics["reward"]) == 0.5
+    moved = np.abs(np.asarray(actor.w[...]) - before).max()
+    if group_mode == "prompt":
+        assert float(metrics["zero_signal"]) == 1.0  # all 8 groups are all-right or all-wrong
+        assert moved == 0.0  # nothing to learn from: every advantage is exactly 0
+    else:  # one batch-wide group of 32 samples, half right: the batch baseline does push the actor
+        assert float(metrics["zero_signal"]) == 0.0
+        assert moved > 1e-3
 
 
 @pytest.mark.unit
@@ -174,7 +276,7 @@ def test_idx_reader_on_bytes_written_here(tmp_path):
 
 
 @pytest.mark.unit
-@pytest.mark.skipif(not HAVE_REAL, reason=f"real MNIST test files not found in {REAL_MNIST}")
+@real_digits
 def test_idx_reader_on_the_real_mnist_test_set():
     md5 = {"t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
            "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c"}
@@ -220,7 +322,7 @@ def test_tfds_checksum_list_names_the_four_idx_files():
 
 
 @pytest.mark.unit
-@pytest.mark.skipif(not HAVE_REAL, reason=f"real MNIST test files not found in {REAL_MNIST}")
+@real_digits
 def test_tfds_checksums_match_the_real_mnist_files():
     files = g.tfds_idx_files("mnist")
     for name in g.IDX_FILES["test"]:
@@ -240,7 +342,7 @@ def test_fallback_fetches_checked_idx_files_when_tfds_cannot(tmp_path, monkeypat
         monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
 
         data = g.load_data(g.Args())
-        assert data.x_train.shape == (40, 784) and data.x_test.shape == (30, 784)
+        assert data.x_train.shape == (36, 784) and data.x_val.shape == (4, 784) and data.x_test.shape == (30, 784)
         cache = tmp_path / "tfds" / "downloads" / "mnist_idx"
         assert sorted(p.name for p in cache.iterdir()) == sorted(table)
 
@@ -264,10 +366,24 @@ def test_split_test_set_is_fixed_and_disjoint(tmp_path):
     folder = synthetic_digits(tmp_path / "d", n_test=300, splits=("t10k",))
     a = g.load_data(g.Args(data_dir=str(folder), split_test_set=200, seed=0))
     b = g.load_data(g.Args(data_dir=str(folder), split_test_set=200, seed=5))
-    assert a.x_train.shape == (200, 784) and a.x_test.shape == (100, 784)
+    assert a.x_test.shape == (100, 784)
     np.testing.assert_array_equal(a.x_test, b.x_test)  # the held-out digits do not depend on --seed
+    # validation: 10 % of the 200 training images, carved with a fixed shuffle, disjoint from train and test
+    assert a.x_val.shape == (20, 784) and a.x_train.shape == (180, 784)
+    np.testing.assert_array_equal(a.x_val, b.x_val)
     rows = {r.tobytes() for r in a.x_train}
     assert not any(r.tobytes() in rows for r in a.x_test)
+    assert not any(r.tobytes() in rows for r in a.x_val)
+    assert not {r.tobytes() for r in a.x_val} & {r.tobytes() for r in a.x_test}
+
+
+@pytest.mark.unit
+def test_carve_validation_sizes():
+    x, y = np.arange(50)[:, None].astype(np.float32), np.arange(50)
+    xt, yt, xv, yv = g.carve_validation(x, y, 0.1)
+    assert len(yv) == 5 and len(yt) == 45 and sorted(np.concatenate([yt, yv]).tolist()) == list(range(50))
+    assert len(g.carve_validation(x[:2], y[:2], 0.01)[3]) == 1  # at least one validation image
+    assert len(g.carve_validation(x[:2], y[:2], 0.99)[1]) == 1  # and at least one training image
 
 
 @pytest.mark.unit
@@ -276,6 +392,8 @@ def test_bad_input_exits_with_one_line(tmp_path):
         g.main(g.Args(group_size=1, out=str(tmp_path)))
     with pytest.raises(SystemExit, match="--clip-eps"):
         g.main(g.Args(clip_eps=0.0, out=str(tmp_path)))
+    with pytest.raises(SystemExit, match="--val-size must be a fraction"):
+        g.main(g.Args(val_size=1.0, out=str(tmp_path)))
     only_test = synthetic_digits(tmp_path / "t", splits=("t10k",))
     with pytest.raises(SystemExit, match="--split-test-set 8000"):
         g.main(g.Args(data_dir=str(only_test), out=str(tmp_path)))
@@ -293,11 +411,15 @@ def test_cli_runs_and_writes_outputs(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "actor only (GRPO)" in r.stdout and "actor + critic (PPO)" in r.stdout
     lines = [line for line in r.stdout.splitlines() if line.startswith("epoch=")]
-    assert len(lines) == 3 and "clip_frac=" in lines[-1] and "k3_kl=" in lines[-1]
+    assert len(lines) == 3 and "clip_frac=" in lines[-1] and " kl=" in lines[-1] and "val_acc=" in lines[-1]
+    assert "test_acc" not in " ".join(lines)  # the test set is scored once, after training, not per epoch
+    assert "kl exact" in r.stdout
     metrics = json.loads((out / "metrics.json").read_text())
-    for key in ("test_accuracy", "train_reward", "epochs", "train_seconds", "seconds_per_epoch"):
+    for key in ("val_accuracy", "test_accuracy", "train_reward", "epochs", "train_seconds", "seconds_per_epoch"):
         assert key in metrics
     assert metrics["epochs"] == 2 and len(metrics["history"]) == 3
+    assert all("test_accuracy" not in row for row in metrics["history"])
+    assert (metrics["train_images"], metrics["val_images"]) == (461, 51)  # 10 % of 512 carved for validation
     assert (out / "learning_curve.png").stat().st_size > 1000
     assert (out / "actor.npz").exists()
 
@@ -324,16 +446,18 @@ def test_grpo_learns_synthetic_digits_and_is_reproducible(tmp_path):
     data = synthetic_digits(tmp_path / "data", n_train=2000, n_test=500)
     args = dict(data_dir=str(data), epochs=2, batch_size=32, group_size=8, seed=0)
     first = g.main(g.Args(**args, out=str(tmp_path / "a")))
-    assert first["history"][0]["test_accuracy"] < 0.3  # untrained: near chance (10%)
+    assert first["history"][0]["val_accuracy"] < 0.3  # untrained: near chance (10%)
     assert first["test_accuracy"] > 0.8  # learned from the 0/1 reward alone
     second = g.main(g.Args(**args, out=str(tmp_path / "b")))
     assert second["test_accuracy"] == first["test_accuracy"]  # same seed, same run on CPU
+    assert second["val_accuracy"] == first["val_accuracy"]
     assert second["train_reward"] == first["train_reward"]
 
 
 @pytest.mark.learning
-@pytest.mark.skipif(not HAVE_REAL, reason=f"real MNIST test files not found in {REAL_MNIST}")
+@real_digits
 def test_grpo_learns_real_digits(tmp_path):
     result = g.main(g.Args(data_dir=str(REAL_MNIST), split_test_set=8000, epochs=2, out=str(tmp_path)))
-    assert result["test_images"] == 2000
+    assert (result["train_images"], result["val_images"], result["test_images"]) == (7200, 800, 2000)
+    assert result["val_accuracy"] > 0.85
     assert result["test_accuracy"] > 0.85  # greedy accuracy on 2,000 held-out real digits; chance is 10%

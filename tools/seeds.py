@@ -174,7 +174,7 @@ def markdown(summary: dict, seeds_text: str, command: str) -> str:
         f"{fmt(summary['median'], x)} | {fmt(summary['min'], x)} | {iqm_cell} | {solved} | "
         f"{summary['median_seconds']:.1f} |",
         "",
-        f"Per seed: {per_seed}",
+        f"Per seed: {per_seed}" + (f" (std over seeds {fmt(summary['std'], x)})" if summary["n"] > 1 else ""),
         "",
     ])
 
