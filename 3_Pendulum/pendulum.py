@@ -8,8 +8,15 @@ One iteration = collect a rollout of `--num-envs × --num-steps` transitions wit
 updates of the clipped surrogate (actor) and the value regression (critic), all inside one jitted call.
 `--preset spec` switches every hyperparameter to the values of the course specification.
 
+`--backend jax` runs the same algorithm on a JAX port of Pendulum-v1: the rollout is a lax.scan, and
+rollout, GAE and update are one compiled call per iteration, vmapped over `--num-seeds` seeds.
+`--algo` walks the policy-gradient ladder of chapters 4–5: reinforce → reinforce-baseline → a2c → ppo.
+Either way, every seed's final policy is scored on gymnasium's Pendulum-v1.
+
     python 3_Pendulum/pendulum.py                  # train with the defaults (100k steps), then evaluate
     python 3_Pendulum/pendulum.py --preset spec    # the specification's hyperparameters
+    python 3_Pendulum/pendulum.py --backend jax --num-seeds 16              # 16 seeds in one vmapped run
+    python 3_Pendulum/pendulum.py --backend jax --num-seeds 16 --algo reinforce --num-envs 10 --num-steps 200
     python 3_Pendulum/pendulum.py --load runs/pendulum/params.npz --video runs/pendulum/episode.gif
 """
 from __future__ import annotations
@@ -22,6 +29,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
+from typing import NamedTuple
 
 import gymnasium as gym
 import jax
@@ -35,6 +43,8 @@ tfd = tfp.distributions
 
 MAX_TORQUE = 2.0  # Pendulum-v1's action space is [-2, 2]
 ENV_ID = "Pendulum-v1"
+EPISODE_STEPS = 200  # Pendulum-v1's TimeLimit: every episode is truncated after 200 steps, none terminates
+ALGOS = ("reinforce", "reinforce-baseline", "a2c", "ppo")  # the policy-gradient ladder, chapter 4 → 5
 
 
 def flag(default, help: str, **kw):
@@ -48,6 +58,13 @@ class Args:
     preset: str = flag("default", "'spec' makes the specification's hyperparameters the defaults "
                        "(flags given explicitly still win; in Python: Args(preset='spec', **SPEC_PRESET))",
                        choices=("default", "spec"))
+    backend: str = flag("gymnasium", "'gymnasium' = NumPy envs stepped from a Python loop (the pattern for any "
+                        "gymnasium env); 'jax' = a JAX port of Pendulum-v1, rollout + update compiled into one "
+                        "call per iteration", choices=("gymnasium", "jax"))
+    num_seeds: int = flag(1, "with --backend jax, train seeds --seed … --seed+N−1 together through jax.vmap")
+    algo: str = flag("ppo", "policy-gradient rung: 'reinforce' (Monte-Carlo G_t), 'reinforce-baseline' "
+                     "(G_t − V(s_t)), 'a2c' (GAE, one epoch, no clip), 'ppo' (GAE, clipped surrogate)",
+                     choices=ALGOS)
     total_timesteps: int = flag(100_000, "environment steps to train for (summed over all envs)")
     num_envs: int = flag(16, "parallel Pendulum-v1 copies in a gymnasium SyncVectorEnv")
     num_steps: int = flag(125, "steps per env in one rollout; a rollout holds num_envs × num_steps transitions")
@@ -115,11 +132,16 @@ class Derived:
     batch_size: int  # transitions per rollout = num_envs × num_steps
     num_minibatches: int  # gradient steps per epoch (a remainder smaller than a minibatch is dropped)
     num_updates: int  # rollouts in the whole run
+    actor_steps: int  # Adam steps of the actor per rollout: 1 (REINFORCE rungs), one epoch (A2C), K epochs (PPO)
+    critic_steps: int  # Adam steps of the critic per rollout: 0 (REINFORCE has no critic), else K epochs
 
 
 def derived(args: Args) -> Derived:
     batch = args.num_envs * args.num_steps
-    return Derived(batch, batch // args.minibatch_size, max(1, args.total_timesteps // batch))
+    n_mb = batch // args.minibatch_size
+    actor_steps = {"reinforce": 1, "reinforce-baseline": 1, "a2c": n_mb}.get(args.algo, args.update_epochs * n_mb)
+    critic_steps = 0 if args.algo == "reinforce" else args.update_epochs * n_mb
+    return Derived(batch, n_mb, max(1, args.total_timesteps // batch), actor_steps, critic_steps)
 
 
 def validate(args: Args) -> None:
@@ -143,6 +165,18 @@ def validate(args: Args) -> None:
         v = getattr(args, name)
         if not (0.0 <= v <= 1.0):  # also rejects NaN
             bad(f"--{name.replace('_', '-')} must be in [0, 1], got {v}")
+    if args.num_seeds <= 0:
+        bad(f"--num-seeds must be positive, got {args.num_seeds}")
+    if args.backend == "gymnasium" and args.num_seeds > 1:
+        bad(f"--num-seeds {args.num_seeds} needs --backend jax (the gymnasium backend trains one seed; "
+            f"for a sweep use tools/seeds.py)")
+    if args.backend == "jax" and args.norm_obs:
+        bad("--norm-obs is implemented for --backend gymnasium only")
+    if args.load and args.num_seeds > 1:
+        bad("--load evaluates one saved policy; drop --num-seeds")
+    if args.algo.startswith("reinforce") and args.num_steps % EPISODE_STEPS:
+        bad(f"--algo {args.algo} needs whole episodes in every rollout: --num-steps must be a multiple of "
+            f"{EPISODE_STEPS} (the time limit), got {args.num_steps}; e.g. --num-envs 10 --num-steps 200")
     if not math.isfinite(args.log_std_init):
         bad(f"--log-std-init must be finite, got {args.log_std_init}")
     batch = args.num_envs * args.num_steps
@@ -210,6 +244,49 @@ class RunningMeanStd:
 
     def normalize(self, x: np.ndarray) -> np.ndarray:
         return np.clip((x - self.mean) / np.sqrt(self.var + 1e-8), -10, 10).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# The same environment in JAX (--backend jax): a port of gymnasium 1.4.0's Pendulum-v1
+# ----------------------------------------------------------------------------------------------
+# Constants of gymnasium's PendulumEnv: max_speed 8, max_torque 2, dt 0.05, g 10, m 1, l 1.
+GRAVITY, MASS, LENGTH, DT, MAX_SPEED = 10.0, 1.0, 1.0, 0.05, 8.0
+
+
+class EnvState(NamedTuple):
+    """One pendulum (or, vmapped, a batch): angle θ (0 = upright, not wrapped), θ̇, steps taken so far."""
+    th: jax.Array
+    thdot: jax.Array
+    t: jax.Array
+
+
+def angle_normalize(x):
+    """θ wrapped into [−π, π), as in gymnasium's cost."""
+    return ((x + jnp.pi) % (2 * jnp.pi)) - jnp.pi
+
+
+def pendulum_obs(s: EnvState) -> jax.Array:
+    """(cos θ, sin θ, θ̇), shape (..., 3)."""
+    return jnp.stack([jnp.cos(s.th), jnp.sin(s.th), s.thdot], axis=-1)
+
+
+def pendulum_reset(key) -> EnvState:
+    """θ ~ U[−π, π], θ̇ ~ U[−1, 1], like PendulumEnv.reset without options."""
+    th, thdot = jax.random.uniform(key, (2,), minval=jnp.array([-jnp.pi, -1.0]), maxval=jnp.array([jnp.pi, 1.0]))
+    return EnvState(th, thdot, jnp.zeros((), jnp.int32))
+
+
+def pendulum_step(s: EnvState, u):
+    """One step of Pendulum-v1 under the 200-step TimeLimit: (s', obs', reward, terminated, truncated).
+
+    u is a scalar torque. cost = angle_normalize(θ)² + 0.1·θ̇² + 0.001·u² (of the OLD state);
+    θ̇' = clip(θ̇ + (3g/(2l)·sin θ + 3/(m l²)·u)·dt, −8, 8); θ' = θ + θ̇'·dt. Never terminated."""
+    u = jnp.clip(u, -MAX_TORQUE, MAX_TORQUE)
+    cost = angle_normalize(s.th) ** 2 + 0.1 * s.thdot**2 + 0.001 * u**2
+    thdot = s.thdot + (3 * GRAVITY / (2 * LENGTH) * jnp.sin(s.th) + 3.0 / (MASS * LENGTH**2) * u) * DT
+    thdot = jnp.clip(thdot, -MAX_SPEED, MAX_SPEED)
+    nxt = EnvState(s.th + thdot * DT, thdot, s.t + 1)
+    return nxt, pendulum_obs(nxt), -cost, jnp.zeros((), bool), nxt.t >= EPISODE_STEPS
 
 
 # ----------------------------------------------------------------------------------------------
@@ -294,20 +371,44 @@ def compute_gae(rewards, values, next_values, terminated, truncated, gamma: floa
     return adv, adv + values  # returns R_t = A_t + V(s_t) are the critic's targets
 
 
+def monte_carlo_returns(rewards, dones, gamma: float):
+    """G_t = r_t + γ·(1 − done_t)·G_{t+1}: the discounted return to the end of the episode, (T, N).
+
+    No bootstrap from V at all (REINFORCE): the rollout must hold whole episodes, so that the last
+    step of every episode is in it (done = terminated or truncated) and G restarts there."""
+    def backward(g_next, x):
+        r, d = x
+        g = r + gamma * (1.0 - d) * g_next
+        return g, g
+
+    _, g = jax.lax.scan(backward, jnp.zeros_like(rewards[0]), (rewards, dones), reverse=True)
+    return g
+
+
 # ----------------------------------------------------------------------------------------------
 # Losses
 # ----------------------------------------------------------------------------------------------
+def reinforce_loss(logp, psi):
+    """L = −mean(log π(a_t|s_t) · Ψ_t), all inputs (B,). Ψ is data (no gradient flows into it):
+    G_t for REINFORCE, G_t − V(s_t) with a baseline, the GAE advantage for A2C. Its gradient is the
+    policy-gradient estimate −mean(∇ log π · Ψ)."""
+    return -jnp.mean(logp * jax.lax.stop_gradient(psi))
+
+
 def ppo_clip_loss(logp_new, logp_old, adv, clip_eps: float):
     """L = −mean(min(ρ·A, clip(ρ, 1−ε, 1+ε)·A)), ρ = π_new(a|s) / π_old(a|s); all inputs (B,)."""
     ratio = jnp.exp(logp_new - logp_old)
     return -jnp.mean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv))
 
 
-def actor_loss_fn(actor: Actor, obs, actions, logp_old, adv, clip_eps: float, ent_coef: float):
+def actor_loss_fn(actor: Actor, obs, actions, logp_old, adv, clip_eps: float, ent_coef: float, clip: bool = True):
+    """PPO's clipped surrogate (clip=True) or the plain policy gradient −mean(log π · A) (clip=False),
+    minus the entropy bonus; with the KL estimate and clip fraction as diagnostics."""
     dist = actor(obs)
     logp = dist.log_prob(actions).sum(-1)  # (B,): log π(a|s) of the UNCLIPPED sample
     entropy = dist.entropy().sum(-1).mean()
-    loss = ppo_clip_loss(logp, logp_old, adv, clip_eps) - ent_coef * entropy
+    surrogate = ppo_clip_loss(logp, logp_old, adv, clip_eps) if clip else reinforce_loss(logp, adv)
+    loss = surrogate - ent_coef * entropy
     log_ratio = logp - logp_old
     approx_kl = jnp.mean(jnp.exp(log_ratio) - 1.0 - log_ratio)  # low-variance KL(π_old‖π_new) estimate
     clip_frac = jnp.mean(jnp.abs(jnp.exp(log_ratio) - 1.0) > clip_eps)
@@ -356,65 +457,229 @@ class PPOConfig:
     num_minibatches: int
     minibatch_size: int
     norm_adv: bool
+    algo: str = "ppo"  # which rung of the ladder the update runs (see ppo_update)
 
 
 @partial(jax.jit, static_argnums=(0, 1))
 def ppo_update(graphdef, cfg: PPOConfig, state, rollout: dict, key):
-    """One PPO iteration in one XLA call: values → GAE → epochs × minibatches of Adam steps (lax.scan).
+    """One iteration of learning in one XLA call: values → advantages → Adam steps (lax.scan).
 
     rollout: obs (T, N, 3), actions (T, N, 1), logp (T, N), rewards / terminated / truncated (T, N),
-    next_obs (T, N, 3) = the true s_{t+1}.
+    next_obs (T, N, 3) = the true s_{t+1}. cfg.algo picks the rung of the ladder:
+
+      algo                 Ψ_t (the actor's signal)         actor steps per rollout          critic
+      reinforce            G_t (Monte Carlo, no bootstrap)  1, whole batch, −mean(log π·Ψ)   none
+      reinforce-baseline   G_t − V(s_t)                     1, whole batch, −mean(log π·Ψ)   K epochs on G_t
+      a2c                  GAE(λ), bootstrapped             1 epoch of minibatches, no clip  K epochs on GAE returns
+      ppo                  GAE(λ), bootstrapped             K epochs of minibatches, clipped K epochs on GAE returns
+
+    Every rung with a critic fits it the same way, so the rungs differ only in Ψ and in how often the
+    actor reuses the batch. The REINFORCE rungs use Ψ as it is: normalising it per batch would subtract
+    the batch mean, itself a baseline.
     """
     actor, critic, _, _ = nnx.merge(graphdef, state)
-    values = critic(rollout["obs"])  # (T, N)
-    next_values = critic(rollout["next_obs"])  # (T, N)
-    adv, returns = compute_gae(rollout["rewards"], values, next_values, rollout["terminated"],
-                               rollout["truncated"], cfg.gamma, cfg.gae_lambda)
+    reinforce_rung = cfg.algo in ("reinforce", "reinforce-baseline")
+    if cfg.algo == "reinforce":  # no critic at all
+        values = jnp.zeros_like(rollout["rewards"])
+    else:
+        values = critic(rollout["obs"])  # (T, N)
+    if reinforce_rung:
+        done = jnp.maximum(rollout["terminated"], rollout["truncated"])
+        returns = monte_carlo_returns(rollout["rewards"], done, cfg.gamma)  # G_t (T, N)
+        adv = returns - values  # Ψ = G_t − V(s_t), or G_t itself when values = 0
+    else:
+        next_values = critic(rollout["next_obs"])  # (T, N)
+        adv, returns = compute_gae(rollout["rewards"], values, next_values, rollout["terminated"],
+                                   rollout["truncated"], cfg.gamma, cfg.gae_lambda)
     flat = dict(obs=rollout["obs"].reshape(-1, rollout["obs"].shape[-1]),
                 actions=rollout["actions"].reshape(-1, rollout["actions"].shape[-1]),
                 logp=rollout["logp"].reshape(-1), adv=adv.reshape(-1), returns=returns.reshape(-1))
     n_used = cfg.num_minibatches * cfg.minibatch_size
 
-    def minibatch_step(state, mb):
-        actor, critic, actor_opt, critic_opt = nnx.merge(graphdef, state)
+    def actor_step(actor, actor_opt, mb, norm_adv: bool):
         a = mb["adv"]
-        if cfg.norm_adv:
+        if norm_adv:
             a = (a - a.mean()) / (a.std() + 1e-8)
         (pg_loss, aux), g_actor = nnx.value_and_grad(actor_loss_fn, has_aux=True)(
-            actor, mb["obs"], mb["actions"], mb["logp"], a, cfg.clip_eps, cfg.ent_coef)
-        v_loss, g_critic = nnx.value_and_grad(value_loss_fn)(critic, mb["obs"], mb["returns"])
+            actor, mb["obs"], mb["actions"], mb["logp"], a, cfg.clip_eps, cfg.ent_coef, cfg.algo == "ppo")
         actor_opt.update(actor, g_actor)
+        return dict(pg_loss=pg_loss, **aux)
+
+    def minibatch_step(train_actor: bool, state, mb):
+        actor, critic, actor_opt, critic_opt = nnx.merge(graphdef, state)
+        out = actor_step(actor, actor_opt, mb, cfg.norm_adv) if train_actor else {}
+        v_loss, g_critic = nnx.value_and_grad(value_loss_fn)(critic, mb["obs"], mb["returns"])
         critic_opt.update(critic, g_critic)
-        return nnx.state((actor, critic, actor_opt, critic_opt)), dict(pg_loss=pg_loss, v_loss=v_loss, **aux)
+        return nnx.state((actor, critic, actor_opt, critic_opt)), dict(out, v_loss=v_loss)
 
-    def epoch(state, k):
-        perm = jax.random.permutation(k, flat["obs"].shape[0])[:n_used]
-        mbs = jax.tree.map(lambda x: x[perm].reshape(cfg.num_minibatches, cfg.minibatch_size, *x.shape[1:]), flat)
-        return jax.lax.scan(minibatch_step, state, mbs)
+    def epoch(train_actor: bool):
+        def run(state, k):
+            perm = jax.random.permutation(k, flat["obs"].shape[0])[:n_used]
+            mbs = jax.tree.map(lambda x: x[perm].reshape(cfg.num_minibatches, cfg.minibatch_size, *x.shape[1:]), flat)
+            return jax.lax.scan(partial(minibatch_step, train_actor), state, mbs)
+        return run
 
-    state, stats = jax.lax.scan(epoch, state, jax.random.split(key, cfg.update_epochs))
-    stats = jax.tree.map(jnp.mean, stats)
-    explained_var = 1.0 - jnp.var(returns - values) / (jnp.var(returns) + 1e-8)
-    return state, dict(stats, explained_var=explained_var)
+    keys = jax.random.split(key, cfg.update_epochs)
+    actor_epochs = {"ppo": cfg.update_epochs, "a2c": 1}.get(cfg.algo, 0)
+    stats, v_losses = {}, []
+    if reinforce_rung:  # one step of the actor on the whole batch, with Ψ computed before any update
+        actor, critic, actor_opt, critic_opt = nnx.merge(graphdef, state)
+        stats = actor_step(actor, actor_opt, flat, False)
+        state = nnx.state((actor, critic, actor_opt, critic_opt))
+    if actor_epochs:  # actor and critic together
+        state, s1 = jax.lax.scan(epoch(True), state, keys[:actor_epochs])
+        stats = {k: jnp.mean(v) for k, v in s1.items() if k != "v_loss"}
+        v_losses.append(s1["v_loss"].reshape(-1))
+    if cfg.algo != "reinforce" and actor_epochs < cfg.update_epochs:  # the critic's remaining epochs
+        state, s2 = jax.lax.scan(epoch(False), state, keys[actor_epochs:])
+        v_losses.append(s2["v_loss"].reshape(-1))
+    if cfg.algo == "reinforce":
+        v_loss = explained_var = jnp.array(jnp.nan)
+    else:
+        v_loss = jnp.mean(jnp.concatenate(v_losses))
+        explained_var = 1.0 - jnp.var(returns - values) / (jnp.var(returns) + 1e-8)
+    return state, dict(stats, v_loss=v_loss, explained_var=explained_var)
+
+
+# ----------------------------------------------------------------------------------------------
+# --backend jax: rollout, GAE and update in one compiled call per iteration, vmapped over seeds
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RolloutConfig:
+    """What the compiled rollout needs at trace time (hashable)."""
+    num_envs: int
+    num_steps: int
+    reward_scale: float
+    truncation_bootstrap: bool
+
+
+def jax_rollout(actor_def, rcfg: RolloutConfig, actor_state, runner: dict):
+    """num_steps steps of num_envs JAX pendulums under the current policy, as one lax.scan.
+
+    runner: env (EnvState of (N,) arrays), obs (N, 3), key, ep_ret (N,) the running episode returns,
+    last_ret (N,) the return of each env's latest finished episode (NaN before the first).
+    Auto-reset inside the scan, like gymnasium's SAME_STEP mode: when an episode ends, the env and the
+    obs carried to the next step are a fresh reset, while the rollout stores the TRUE s_{t+1} as next_obs.
+    Returns the new runner and the rollout dict of ppo_update, every entry (T, N, …)."""
+    actor = nnx.merge(actor_def, actor_state)
+
+    def step(carry, _):
+        env, obs, key, ep_ret, last_ret = carry
+        key, k_act, k_reset = jax.random.split(key, 3)
+        dist = actor(obs)
+        action = dist.sample(seed=k_act)  # (N, 1), unclipped
+        logp = dist.log_prob(action).sum(-1)  # (N,)
+        env_next, next_obs, r, term, trunc = jax.vmap(pendulum_step)(env, action[:, 0])  # the env clips u
+        done = term | trunc
+        fresh = jax.vmap(pendulum_reset)(jax.random.split(k_reset, rcfg.num_envs))
+        env = jax.tree.map(lambda a, b: jnp.where(done, a, b), fresh, env_next)  # reset where done
+        obs_carry = jnp.where(done[:, None], pendulum_obs(fresh), next_obs)
+        ep_ret = ep_ret + r
+        last_ret = jnp.where(done, ep_ret, last_ret)
+        ep_ret = jnp.where(done, 0.0, ep_ret)
+        if rcfg.truncation_bootstrap:
+            terminated, truncated = term, trunc
+        else:  # the spec's bug, as on the gymnasium path: a time limit cuts the bootstrap
+            terminated, truncated = done, jnp.zeros_like(done)
+        transition = dict(obs=obs, actions=action, logp=logp, rewards=r * rcfg.reward_scale,
+                          terminated=terminated.astype(jnp.float32), truncated=truncated.astype(jnp.float32),
+                          next_obs=next_obs)
+        return (env, obs_carry, key, ep_ret, last_ret), transition
+
+    carry = (runner["env"], runner["obs"], runner["key"], runner["ep_ret"], runner["last_ret"])
+    (env, obs, key, ep_ret, last_ret), rollout = jax.lax.scan(step, carry, None, length=rcfg.num_steps)
+    return dict(runner, env=env, obs=obs, key=key, ep_ret=ep_ret, last_ret=last_ret), rollout
+
+
+def jax_init(args: Args, d: Derived, seed) -> dict:
+    """Everything one seed's run carries from iteration to iteration, from that seed alone:
+    networks and optimizers (as nnx state), num_envs reset pendulums, its PRNG key."""
+    key = jax.random.key(seed)
+    key, k_actor, k_critic = jax.random.split(key, 3)  # as on the gymnasium path
+    actor = Actor(3, 1, args.hidden, args.sigma, args.activation, args.log_std_init, rngs=nnx.Rngs(k_actor))
+    critic = Critic(3, args.hidden, args.activation, rngs=nnx.Rngs(k_critic))
+    actor_opt = make_optimizer(actor, args.actor_lr, args, d.num_updates * d.actor_steps)
+    critic_opt = make_optimizer(critic, args.critic_lr, args, max(1, d.num_updates * d.critic_steps))
+    key, k_env = jax.random.split(key)
+    env = jax.vmap(pendulum_reset)(jax.random.split(k_env, args.num_envs))
+    return dict(state=nnx.state((actor, critic, actor_opt, critic_opt)), env=env, obs=pendulum_obs(env), key=key,
+                ep_ret=jnp.zeros(args.num_envs, jnp.float32), last_ret=jnp.full(args.num_envs, jnp.nan, jnp.float32))
+
+
+def jax_setup(args: Args):
+    """The static half of a --backend jax run: sizes, the two configs, and the graph definitions of
+    (actor, critic, actor_opt, critic_opt) and of the actor alone (the same for every seed)."""
+    d = derived(args)
+    cfg = PPOConfig(args.gamma, args.gae_lambda, args.clip_eps, args.ent_coef, args.update_epochs,
+                    d.num_minibatches, args.minibatch_size, args.norm_adv, args.algo)
+    rcfg = RolloutConfig(args.num_envs, args.num_steps, args.reward_scale, args.truncation_bootstrap)
+    actor = Actor(3, 1, args.hidden, args.sigma, args.activation, args.log_std_init, rngs=nnx.Rngs(0))
+    critic = Critic(3, args.hidden, args.activation, rngs=nnx.Rngs(0))
+    # The optimizers' schedules are part of the graph definition: build them with the run's step counts.
+    graphdef, _ = nnx.split((actor, critic, make_optimizer(actor, args.actor_lr, args, d.num_updates * d.actor_steps),
+                             make_optimizer(critic, args.critic_lr, args, max(1, d.num_updates * d.critic_steps))))
+    return d, cfg, rcfg, graphdef, nnx.split(actor)[0]
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def jax_iteration(graphdef, actor_def, cfg: PPOConfig, rcfg: RolloutConfig, runners: dict):
+    """One iteration for every seed at once: jax.vmap over the leading seed axis of `runners` of
+    (rollout → GAE or Monte-Carlo returns → Adam steps). One XLA call; returns runners and per-seed stats."""
+    def one_seed(runner):
+        runner, rollout = jax_rollout(actor_def, rcfg, runner["state"][0], runner)
+        key, k = jax.random.split(runner["key"])
+        state, stats = ppo_update(graphdef, cfg, runner["state"], rollout, k)
+        return dict(runner, state=state, key=key), dict(stats, ret=jnp.nanmean(runner["last_ret"]))
+
+    return jax.vmap(one_seed)(runners)
 
 
 # ----------------------------------------------------------------------------------------------
 # Evaluation, saving, loading, video
 # ----------------------------------------------------------------------------------------------
-def evaluate(actor: Actor, rms: RunningMeanStd | None, episodes: int, seed0: int) -> np.ndarray:
-    """Deterministic returns (mean action, clipped) of `episodes` episodes, seeds seed0 … seed0+episodes−1."""
-    graphdef, state = nnx.split(actor)
-    envs = make_envs(episodes)
-    obs, _ = envs.reset(seed=[seed0 + i for i in range(episodes)])
-    total, alive = np.zeros(episodes), np.ones(episodes, bool)
+@partial(jax.jit, static_argnums=0)
+def act_deterministic_seeds(graphdef, states, obs):
+    """μ(s) for S policies at once: states with a leading seed axis S, obs (S, B, obs_dim) → (S, B, act_dim)."""
+    return jax.vmap(lambda st, o: nnx.merge(graphdef, st)(o).mean())(states, obs)
+
+
+def evaluate_seeds(actor_def, actor_states, rms: RunningMeanStd | None, episodes: int, seed0: int) -> np.ndarray:
+    """Deterministic returns (mean action, clipped) on gymnasium's Pendulum-v1, the reference, for both
+    backends: each of the S stacked policies plays episodes with reset seeds seed0 … seed0+episodes−1.
+    One vector env of S × episodes copies; returns (S, episodes)."""
+    n_seeds = jax.tree.leaves(actor_states)[0].shape[0]
+    envs = make_envs(n_seeds * episodes)
+    obs, _ = envs.reset(seed=[seed0 + i for _ in range(n_seeds) for i in range(episodes)])
+    total, alive = np.zeros(n_seeds * episodes), np.ones(n_seeds * episodes, bool)
     while alive.any():
-        x = rms.normalize(obs) if rms is not None else obs
-        a = np.clip(np.asarray(act_deterministic(graphdef, state, x)), -MAX_TORQUE, MAX_TORQUE)
-        obs, r, term, trunc, _ = envs.step(a)
+        x = rms.normalize(obs) if rms is not None else obs.astype(np.float32)
+        a = np.asarray(act_deterministic_seeds(actor_def, actor_states, x.reshape(n_seeds, episodes, -1)))
+        obs, r, term, trunc, _ = envs.step(np.clip(a.reshape(n_seeds * episodes, -1), -MAX_TORQUE, MAX_TORQUE))
         total += r * alive
         alive &= ~(term | trunc)
     envs.close()
-    return total
+    return total.reshape(n_seeds, episodes)
+
+
+def evaluate(actor: Actor, rms: RunningMeanStd | None, episodes: int, seed0: int) -> np.ndarray:
+    """Deterministic returns of one policy, `episodes` episodes with seeds seed0 … seed0+episodes−1."""
+    graphdef, state = nnx.split(actor)
+    return evaluate_seeds(graphdef, jax.tree.map(lambda x: x[None], state), rms, episodes, seed0)[0]
+
+
+def seed_summary(x) -> dict:
+    """Across seeds: mean, IQM (25 % trimmed mean) with a 95 % percentile-bootstrap CI (10,000 resamples
+    of the seeds, fixed bootstrap seed 0; as tools/seeds.py), min, max, and how many reach −200."""
+    from scipy import stats  # only here: a one-seed run does not pay for importing scipy
+
+    x = np.asarray(x, float)
+    out = dict(mean=float(x.mean()), iqm=float(stats.trim_mean(x, 0.25)), min=float(x.min()), max=float(x.max()),
+               std=float(x.std()), solved=int((x >= -200).sum()), n=len(x), iqm_ci=None)
+    if len(x) >= 2 and not np.all(x == x[0]):
+        res = stats.bootstrap((x,), lambda v, axis: stats.trim_mean(v, 0.25, axis=axis), confidence_level=0.95,
+                              n_resamples=10_000, method="percentile", random_state=np.random.default_rng(0))
+        out["iqm_ci"] = [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+    return out
 
 
 def save_params(path: str, actor: Actor, critic: Critic, rms: RunningMeanStd | None) -> None:
@@ -476,7 +741,8 @@ def save_video(path: str, actor: Actor, rms: RunningMeanStd | None, seed: int) -
     return total
 
 
-def plot_curve(path: str, ep_steps, ep_returns, eval_mean: float | None, title: str) -> None:
+def plot_curve(path: str, ep_steps, ep_returns, eval_mean: float | None, title: str,
+               dot_label: str = "training episode (stochastic policy)") -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -484,7 +750,7 @@ def plot_curve(path: str, ep_steps, ep_returns, eval_mean: float | None, title: 
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
     if ep_returns:
         x, y = np.asarray(ep_steps), np.asarray(ep_returns)
-        ax.scatter(x, y, s=6, alpha=0.35, label="training episode (stochastic policy)")
+        ax.scatter(x, y, s=6, alpha=0.35, label=dot_label)
         k = 16
         if len(y) >= k:
             ax.plot(x[k - 1:], np.convolve(y, np.ones(k) / k, mode="valid"), lw=2, label=f"mean of last {k}")
@@ -546,21 +812,54 @@ def main(args: Args) -> dict:
     critic = Critic(obs_dim, args.hidden, args.activation, rngs=nnx.Rngs(k_critic))
     rms = RunningMeanStd(obs_dim) if args.norm_obs else None
     ep_steps, ep_returns, history = [], [], []
-    env_steps, train_seconds = 0, 0.0
+    env_steps, train_seconds, first_update_seconds = 0, 0.0, None
 
     if args.load:
         rms = load_params(args.load, actor, critic, args.norm_obs)
         print(f"loaded {args.load}", flush=True)
     else:
-        grad_steps = d.num_updates * args.update_epochs * d.num_minibatches
-        actor_opt = make_optimizer(actor, args.actor_lr, args, grad_steps)
-        critic_opt = make_optimizer(critic, args.critic_lr, args, grad_steps)
+        actor_opt = make_optimizer(actor, args.actor_lr, args, d.num_updates * d.actor_steps)
+        critic_opt = make_optimizer(critic, args.critic_lr, args, max(1, d.num_updates * d.critic_steps))
         # Split once: the hot loops call plain jax.jit functions on (graphdef, state) — see README.
         graphdef, state = nnx.split((actor, critic, actor_opt, critic_opt))
         actor_def, _ = nnx.split(actor)
         cfg = PPOConfig(args.gamma, args.gae_lambda, args.clip_eps, args.ent_coef, args.update_epochs,
-                        d.num_minibatches, args.minibatch_size, args.norm_adv)
+                        d.num_minibatches, args.minibatch_size, args.norm_adv, args.algo)
 
+    if args.backend == "jax" and not args.load:
+        rcfg = RolloutConfig(args.num_envs, args.num_steps, args.reward_scale, args.truncation_bootstrap)
+        # Seed s's whole state comes from jax.random.key(s) alone, so that it is the same run alone or in
+        # the vmap; the seeds' states are stacked along a new leading axis S, the axis jax_iteration vmaps.
+        runners = jax.tree.map(lambda *x: jnp.stack(x), *[jax_init(args, d, s) for s in
+                                                          range(args.seed, args.seed + args.num_seeds)])
+        print(f"{args.algo} on a JAX port of {ENV_ID}: {args.num_seeds} seed(s) vmapped, {d.num_updates} updates × "
+              f"{d.batch_size} steps ({args.num_envs} envs × {args.num_steps}) per seed, "
+              f"{d.actor_steps} actor / {d.critic_steps} critic Adam steps per update", flush=True)
+        t_train = time.time()
+        for update in range(1, d.num_updates + 1):
+            t0 = time.time()
+            runners, stats = jax_iteration(graphdef, actor_def, cfg, rcfg, runners)  # one compiled call
+            stats = {k_: np.asarray(v) for k_, v in stats.items()}  # each (S,)
+            env_steps += d.batch_size
+            rets = stats.pop("ret")  # (S,) latest finished training episode, mean over each seed's envs
+            for r in rets[np.isfinite(rets)]:
+                ep_steps.append(env_steps)
+                ep_returns.append(float(r))
+            history.append(dict(step=env_steps, **{k_: float(np.mean(v)) for k_, v in stats.items()}))
+            last_per_seed = {k_: [float(x) for x in v] for k_, v in stats.items()}
+            h = history[-1]
+            ret = float(np.mean(rets[np.isfinite(rets)])) if np.isfinite(rets).any() else float("nan")
+            sps = d.batch_size * args.num_seeds / (time.time() - t0)
+            first_update_seconds = first_update_seconds or round(time.time() - t0, 2)  # includes compilation
+            print(f"update={update}/{d.num_updates} step={env_steps} return={ret:.1f} "
+                  f"loss={h['pg_loss']:.4f} v_loss={h['v_loss']:.4f} kl={h['approx_kl']:.4f} "
+                  f"clip_frac={h['clip_frac']:.3f} entropy={h['entropy']:.3f} "
+                  f"explained_var={h['explained_var']:.3f} sps={sps:.0f}", flush=True)
+        jax.block_until_ready(runners)
+        train_seconds = time.time() - t_train
+        nnx.update((actor, critic, actor_opt, critic_opt), jax.tree.map(lambda x: x[0], runners["state"]))
+        save_params(os.path.join(args.out, "params.npz"), actor, critic, None)  # the first seed's networks
+    elif not args.load:  # --backend gymnasium: NumPy envs, one jitted policy call per step
         envs = make_envs(args.num_envs)
         obs, _ = envs.reset(seed=[int(s) for s in rng.integers(0, 2**31 - 1, args.num_envs)])
         T, N = args.num_steps, args.num_envs
@@ -570,9 +869,10 @@ def main(args: Args) -> dict:
                    next_obs=np.zeros((T, N, obs_dim), np.float32))
         raw_obs = np.zeros((T, N, obs_dim))  # unnormalised, for the running statistics
         ep_ret = np.zeros(N)
-        print(f"PPO on {ENV_ID}: {d.num_updates} updates × {d.batch_size} steps "
-              f"({N} envs × {T}), {args.update_epochs} epochs × {d.num_minibatches} minibatches of "
-              f"{args.minibatch_size}, preset={args.preset}", flush=True)
+        steps = "" if args.algo == "ppo" else f", {d.actor_steps} actor / {d.critic_steps} critic Adam steps per update"
+        print(f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID}: {d.num_updates} updates × "
+              f"{d.batch_size} steps ({N} envs × {T}), {args.update_epochs} epochs × {d.num_minibatches} "
+              f"minibatches of {args.minibatch_size}, preset={args.preset}{steps}", flush=True)
         t_train = time.time()
         for update in range(1, d.num_updates + 1):
             t0 = time.time()
@@ -604,6 +904,7 @@ def main(args: Args) -> dict:
             state, stats = ppo_update(graphdef, cfg, state, buf, k)
             stats = {k_: float(v) for k_, v in stats.items()}
             sps = T * N / (time.time() - t0)
+            first_update_seconds = first_update_seconds or round(time.time() - t0, 2)  # includes compilation
             ret = float(np.mean(ep_returns[-N:])) if ep_returns else float("nan")  # latest episode of each env
             history.append(dict(step=env_steps, **stats))
             print(f"update={update}/{d.num_updates} step={env_steps} return={ret:.1f} "
@@ -615,15 +916,26 @@ def main(args: Args) -> dict:
         nnx.update((actor, critic, actor_opt, critic_opt), state)
         save_params(os.path.join(args.out, "params.npz"), actor, critic, rms)
 
-    returns = evaluate(actor, rms, args.eval_episodes, args.eval_seed)
+    # Every seed's final policy on gymnasium's Pendulum-v1, whichever backend trained it: (S, episodes).
+    if args.backend == "jax" and not args.load:
+        all_returns = evaluate_seeds(actor_def, runners["state"][0], None, args.eval_episodes, args.eval_seed)
+    else:
+        all_returns = evaluate(actor, rms, args.eval_episodes, args.eval_seed)[None]
+    returns, per_seed = all_returns[0], all_returns.mean(1)
+    seeds = list(range(args.seed, args.seed + args.num_seeds))
     metrics = dict(
-        eval_return_mean=float(returns.mean()), eval_return_std=float(returns.std()),
+        eval_return_mean=float(all_returns.mean()), eval_return_std=float(all_returns.std()),
         eval_episodes=args.eval_episodes, eval_returns=[round(float(r), 2) for r in returns],
-        env_steps=env_steps, train_seconds=round(train_seconds, 2),
+        env_steps=env_steps, train_seconds=round(train_seconds, 2), first_update_seconds=first_update_seconds,
         train_return_last10=float(np.mean(ep_returns[-10:])) if ep_returns else None,
         seed=args.seed, preset=args.preset, loaded=args.load or None,
+        backend=args.backend, algo=args.algo, seeds=seeds,
+        eval_return_per_seed=[round(float(r), 2) for r in per_seed],  # each seed's mean over its episodes
         last_update=history[-1] if history else None,  # losses, KL, clip fraction of the final update
     )
+    if args.num_seeds > 1:  # env_steps, eval_returns and params.npz are per seed / of the first seed
+        metrics["across_seeds"] = seed_summary(per_seed)
+        metrics["last_update_per_seed"] = last_per_seed
     if args.video:  # the evaluation episode that starts closest to hanging straight down: a full swing-up
         probe = gym.make(ENV_ID)
         starts = [probe.reset(seed=args.eval_seed + i)[0][0] for i in range(args.eval_episodes)]  # cos θ at t=0
@@ -631,17 +943,27 @@ def main(args: Args) -> dict:
         metrics["video_seed"] = args.eval_seed + int(np.argmin(starts))  # smallest cos θ
         metrics["video_return"] = save_video(args.video, actor, rms, metrics["video_seed"])
         print(f"video: {args.video} (return {metrics['video_return']:.1f})", flush=True)
+    name = "PPO" if args.algo == "ppo" else args.algo
     if not args.load:
+        who = f"seed {args.seed}" if args.num_seeds == 1 else f"seeds {seeds[0]}–{seeds[-1]}"
         plot_curve(os.path.join(args.out, "learning_curve.png"), ep_steps, ep_returns, metrics["eval_return_mean"],
-                   f"PPO on {ENV_ID}, seed {args.seed}, preset {args.preset}")
+                   f"{name} on {ENV_ID} ({args.backend}), {who}, preset {args.preset}",
+                   *(["one seed: mean of its envs' latest training episodes"] if args.backend == "jax" else []))
     metrics["total_seconds"] = round(time.time() - t_start, 2)
     with open(os.path.join(args.out, "metrics.json"), "w") as f:
         json.dump(dict(metrics, args=asdict(args), history=history), f, indent=1)
-    print(f"\n== PPO {ENV_ID}, seed {args.seed}, preset {args.preset} ==\n"
+    print(f"\n== {name if not args.load else 'PPO'} {ENV_ID}, {args.backend}, seed {args.seed}"
+          f"{'' if args.num_seeds == 1 else f'–{seeds[-1]}'}, preset {args.preset} ==\n"
           f"eval_return_mean={metrics['eval_return_mean']:.1f} eval_return_std={metrics['eval_return_std']:.1f} "
           f"over {args.eval_episodes} deterministic episodes\n"
           f"env_steps={env_steps} train_seconds={train_seconds:.1f} total_seconds={metrics['total_seconds']:.1f}\n"
           f"outputs in {args.out}/", flush=True)
+    if args.num_seeds > 1:
+        a = metrics["across_seeds"]
+        ci = "[{:.1f}, {:.1f}]".format(*a["iqm_ci"]) if a["iqm_ci"] else "n/a"
+        print(f"per seed: " + " ".join(f"{s_}:{r:.1f}" for s_, r in zip(seeds, per_seed)) +
+              f"\nacross {a['n']} seeds: IQM={a['iqm']:.1f} 95% CI {ci} min={a['min']:.1f} max={a['max']:.1f} "
+              f"solved(>=-200)={a['solved']}/{a['n']}", flush=True)
     return metrics
 
 

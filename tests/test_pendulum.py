@@ -2,8 +2,12 @@
 
 unit: GAE with a termination and a truncation, the true final observation at an autoreset, the
 clipped loss and its zero gradient, the Normal log-probability of the unclipped sample, the value-loss
-shapes, the preset and the input checks. smoke: the CLI with tiny flags, a --load round trip, a GIF,
-and bad input. learning: a short fixed-seed run beats a random policy by a wide margin.
+shapes, the preset and the input checks; ppo_update on a fixed rollout (GAE targets, the clip); the JAX
+port of Pendulum-v1 against gymnasium step for step, its in-scan autoreset, a seed inside the vmap against
+the same seed alone; Monte-Carlo returns, the REINFORCE loss and each rung's steps. smoke: the CLI with
+tiny flags, a --load round trip, a GIF, --norm-obs, --preset spec, --backend jax with several seeds, and
+bad input. learning: a short fixed-seed run reaches −300 with live PPO statistics; four vmapped JAX seeds
+each reach −200.
 """
 from __future__ import annotations
 
@@ -157,6 +161,11 @@ def test_spec_preset_sets_defaults_and_explicit_flags_win(pen, tmp_path):
     (["--ent-coef", "-1"], "--ent-coef"),
     (["--gamma", "nan"], "--gamma"),
     (["--load", "/nonexistent/params.npz"], "no such file"),
+    (["--num-seeds", "0"], "--num-seeds must be positive"),
+    (["--num-seeds", "2"], "needs --backend jax"),
+    (["--backend", "jax", "--norm-obs"], "--norm-obs is implemented for --backend gymnasium only"),
+    (["--algo", "reinforce"], "--num-steps must be a multiple of 200"),
+    (["--algo", "reinforce-baseline", "--backend", "jax", "--num-steps", "300"], "multiple of 200"),
 ])
 def test_validate_rejects_bad_input(pen, argv, msg, tmp_path):
     with pytest.raises(SystemExit) as e:
@@ -201,7 +210,9 @@ def test_cli_tiny_run_then_load_round_trip_and_video(tmp_path):
 
 
 @pytest.mark.smoke
-@pytest.mark.parametrize("argv", [["--minibatch-size", "99999"], ["--load", "missing.npz"]])
+@pytest.mark.parametrize("argv", [["--minibatch-size", "99999"], ["--load", "missing.npz"], ["--algo", "sarsa"],
+                                  ["--backend", "jax", "--num-seeds", "0"], ["--num-seeds", "2"],
+                                  ["--backend", "jax", "--algo", "reinforce"]])
 def test_cli_bad_input_is_one_line_error(tmp_path, argv):
     p = run_script(SCRIPT, *argv, "--out", str(tmp_path), cwd=tmp_path, timeout=60)
     assert p.returncode != 0
@@ -230,10 +241,317 @@ def test_same_seed_same_run(pen, tmp_path):
     assert a["last_update"] == b["last_update"] and a["last_update"]["v_loss"] > 0
 
 
+@pytest.mark.smoke
+def test_norm_obs_run_saves_its_statistics_and_loads_back(pen, tmp_path):
+    m = pen.main(pen.parse_args(TINY + ["--norm-obs", "--out", str(tmp_path / "run")]))
+    data = np.load(tmp_path / "run" / "params.npz", allow_pickle=False)
+    # the running statistics were updated from the rollouts: θ̇'s variance is no longer the initial 1
+    assert data["obs_norm/mean"].shape == (3,) and not np.allclose(data["obs_norm/var"], 1.0)
+    e = pen.main(pen.parse_args(["--load", str(tmp_path / "run" / "params.npz"), "--norm-obs", "--eval-episodes", "2",
+                                 "--out", str(tmp_path / "eval")]))
+    assert e["eval_return_mean"] == pytest.approx(m["eval_return_mean"], abs=1e-3)  # same normalisation on load
+
+
+@pytest.mark.smoke
+def test_spec_preset_tiny_run(pen, tmp_path):
+    m = pen.main(pen.parse_args(["--preset", "spec", "--total-timesteps", "2048", "--eval-episodes", "2",
+                                 "--out", str(tmp_path)]))
+    assert m["env_steps"] == 2048 and m["preset"] == "spec"  # one rollout of 1 env × 2,048 steps
+    assert "actor/sigma_head/kernel" in np.load(tmp_path / "params.npz", allow_pickle=False).files  # the σ(s) head
+    assert math.isfinite(m["last_update"]["v_loss"]) and m["last_update"]["approx_kl"] > 0
+
+
+@pytest.mark.smoke
+def test_gymnasium_backend_runs_a_lower_rung(pen, tmp_path):
+    m = pen.main(pen.parse_args(["--algo", "reinforce", "--num-envs", "2", "--num-steps", "200", "--minibatch-size",
+                                 "100", "--total-timesteps", "800", "--eval-episodes", "2", "--out", str(tmp_path)]))
+    assert m["algo"] == "reinforce" and m["backend"] == "gymnasium" and m["env_steps"] == 800
+    assert math.isnan(m["last_update"]["v_loss"])  # REINFORCE has no critic
+
+
+# ---------------------------------------------------------------------------------------------- ppo_update
+def _jax_batch(pen, seed=3, **kw):
+    """A fixed rollout of 4 JAX pendulums × 200 steps (every episode ends in a truncation) and the state it came from."""
+    args = pen.Args(backend="jax", num_envs=4, num_steps=200, minibatch_size=100, **kw)
+    d, cfg, rcfg, graphdef, actor_def = pen.jax_setup(args)
+    runner = pen.jax_init(args, d, seed)
+    _, rollout = jax.jit(pen.jax_rollout, static_argnums=(0, 1))(actor_def, rcfg, runner["state"][0], runner)
+    return args, cfg, graphdef, runner["state"], rollout
+
+
+def _kl_old_new(pen, graphdef, old_state, new_state, rollout):
+    """Mean KL(π_old ‖ π_new) over the rollout's observations (closed form for two Normals)."""
+    from flax import nnx
+
+    obs = rollout["obs"].reshape(-1, 3)
+    p, q = nnx.merge(graphdef, old_state)[0](obs), nnx.merge(graphdef, new_state)[0](obs)
+    return float(p.kl_divergence(q).mean())
+
+
+@pytest.mark.unit
+def test_ppo_update_on_a_fixed_rollout(pen):
+    from flax import nnx
+
+    args, cfg, graphdef, state, rollout = _jax_batch(pen)
+    assert float(rollout["truncated"][-1].min()) == 1.0 and float(rollout["truncated"][:-1].max()) == 0.0
+    new_state, stats = pen.ppo_update(graphdef, cfg, state, rollout, jax.random.key(0))
+    assert set(stats) == {"pg_loss", "v_loss", "entropy", "approx_kl", "clip_frac", "explained_var"}
+    assert all(np.shape(v) == () and np.isfinite(v) for v in stats.values())
+    assert float(stats["approx_kl"]) > 0 and float(stats["clip_frac"]) > 0  # later epochs left π_old behind
+
+    # The critic's targets are GAE(λ) returns from V(true next obs) with truncation kept apart:
+    # explained_var is reported against them, so recompute them here from the PRE-update critic.
+    _, critic, _, _ = nnx.merge(graphdef, state)
+    values, next_values = critic(rollout["obs"]), critic(rollout["next_obs"])
+    adv, returns = pen.compute_gae(rollout["rewards"], values, next_values, rollout["terminated"],
+                                   rollout["truncated"], cfg.gamma, cfg.gae_lambda)
+    ev = 1.0 - np.var(np.asarray(returns - values)) / np.var(np.asarray(returns))
+    assert float(stats["explained_var"]) == pytest.approx(ev, rel=1e-4, abs=1e-5)
+    # ... and the update fits V to them: the squared error to these targets falls.
+    _, new_critic, _, _ = nnx.merge(graphdef, new_state)
+    before = float(jnp.mean((values - returns) ** 2))
+    after = float(jnp.mean((new_critic(rollout["obs"]) - returns) ** 2))
+    assert after < 0.8 * before, (before, after)
+    # The actor moved in the direction of the surrogate: the (unclipped) advantage-weighted ratio rose above 1.
+    old_actor, new_actor = nnx.merge(graphdef, state)[0], nnx.merge(graphdef, new_state)[0]
+    obs, act = rollout["obs"].reshape(-1, 3), rollout["actions"].reshape(-1, 1)
+    a = np.asarray(adv).reshape(-1)
+    a = (a - a.mean()) / a.std()
+    ratio = np.exp(np.asarray(new_actor(obs).log_prob(act).sum(-1) - old_actor(obs).log_prob(act).sum(-1)))
+    assert float(np.mean(ratio * a)) > 0.0
+
+
+@pytest.mark.unit
+def test_ppo_clip_keeps_the_new_policy_close(pen):
+    """With a large actor learning rate, the clipped update moves the policy far less (in KL) than the same
+    update with the clip switched off (ε huge). A clip that did nothing would make the two equal."""
+    kls = {}
+    for eps in (0.2, 1e6):
+        _, cfg, graphdef, state, rollout = _jax_batch(pen, actor_lr=1e-2, clip_eps=eps)
+        new_state, _ = pen.ppo_update(graphdef, cfg, state, rollout, jax.random.key(0))
+        kls[eps] = _kl_old_new(pen, graphdef, state, new_state, rollout)
+    assert kls[0.2] < 0.5 * kls[1e6], kls
+
+
+# ---------------------------------------------------------------------------------------------- JAX backend
+@pytest.mark.unit
+def test_jax_env_matches_gymnasium_step_for_step(pen):
+    """Whole episodes of gymnasium's Pendulum-v1 under random torques (some beyond ±2): from the same
+    state and torque, the JAX port gives the same observation, reward and flags at every step."""
+    import gymnasium as gym
+
+    step = jax.jit(pen.pendulum_step)
+    rng = np.random.default_rng(0)
+    wrapped, fast = 0, 0
+    for episode in range(3):
+        env = gym.make("Pendulum-v1")
+        env.reset(seed=episode)
+        for t in range(200):
+            th, thdot = env.unwrapped.state
+            u = rng.uniform(-3.0, 3.0)
+            obs, r, term, trunc, _ = env.step(np.array([u], np.float32))
+            s = pen.EnvState(jnp.float32(th), jnp.float32(thdot), jnp.int32(t))
+            _, j_obs, j_r, j_term, j_trunc = step(s, jnp.float32(u))
+            np.testing.assert_allclose(np.asarray(j_obs), obs, atol=2e-5)
+            assert float(j_r) == pytest.approx(r, rel=1e-5, abs=1e-4)
+            assert (bool(j_term), bool(j_trunc)) == (term, trunc) == (False, t == 199)
+            wrapped += abs(th) > np.pi  # the cost must wrap θ: these steps would fail without angle_normalize
+            fast += abs(obs[2]) == 8.0  # and θ̇ must be clipped at ±8
+        env.close()
+    assert wrapped > 50
+    # the clip of θ̇ at ±8, from states spinning fast enough to hit it
+    for th, thdot, u in [(3.0, 7.9, 2.0), (-7.0, -7.95, -2.0), (0.5, 8.0, 2.0)]:
+        env = gym.make("Pendulum-v1")
+        env.reset(seed=0)
+        env.unwrapped.state = np.array([th, thdot])
+        obs, r, *_ = env.step(np.array([u], np.float32))
+        _, j_obs, j_r, _, _ = step(pen.EnvState(jnp.float32(th), jnp.float32(thdot), jnp.int32(0)), jnp.float32(u))
+        assert abs(obs[2]) == 8.0
+        np.testing.assert_allclose(np.asarray(j_obs), obs, atol=2e-5)
+        assert float(j_r) == pytest.approx(r, rel=1e-5)
+    # resets: θ uniform on [−π, π], θ̇ uniform on [−1, 1], t = 0
+    s0 = jax.vmap(pen.pendulum_reset)(jax.random.split(jax.random.key(0), 4000))
+    th, thdot = np.asarray(s0.th), np.asarray(s0.thdot)
+    assert th.min() >= -np.pi and th.max() <= np.pi and th.min() < -3.0 and th.max() > 3.0
+    assert thdot.min() >= -1 and thdot.max() <= 1 and thdot.min() < -0.99 and thdot.max() > 0.99
+    assert abs(th.std() - np.pi / np.sqrt(3)) < 0.05 and int(np.asarray(s0.t).max()) == 0
+
+
+@pytest.mark.unit
+def test_jax_rollout_autoresets_and_keeps_the_true_final_obs(pen):
+    """Inside the scan: next_obs is s_{t+1} of the same episode, also at the truncation, while the obs
+    carried on is a fresh reset (as gymnasium's SAME_STEP autoreset and true_next_obs)."""
+    args = pen.Args(backend="jax", num_envs=3, num_steps=400, minibatch_size=100)
+    d, cfg, rcfg, graphdef, actor_def = pen.jax_setup(args)
+    runner = pen.jax_init(args, d, 0)
+    new_runner, ro = jax.jit(pen.jax_rollout, static_argnums=(0, 1))(actor_def, rcfg, runner["state"][0], runner)
+    obs, nxt, trunc = np.asarray(ro["obs"]), np.asarray(ro["next_obs"]), np.asarray(ro["truncated"])
+    assert trunc[199].all() and trunc[399].all() and trunc.sum() == 6 and np.asarray(ro["terminated"]).sum() == 0
+    inside = np.ones(400, bool)
+    inside[[199, 399]] = False
+    np.testing.assert_array_equal(nxt[:-1][inside[:-1]], obs[1:][inside[:-1]])  # continuity inside an episode
+    # at the truncation: next_obs follows the dynamics from obs[199] with the torque taken ...
+    u = np.clip(np.asarray(ro["actions"])[199, :, 0], -2, 2)
+    th = np.arctan2(obs[199, :, 1], obs[199, :, 0])
+    thdot = np.clip(obs[199, :, 2] + (15.0 * np.sin(th) + 3.0 * u) * 0.05, -8, 8)
+    np.testing.assert_allclose(nxt[199, :, 2], thdot, atol=1e-4)
+    assert not np.allclose(obs[200, :, 2], thdot, atol=1e-2)  # ... while obs[200] is the next episode's reset
+    assert np.abs(obs[200, :, 2]).max() <= 1.0 and int(np.asarray(new_runner["env"].t).max()) == 0
+    # the finished episodes' returns are recorded
+    assert np.isfinite(np.asarray(new_runner["last_ret"])).all()
+
+
+@pytest.mark.unit
+def test_a_seed_in_the_vmap_is_the_same_as_that_seed_alone(pen):
+    args = pen.Args(backend="jax", num_envs=4, num_steps=64, minibatch_size=64, update_epochs=2,
+                    total_timesteps=3 * 256)
+    d, cfg, rcfg, graphdef, actor_def = pen.jax_setup(args)
+    stack = lambda rs: jax.tree.map(lambda *x: jnp.stack(x), *rs)  # noqa: E731
+    together, alone = stack([pen.jax_init(args, d, s) for s in (5, 6, 7)]), stack([pen.jax_init(args, d, 6)])
+    for _ in range(3):
+        together, _ = pen.jax_iteration(graphdef, actor_def, cfg, rcfg, together)
+        alone, _ = pen.jax_iteration(graphdef, actor_def, cfg, rcfg, alone)
+    from flax import nnx
+
+    leaves = lambda st, i: [np.asarray(x)[i] for x in jax.tree.leaves(nnx.state(st, nnx.Param))]  # noqa: E731
+    for a, b in zip(leaves(together["state"], 1), leaves(alone["state"], 0)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    # the seeds are not copies of each other
+    assert not np.allclose(leaves(together["state"], 0)[0], leaves(together["state"], 1)[0])
+
+
+@pytest.mark.smoke
+def test_jax_backend_cli_many_seeds_metrics(tmp_path):
+    out = tmp_path / "run"
+    p = run_script(SCRIPT, "--backend", "jax", "--num-seeds", "3", "--seed", "4", *TINY, "--out", str(out),
+                   cwd=tmp_path, timeout=180)
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("update=")]
+    assert len(lines) == 2 and all(k in lines[-1] for k in ("return=", "kl=", "explained_var=", "sps="))
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["seeds"] == [4, 5, 6] and len(m["eval_return_per_seed"]) == 3 and m["backend"] == "jax"
+    assert m["eval_return_mean"] == pytest.approx(np.mean(m["eval_return_per_seed"]), abs=0.01)
+    a = m["across_seeds"]
+    assert a["n"] == 3 and a["iqm_ci"][0] <= a["iqm"] <= a["iqm_ci"][1]
+    assert a["min"] == pytest.approx(min(m["eval_return_per_seed"]), abs=0.01)
+    assert len(m["last_update_per_seed"]["approx_kl"]) == 3
+    q = run_script(SCRIPT, "--backend", "jax", "--seed", "5", *TINY, "--out", str(tmp_path / "alone"),
+                   cwd=tmp_path, timeout=180)
+    assert q.returncode == 0, q.stderr
+    alone = json.loads((tmp_path / "alone" / "metrics.json").read_text())
+    assert alone["eval_return_mean"] == pytest.approx(m["eval_return_per_seed"][1], abs=0.05)  # seed 5 alone
+
+
+@pytest.mark.smoke
+def test_pg_tools_write_their_tables_and_figures(tmp_path):
+    """tools/pg_variance.py (tiny: θ at initialisation, 4 batches) and tools/pg_ladder.py on two 2-seed runs."""
+    p = run_script("tools/pg_variance.py", "--checkpoints", "0", "--batches", "4", "--num-envs", "2",
+                   "--out", str(tmp_path / "var"), cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr
+    res = json.loads((tmp_path / "var" / "pg_variance.json").read_text())["results"][0]
+    assert res["batches"] == 4 and len(res["rows"]) == 3
+    for row in res["rows"].values():
+        assert row["total_variance"] > 0 and row["total_variance_ci"][0] <= row["total_variance_ci"][1]
+    assert (tmp_path / "var" / "pg_variance.png").stat().st_size > 0
+    for algo in ("reinforce", "ppo"):
+        q = run_script(SCRIPT, "--backend", "jax", "--num-seeds", "2", "--algo", algo, "--num-envs", "2",
+                       "--num-steps", "200", "--minibatch-size", "100", "--update-epochs", "1",
+                       "--total-timesteps", "400", "--eval-episodes", "2", "--out", str(tmp_path / algo),
+                       cwd=tmp_path, timeout=300)
+        assert q.returncode == 0, q.stderr
+    r = run_script("tools/pg_ladder.py", str(tmp_path / "ppo"), str(tmp_path / "reinforce"),
+                   "--out", str(tmp_path / "ladder"), cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = (tmp_path / "ladder" / "ladder.md").read_text().splitlines()[2:]
+    assert [row.split("|")[1].strip() for row in rows] == ["`reinforce`", "`ppo`"]  # ladder order, not argv order
+    bad = run_script("tools/pg_variance.py", "--batches", "1", "--out", str(tmp_path / "x"), cwd=tmp_path)
+    assert bad.returncode != 0 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr
+
+
+# ---------------------------------------------------------------------------------------------- the ladder
+@pytest.mark.unit
+def test_monte_carlo_returns_hand_computed(pen):
+    # env 0: an episode of 2 steps then one of 2 steps; env 1: one episode of 4 steps. γ = 0.5
+    rewards = np.array([[1, 1], [2, 2], [4, 3], [8, 4]], np.float32)
+    dones = np.array([[0, 0], [1, 0], [0, 0], [1, 1]], np.float32)
+    g = np.asarray(pen.monte_carlo_returns(rewards, dones, 0.5))
+    # env 0: G1 = 2, G0 = 1 + .5·2 = 2; G3 = 8, G2 = 4 + .5·8 = 8
+    # env 1: G3 = 4, G2 = 3 + 2 = 5, G1 = 2 + 2.5 = 4.5, G0 = 1 + 2.25 = 3.25
+    np.testing.assert_allclose(g, [[2, 3.25], [2, 4.5], [8, 5], [8, 4]])
+
+
+@pytest.mark.unit
+def test_reinforce_loss_and_its_gradient_hand_computed(pen):
+    logp, psi = jnp.array([-1.0, -2.0, -0.5]), jnp.array([2.0, -1.0, 4.0])
+    loss, (g_logp, g_psi) = jax.value_and_grad(pen.reinforce_loss, argnums=(0, 1))(logp, psi)
+    # −mean(logπ·Ψ) = −(−2 + 2 − 2)/3 = 2/3; d/d logπ = −Ψ/3; no gradient into Ψ (it is data)
+    assert float(loss) == pytest.approx(2 / 3)
+    np.testing.assert_allclose(np.asarray(g_logp), [-2 / 3, 1 / 3, -4 / 3], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(g_psi), 0.0)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("algo, actor_steps, critic_steps", [
+    ("reinforce", 1, 0), ("reinforce-baseline", 1, 80), ("a2c", 8, 80), ("ppo", 80, 80)])
+def test_ladder_rungs_take_the_right_steps(pen, algo, actor_steps, critic_steps):
+    """Each rung's Adam step counts on a 4 × 200 rollout (8 minibatches of 100, 10 epochs)."""
+    from flax import nnx
+
+    _, cfg, graphdef, state, rollout = _jax_batch(pen, algo=algo)
+    new_state, stats = pen.ppo_update(graphdef, cfg, state, rollout, jax.random.key(0))
+    actor, critic, actor_opt, critic_opt = nnx.merge(graphdef, new_state)
+    assert (int(actor_opt.step[...]), int(critic_opt.step[...])) == (actor_steps, critic_steps)
+    moved = lambda i: any(not np.allclose(a, b) for a, b in zip(  # noqa: E731
+        jax.tree.leaves(nnx.state(nnx.merge(graphdef, state)[i], nnx.Param)),
+        jax.tree.leaves(nnx.state(nnx.merge(graphdef, new_state)[i], nnx.Param))))
+    assert moved(0) and moved(1) == (algo != "reinforce")
+    assert np.isnan(float(stats["v_loss"])) == (algo == "reinforce")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("algo", ["reinforce", "reinforce-baseline"])
+def test_reinforce_step_follows_the_monte_carlo_gradient(pen, algo):
+    """REINFORCE's one Adam step moves each actor parameter against the sign of ∇(−mean(log π·Ψ)) with
+    Ψ = G_t (or G_t − V(s_t)) computed here by hand: Adam's first step is −lr·g/(|g| + ε) ≈ −lr·sign(g)."""
+    from flax import nnx
+
+    args, cfg, graphdef, state, rollout = _jax_batch(pen, algo=algo)
+    new_state, _ = pen.ppo_update(graphdef, cfg, state, rollout, jax.random.key(0))
+    actor, critic, _, _ = nnx.merge(graphdef, state)
+    r = np.asarray(rollout["rewards"])
+    g = np.zeros_like(r)
+    for t in reversed(range(r.shape[0])):  # whole 200-step episodes: the return restarts at every truncation
+        g[t] = r[t] + (cfg.gamma * g[t + 1] if t + 1 < r.shape[0] and not rollout["truncated"][t, 0] else 0.0)
+    psi = g - np.asarray(critic(rollout["obs"])) if algo == "reinforce-baseline" else g
+    obs, act = rollout["obs"].reshape(-1, 3), rollout["actions"].reshape(-1, 1)
+    grads = nnx.grad(lambda a: pen.reinforce_loss(a(obs).log_prob(act).sum(-1), jnp.asarray(psi.reshape(-1))))(actor)
+    new_actor = nnx.merge(graphdef, new_state)[0]
+    for gr, old, new in zip(jax.tree.leaves(nnx.state(grads, nnx.Param)),
+                            jax.tree.leaves(nnx.state(actor, nnx.Param)), jax.tree.leaves(nnx.state(new_actor, nnx.Param))):
+        gr, step = np.asarray(gr).ravel(), (np.asarray(new) - np.asarray(old)).ravel()
+        big = np.abs(gr) > 1e-3 * np.abs(gr).max()
+        np.testing.assert_array_equal(np.sign(step[big]), -np.sign(gr[big]))
+        assert np.abs(step).max() <= args.actor_lr * 1.001  # one Adam step, not several
+
+
 # ---------------------------------------------------------------------------------------------- learning
 @pytest.mark.learning
-def test_short_run_beats_random_by_far(pen, tmp_path):
+def test_short_run_learns(pen, tmp_path):
     m = pen.main(pen.parse_args(["--seed", "0", "--total-timesteps", "80000", "--out", str(tmp_path)]))
     assert m["env_steps"] == 80_000
-    # at most half of a random policy's cost (−1182 / 2 ≈ −591); measured for this run: −151
-    assert m["eval_return_mean"] > RANDOM_RETURN / 2, m["eval_return_mean"]
+    # far from a random policy (−1182) and from the under-trained 60k-step runs (−384 to −713 in the README);
+    # measured for this run: −151
+    assert m["eval_return_mean"] > -300, m["eval_return_mean"]
+    last = m["last_update"]  # the final PPO update still changes the policy, and the critic explains the returns
+    assert last["approx_kl"] > 0 and last["explained_var"] > 0.5, last
+    # The learning rate decays linearly to 0 (--anneal-lr), so the very last update moves the policy so little
+    # that no ratio leaves [0.8, 1.2] (clip_frac = 0 there); over the last tenth of training the clip is active.
+    tail = json.loads((tmp_path / "metrics.json").read_text())["history"][-5:]
+    assert max(h["clip_frac"] for h in tail) > 0, tail
+
+
+@pytest.mark.learning
+def test_jax_backend_four_seeds_all_solve(pen, tmp_path):
+    m = pen.main(pen.parse_args(["--backend", "jax", "--num-seeds", "4", "--out", str(tmp_path)]))
+    assert m["env_steps"] == 100_000 and m["seeds"] == [0, 1, 2, 3]
+    assert min(m["eval_return_per_seed"]) >= -200, m["eval_return_per_seed"]

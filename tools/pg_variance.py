@@ -1,0 +1,209 @@
+"""How noisy is the policy gradient? REINFORCE's G_t, a learned baseline G_t − V(s_t), and GAE(λ), measured.
+
+At a fixed set of parameters θ (the actor and critic of a PPO run of 3_Pendulum/pendulum.py, --backend jax,
+stopped after each of --checkpoints environment steps), draw --batches independent batches of whole
+episodes (--num-envs pendulums × 200 steps, fresh resets, independent keys) with the stochastic policy,
+and compute one policy-gradient estimate per batch,
+
+    ĝ = ∇_θ −mean_t(log π_θ(a_t|s_t) · Ψ_t),   Ψ_t ∈ { G_t,  G_t − V(s_t),  Â_t^GAE(λ) },
+
+with the script's own `monte_carlo_returns`, `compute_gae` and `reinforce_loss` (no advantage
+normalisation, rewards × --reward-scale as in training). Over the K estimates of each Ψ it reports
+
+    total variance  tr Σ = Σ_i Var_k(ĝ_i)            (the trace of the K×K-sample covariance, ddof = 1)
+    signal-to-noise ‖E ĝ‖² / tr Σ                   (how much of one batch's gradient is signal; ‖E ĝ‖² is
+                                                     estimated without bias as ‖mean_k ĝ‖² − tr Σ / K)
+    cos(mean ĝ, mean ĝ_G)                           (a baseline leaves the expectation alone; GAE does not)
+
+with 95 % percentile-bootstrap intervals (200 resamples of the K batches) for tr Σ and the SNR.
+
+    python tools/pg_variance.py                                  # checkpoints 0, 20k, 60k; 1,024 batches each
+    python tools/pg_variance.py --checkpoints 20000 --batches 64 --out runs/pg_variance_small
+
+Writes <out>/pg_variance.json, <out>/pg_variance.md (the table, with this command) and <out>/pg_variance.png.
+The course script is imported by path (like tests/conftest.py); the script itself imports nothing from here.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "3_Pendulum" / "pendulum.py"
+ESTIMATORS = ("G_t (REINFORCE)", "G_t − V(s_t) (learned baseline)", "GAE(λ) (A2C / PPO)")
+
+
+def load_pendulum():
+    spec = importlib.util.spec_from_file_location("course_pendulum", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["course_pendulum"] = module  # dataclasses need the module registered
+    spec.loader.exec_module(module)
+    return module
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--checkpoints", default="0,20000,60000",
+                   help="PPO training steps (per seed, comma-separated) at which θ is frozen and measured")
+    p.add_argument("--batches", type=int, default=1024, help="K: independent batches (gradient estimates) per θ")
+    p.add_argument("--num-envs", type=int, default=10, help="pendulums per batch; a batch is num_envs × 200 steps")
+    p.add_argument("--seed", type=int, default=0, help="seed of the PPO run and of the batches")
+    p.add_argument("--out", default="runs/pg_variance", help="folder for the json, the table and the PNG")
+    a = p.parse_args(argv)
+    try:
+        a.checkpoint_steps = sorted({int(x) for x in a.checkpoints.split(",")})
+    except ValueError:
+        p.exit(1, f"error: --checkpoints must be comma-separated integers, got {a.checkpoints!r}\n")
+    if a.batches < 2 or a.num_envs < 1 or min(a.checkpoint_steps) < 0:
+        p.exit(1, "error: --batches must be >= 2, --num-envs >= 1 and every checkpoint >= 0\n")
+    try:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, ".write_test"), "w"):
+            pass
+        os.remove(os.path.join(a.out, ".write_test"))
+    except OSError as e:
+        p.exit(1, f"error: --out {a.out!r}: cannot write there ({e.strerror})\n")
+    return a
+
+
+def gradient_estimates(pen, args, graphdef, actor_def, rcfg, state, key, batches):
+    """K policy-gradient estimates per Ψ at the parameters in `state`: dict name → (K, P) array."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    def one_batch(k, state):
+        k_env, k_roll = jax.random.split(k)
+        env = jax.vmap(pen.pendulum_reset)(jax.random.split(k_env, rcfg.num_envs))
+        runner = dict(env=env, obs=pen.pendulum_obs(env), key=k_roll, ep_ret=jnp.zeros(rcfg.num_envs),
+                      last_ret=jnp.zeros(rcfg.num_envs))
+        _, ro = pen.jax_rollout(actor_def, rcfg, state[0], runner)  # (200, N): whole episodes
+        actor, critic, _, _ = nnx.merge(graphdef, state)
+        values, next_values = critic(ro["obs"]), critic(ro["next_obs"])
+        done = jnp.maximum(ro["terminated"], ro["truncated"])
+        g = pen.monte_carlo_returns(ro["rewards"], done, args.gamma)
+        gae, _ = pen.compute_gae(ro["rewards"], values, next_values, ro["terminated"], ro["truncated"],
+                                 args.gamma, args.gae_lambda)
+        obs, act = ro["obs"].reshape(-1, 3), ro["actions"].reshape(-1, 1)
+        out = []
+        for psi in (g, g - values, gae):
+            grads = nnx.grad(lambda a: pen.reinforce_loss(a(obs).log_prob(act).sum(-1), psi.reshape(-1)))(actor)
+            out.append(jnp.concatenate([x.ravel() for x in jax.tree.leaves(nnx.state(grads, nnx.Param))]))
+        return out
+
+    chunk = 64 if batches % 64 == 0 else batches  # vmap 64 batches at a time (a scan over chunks) to bound memory
+    keys = jax.random.split(key, batches).reshape(batches // chunk, chunk)
+
+    def over_chunks(st, ks):  # the state rides along as the scan's carry, so nnx sees it at the scan's trace level
+        return jax.lax.scan(lambda c, k: (c, jax.vmap(one_batch, in_axes=(0, None))(k, c)), st, ks)[1]
+
+    res = [r.reshape(batches, -1) for r in jax.jit(over_chunks)(state, keys)]
+    return {name: np.asarray(r, np.float64) for name, r in zip(ESTIMATORS, res)}
+
+
+def snr_stats(g: np.ndarray) -> tuple[float, float, float]:
+    """(tr Σ, unbiased ‖E ĝ‖², SNR) from K estimates g (K, P)."""
+    mean = g.mean(0)
+    var = float(g.var(0, ddof=1).sum())  # trace of the sample covariance
+    signal = float(mean @ mean) - var / len(g)  # unbiased ‖E ĝ‖²: ‖mean‖² alone is inflated by tr Σ / K
+    return var, signal, signal / var if var > 0 else float("nan")  # a resample of one repeated batch has tr Σ = 0
+
+
+def summarise(est: dict, resamples: int = 200) -> dict:
+    """Per Ψ: the statistics, and a 95 % percentile-bootstrap interval of each (resampling the K batches)."""
+    ref = est[ESTIMATORS[0]].mean(0)
+    k = len(est[ESTIMATORS[0]])
+    rng = np.random.default_rng(0)
+    idx = [rng.integers(0, k, k) for _ in range(resamples)]
+    rows = {}
+    for name, g in est.items():
+        var, signal, snr = snr_stats(g)
+        boot = np.array([snr_stats(g[i]) for i in idx])  # (resamples, 3)
+        lo, hi = np.nanpercentile(boot, [2.5, 97.5], axis=0)
+        mean = g.mean(0)
+        rows[name] = dict(total_variance=var, mean_sq_norm=signal, snr=snr,
+                          total_variance_ci=[float(lo[0]), float(hi[0])], snr_ci=[float(lo[2]), float(hi[2])],
+                          cos_to_reinforce_mean=float(mean @ ref / (np.linalg.norm(mean) * np.linalg.norm(ref))))
+    return rows
+
+
+def plot(path, results):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["train_steps"] for r in results]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), dpi=100)
+    width = 0.8 / len(ESTIMATORS)
+    for i, name in enumerate(ESTIMATORS):
+        x = np.arange(len(steps)) + (i - 1) * width
+        axes[0].bar(x, [r["rows"][name]["total_variance"] for r in results], width, label=name)
+        axes[1].bar(x, [r["rows"][name]["snr"] for r in results], width, label=name)
+    for ax, title in zip(axes, ("total variance tr Σ of one batch's gradient (log)", "SNR ‖E ĝ‖² / tr Σ (log)")):
+        ax.set_xticks(np.arange(len(steps)), [f"θ after {s // 1000}k PPO steps" for s in steps], fontsize=8)
+        ax.set_yscale("log")
+        ax.set_title(title, fontsize=10)
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"Policy-gradient estimates on Pendulum-v1, {results[0]['batches']} batches of "
+                 f"{results[0]['batch_steps']} steps per θ", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv=None):
+    a = parse(argv)
+    t0 = time.time()
+    import jax
+    import jax.numpy as jnp
+
+    pen = load_pendulum()
+    # The PPO run that provides θ: the ladder's batch shape (num_envs × 200 steps), default hyperparameters.
+    args = pen.Args(backend="jax", num_envs=a.num_envs, num_steps=200, minibatch_size=250,
+                    total_timesteps=max(max(a.checkpoint_steps), a.num_envs * 200))
+    d, cfg, rcfg, graphdef, actor_def = pen.jax_setup(args)
+    runners = jax.tree.map(lambda x: x[None], pen.jax_init(args, d, a.seed))
+    done_steps, results = 0, []
+    key = jax.random.key(10_000 + a.seed)
+    for target in a.checkpoint_steps:
+        while done_steps < target:
+            runners, _ = pen.jax_iteration(graphdef, actor_def, cfg, rcfg, runners)
+            done_steps += d.batch_size
+        state = jax.tree.map(lambda x: x[0], runners["state"])
+        key, k = jax.random.split(key)
+        est = gradient_estimates(pen, args, graphdef, actor_def, rcfg, state, k, a.batches)
+        ret = float(np.asarray(jnp.nanmean(runners["last_ret"])))
+        results.append(dict(train_steps=done_steps, batches=a.batches, batch_steps=a.num_envs * 200,
+                            train_return=None if not np.isfinite(ret) else ret, rows=summarise(est)))
+        print(f"θ after {done_steps} steps (latest training return {ret:.0f}):", flush=True)
+        for name, r in results[-1]["rows"].items():
+            print(f"  {name:34s} tr Σ={r['total_variance']:.4g}  ‖E ĝ‖²={r['mean_sq_norm']:.4g}  "
+                  f"SNR={r['snr']:.4g}  cos(mean, mean_G)={r['cos_to_reinforce_mean']:.3f}", flush=True)
+
+    cmd = "python tools/pg_variance.py " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
+    lines = [f"`{cmd.strip()}`", "",
+             "| θ (PPO steps) | Ψ | total variance tr Σ [95 % CI] | ‖E ĝ‖² | SNR ‖E ĝ‖²/tr Σ [95 % CI] "
+             "| cos(mean, mean of G_t) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        for name, row in r["rows"].items():
+            v, s_ = row["total_variance_ci"], row["snr_ci"]
+            lines.append(f"| {r['train_steps']:,} | {name} | {row['total_variance']:.3g} [{v[0]:.3g}, {v[1]:.3g}] | "
+                         f"{row['mean_sq_norm']:.3g} | {row['snr']:.3g} [{s_[0]:.3g}, {s_[1]:.3g}] | "
+                         f"{row['cos_to_reinforce_mean']:.2f} |")
+    Path(a.out, "pg_variance.md").write_text("\n".join(lines) + "\n")
+    Path(a.out, "pg_variance.json").write_text(json.dumps(dict(command=cmd.strip(), results=results), indent=1))
+    plot(os.path.join(a.out, "pg_variance.png"), results)
+    print("\n".join(lines) + f"\n\nwrote {a.out}/pg_variance.{{json,md,png}} in {time.time() - t0:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
