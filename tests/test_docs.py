@@ -300,6 +300,7 @@ RETIRED_TERMS = {
     "前向傳遞": "前向傳播 (forward pass)",
     "環狀緩衝區": "環形緩衝區 (ring buffer)",
     "重播緩衝區": "回放緩衝區 (replay buffer)",
+    "規格書": "原始指南 (the original guide the course was built from)",
     # 截斷 is only truncation by the time limit; clip and clipping are 裁剪
     "截斷比率": "裁剪機率比 (clip the ratio)",
     "比率截斷": "機率比裁剪 (ratio clipping)",
@@ -497,3 +498,34 @@ def test_a_missing_or_ambiguous_glossary_fails(tmp_path):
     readme.write_text(good.replace("| clip, clipping | 裁剪 |", "| clip, clipping | 截斷 |"), encoding="utf-8")
     problems = check_glossary(readme)
     assert any("'clip' to 裁剪" in p for p in problems) and any("截斷 translates both" in p for p in problems)
+
+
+# ----------------------------------------------------------------------------- "the original guide"
+# Learners do not have the specification the course was built from; the English READMEs call it "the
+# original guide" (the Chinese ones 原始指南, enforced above). The flag value `--preset spec` is code.
+SPEC_WORDING = re.compile(r"\b[Tt]he (?:course )?spec(?:'s)?\b|\bspec's\b")
+
+
+def check_spec_wording(readme: Path) -> list[str]:
+    problems = []
+    for n, line in numbered_prose(readme.read_text(encoding="utf-8")):
+        words = INLINE_CODE.sub("", LINK.sub("", line))
+        m = SPEC_WORDING.search(words)
+        if m:
+            problems.append(f"{readme}:{n}: '{m.group(0)}': write 'the original guide'")
+    return problems
+
+
+@pytest.mark.parametrize("readme", [p for p in readmes() if p.name == "README.md"],
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_english_readmes_say_the_original_guide(readme):
+    assert check_spec_wording(readme) == []
+
+
+def test_spec_wording_check_fails_on_the_spec(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# T\n\nThe original guide says so; `--preset spec` is a flag.\n\n"
+                      "```bash\npython x.py --preset spec  # the spec's settings\n```\n\n"
+                      "As the spec's table shows, the spec is wrong.\n", encoding="utf-8")
+    problems = check_spec_wording(readme)
+    assert len(problems) == 1 and ":9:" in problems[0]
