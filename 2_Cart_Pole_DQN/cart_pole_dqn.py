@@ -17,13 +17,21 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
+from typing import NamedTuple
 
-import gymnasium as gym
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from flax import nnx
+# XLA's CPU backend splits even these tiny matrix products (64×128 by 128×128) across threads, and on a
+# 2-core machine the synchronisation costs more than it saves. One thread per process gives the same
+# numbers, faster (README, "Why it is fast"). XLA reads this when JAX starts its backend.
+if "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
+
+import gymnasium as gym  # noqa: E402  (after XLA_FLAGS)
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
 
 
 def flag(default, help: str, **kw):
@@ -40,9 +48,11 @@ class Args:
     anneal_lr: bool = flag(True, "decay the learning rate linearly to 0 over the run's gradient steps")
     max_grad_norm: float = flag(10.0, "clip the global gradient norm to this value (0 turns clipping off)")
     hidden_size: int = flag(128, "width of each of the two hidden layers of the Q-network")
+    layer_norm: bool = flag(False, "LayerNorm after each hidden Linear layer (before the ReLU)")
+    dueling: bool = flag(False, "dueling head: Q(s, a) = V(s) + A(s, a) − mean_a' A(s, a')")
     buffer_size: int = flag(100_000, "replay buffer capacity (transitions)")
     batch_size: int = flag(64, "transitions per gradient step")
-    gamma: float = flag(0.99, "discount factor γ")
+    gamma: float = flag(0.999, "discount factor γ; 0.999 looks about 1,000 steps ahead, past the 500-step episode")
     learning_starts: int = flag(1_000, "env steps of pure exploration before the first gradient step")
     train_frequency: int = flag(256, "env steps between two training calls")
     gradient_steps: int = flag(128, "gradient steps per training call (one jitted lax.scan)")
@@ -193,15 +203,24 @@ def linear_schedule(start_e: float, end_e: float, duration: int, t: int) -> floa
 class QNetwork(nnx.Module):
     """Q_θ(s, ·): an MLP from the 4 state numbers to one Q-value per action."""
 
-    def __init__(self, obs_dim: int, n_actions: int, hidden_size: int, *, rngs: nnx.Rngs):
+    def __init__(self, obs_dim: int, n_actions: int, hidden_size: int, layer_norm: bool = False,
+                 dueling: bool = False, *, rngs: nnx.Rngs):
         self.hidden1 = nnx.Linear(obs_dim, hidden_size, rngs=rngs)
         self.hidden2 = nnx.Linear(hidden_size, hidden_size, rngs=rngs)
         self.head = nnx.Linear(hidden_size, n_actions, rngs=rngs)
+        self.value = nnx.Linear(hidden_size, 1, rngs=rngs) if dueling else None  # V(s) of the dueling head
+        self.norm1 = nnx.LayerNorm(hidden_size, rngs=rngs) if layer_norm else None
+        self.norm2 = nnx.LayerNorm(hidden_size, rngs=rngs) if layer_norm else None
 
     def __call__(self, obs: jax.Array) -> jax.Array:  # (..., obs_dim) -> (..., n_actions)
-        x = nnx.relu(self.hidden1(obs))
-        x = nnx.relu(self.hidden2(x))
-        return self.head(x)
+        x = self.hidden1(obs)
+        x = nnx.relu(self.norm1(x) if self.norm1 is not None else x)
+        x = self.hidden2(x)
+        x = nnx.relu(self.norm2(x) if self.norm2 is not None else x)
+        if self.value is None:
+            return self.head(x)
+        advantage = self.head(x)  # Q = V + A − mean_a A: only differences between actions reach A
+        return self.value(x) + advantage - advantage.mean(axis=-1, keepdims=True)
 
 
 def derived(args: Args) -> dict:
@@ -225,7 +244,8 @@ def make_optimizer(args: Args) -> optax.GradientTransformation:
 def create_agent(args: Args, obs_dim: int, n_actions: int) -> tuple[QNetwork, nnx.Optimizer]:
     """Build the Q-network and its optimizer inside one nnx.jit: one compilation instead of one per init op."""
     def build():
-        q_network = QNetwork(obs_dim, n_actions, args.hidden_size, rngs=nnx.Rngs(args.seed))
+        q_network = QNetwork(obs_dim, n_actions, args.hidden_size, args.layer_norm, args.dueling,
+                             rngs=nnx.Rngs(args.seed))
         return q_network, nnx.Optimizer(q_network, make_optimizer(args), wrt=nnx.Param)
     return nnx.jit(build)()
 
@@ -321,20 +341,35 @@ def make_step_fns(args: Args, graphdef: nnx.GraphDef, opt_graphdef: nnx.GraphDef
 
 # ----------------------------------------------------------------------------- evaluation
 
-def evaluate(act, params: nnx.State, n_episodes: int, seed: int) -> np.ndarray:
+class Evaluation(NamedTuple):
+    returns: np.ndarray  # (n_episodes,) greedy returns
+    ends: dict  # how the episodes ended: {"time_limit": n, "cart_left_track": n, "pole_fell": n}
+
+
+X_LIMIT, THETA_LIMIT = 2.4, 12 * 2 * np.pi / 360  # CartPole-v1 terminates when |x| > 2.4 or |θ| > 12°
+
+
+def evaluate(act, params: nnx.State, n_episodes: int, seed: int) -> Evaluation:
     """Greedy returns of `n_episodes` episodes, all run side by side in gymnasium's vectorised CartPole
     (the same physics, stepped in NumPy for all episodes at once): one batched Q call per time step.
-    `seed` fixes the episodes' initial states, so every evaluation with the same seed is the same test."""
+    `seed` fixes the episodes' initial states, so every evaluation with the same seed is the same test.
+    The last observation of each episode tells how it ended: time limit, cart off the track, or pole down."""
     envs = gym.make_vec(ENV_ID, num_envs=n_episodes, vectorization_mode="vector_entry_point")
     obs, _ = envs.reset(seed=seed)
-    returns = np.zeros(n_episodes)
+    returns, last_obs = np.zeros(n_episodes), np.zeros_like(obs)
     alive = np.ones(n_episodes, bool)  # an episode that ended is auto-reset by the vector env: mask it out
     while alive.any():
         obs, reward, terminated, truncated, _ = envs.step(np.asarray(act(params, obs)))
         returns += reward * alive
-        alive &= ~(terminated | truncated)
+        ended = alive & (terminated | truncated)
+        last_obs[ended] = obs[ended]  # NEXT_STEP autoreset: the step that ends an episode returns its final obs
+        alive &= ~ended
     envs.close()
-    return returns
+    cart_out = np.abs(last_obs[:, 0]) > X_LIMIT
+    pole_down = ~cart_out & (np.abs(last_obs[:, 2]) > THETA_LIMIT)
+    ends = dict(time_limit=int((~cart_out & ~pole_down).sum()), cart_left_track=int(cart_out.sum()),
+                pole_fell=int(pole_down.sum()))
+    return Evaluation(returns, ends)
 
 
 def record_gif(act, params: nnx.State, path: str, seed: int,
@@ -453,7 +488,7 @@ def train(args: Args, act, train_fn, params: nnx.State, opt_state: nnx.State) ->
                 target_params = sync_target(params, target_params, args.tau)
 
         if crossed(args.eval_frequency, before, env_steps) or env_steps == args.total_timesteps:
-            eval_return = float(evaluate(act, params, args.periodic_eval_episodes, args.eval_seed + 1).mean())
+            eval_return = float(evaluate(act, params, args.periodic_eval_episodes, args.eval_seed + 1).returns.mean())
             elapsed = time.perf_counter() - t_train
             train_return = float(np.mean(train_returns[-10:])) if train_returns else 0.0
             mean_loss = float(np.mean(losses[-10:])) if losses else float("nan")
@@ -494,9 +529,9 @@ def evaluate_saved(args: Args, act, params: nnx.State) -> dict:
     """--load: evaluate (and with --video, watch) a saved agent; writes into <out>/eval/."""
     folder = output_folder(args)
     params = load_params(params, args.load)
-    returns = evaluate(act, params, args.eval_episodes, args.eval_seed)
+    returns, ends = evaluate(act, params, args.eval_episodes, args.eval_seed)
     metrics = dict(eval_return_mean=float(returns.mean()), eval_return_std=float(returns.std()),
-                   eval_return_min=float(returns.min()), eval_episodes=len(returns), env_steps=0,
+                   eval_return_min=float(returns.min()), eval_episodes=len(returns), eval_ends=ends, env_steps=0,
                    train_seconds=0.0, loaded_from=args.load)
     save_metrics(folder, metrics, args)
     print(f"loaded {args.load}: eval_return_mean={metrics['eval_return_mean']:.1f} "
@@ -521,17 +556,17 @@ def main(args: Args) -> dict:
     last_params, log = train(args, act, train_fn, params, opt_state)
 
     # Final greedy evaluation with a fixed seed, other than the periodic evaluations' seed used to pick `best`.
-    last_returns = evaluate(act, last_params, args.eval_episodes, args.eval_seed)
-    params, returns = last_params, last_returns
+    last = evaluate(act, last_params, args.eval_episodes, args.eval_seed)
+    params, (returns, ends) = last_params, last
     if args.final_agent == "best":
         params = log["best"]["params"]
-        returns = evaluate(act, params, args.eval_episodes, args.eval_seed)
+        returns, ends = evaluate(act, params, args.eval_episodes, args.eval_seed)
     save_params(params, os.path.join(args.out, "q_network.npz"))
     metrics = dict(
         eval_return_mean=float(returns.mean()), eval_return_std=float(returns.std()),
-        eval_return_min=float(returns.min()), eval_episodes=len(returns), final_agent=args.final_agent,
+        eval_return_min=float(returns.min()), eval_episodes=len(returns), eval_ends=ends, final_agent=args.final_agent,
         best_step=log["best"]["step"], best_periodic_return=log["best"]["eval_return"],
-        last_eval_return_mean=float(last_returns.mean()), env_steps=args.total_timesteps,
+        last_eval_return_mean=float(last.returns.mean()), env_steps=args.total_timesteps,
         train_seconds=round(log["train_seconds"], 2), gradient_steps_total=log["gradient_steps_total"],
         solved_step=log["solved_step"], solved_seconds=log["solved_seconds"], train_episodes=log["train_episodes"],
         curve=log["curve"], total_seconds=round(time.perf_counter() - t_start, 2),
@@ -544,6 +579,7 @@ def main(args: Args) -> dict:
           f"(--eval-seed {args.eval_seed}): "
           f"eval_return_mean={metrics['eval_return_mean']:.1f} eval_return_std={metrics['eval_return_std']:.1f} "
           f"min={metrics['eval_return_min']:.0f}")
+    print("episodes ended: " + " ".join(f"{k}={v}" for k, v in ends.items()))
     print(f"env_steps={args.total_timesteps} train_seconds={metrics['train_seconds']:.1f} "
           f"gradient_steps={metrics['gradient_steps_total']} solved_step={metrics['solved_step']} "
           f"total_seconds={metrics['total_seconds']}")

@@ -14,8 +14,8 @@ from conftest import load_script, run_script
 SCRIPT = "2_Cart_Pole_DQN/cart_pole_dqn.py"
 dqn = load_script(SCRIPT)
 
-# Seeds outside the README's 0–19 sweep for the learning test of the default configuration.
-HELD_OUT_SEEDS = [20, 21, 22]
+# Seeds outside the README's three sweeps (0–19, 20–39, 40–59) for the learning test of the default configuration.
+HELD_OUT_SEEDS = [60, 61, 62]
 
 # Tiny settings: a few hundred env steps and a 16-unit network, seconds end to end.
 TINY = ["--total-timesteps", "600", "--learning-starts", "200", "--train-frequency", "50", "--gradient-steps", "4",
@@ -51,6 +51,46 @@ def _add(buf, values, terminated, truncated):
     v = np.asarray(values, dtype=np.float32)
     buf.add(np.repeat(v[:, None], 4, axis=1), v.astype(np.int32) % 2, v, np.repeat(v[:, None] + 0.5, 4, axis=1),
             np.asarray(terminated, np.float32), np.asarray(truncated, np.float32))
+
+
+@pytest.mark.unit
+def test_dueling_head_is_value_plus_centred_advantage():
+    net = dqn.QNetwork(4, 3, 8, dueling=True, rngs=dqn.nnx.Rngs(0))
+    obs = jnp.asarray(np.random.default_rng(0).normal(size=(5, 4)), jnp.float32)
+    x = dqn.nnx.relu(net.hidden2(dqn.nnx.relu(net.hidden1(obs))))
+    v, adv = net.value(x), net.head(x)  # (5, 1), (5, 3)
+    np.testing.assert_allclose(net(obs), v + adv - adv.mean(axis=-1, keepdims=True), rtol=1e-6)
+    np.testing.assert_allclose(net(obs).mean(axis=-1), v[:, 0], rtol=1e-5, atol=1e-6)  # mean_a Q(s, a) = V(s)
+    plain = dqn.QNetwork(4, 3, 8, rngs=dqn.nnx.Rngs(0))
+    assert plain.value is None and not np.allclose(plain(obs), net(obs))
+
+
+@pytest.mark.unit
+def test_layer_norm_normalises_each_hidden_layer():
+    net = dqn.QNetwork(4, 2, 8, layer_norm=True, rngs=dqn.nnx.Rngs(0))
+    obs = jnp.asarray(np.random.default_rng(1).normal(size=(6, 4)) * 50, jnp.float32)  # large inputs
+    h = net.norm1(net.hidden1(obs))  # scale 1, bias 0 at init: zero mean, unit variance per row
+    np.testing.assert_allclose(h.mean(axis=-1), 0, atol=1e-5)
+    np.testing.assert_allclose(h.std(axis=-1), 1, atol=1e-2)
+    x = dqn.nnx.relu(net.norm2(net.hidden2(dqn.nnx.relu(h))))
+    np.testing.assert_allclose(net(obs), net.head(x), rtol=1e-6)
+
+
+@pytest.mark.unit
+def test_evaluation_tells_how_episodes_ended():
+    always_right = lambda params, obs: np.ones(len(obs), np.int32)  # noqa: E731  (push right every step)
+    returns, ends = dqn.evaluate(always_right, None, n_episodes=8, seed=0)
+    # pushing one way tips the pole over within a few dozen steps, long before the cart reaches 2.4
+    assert ends == {"time_limit": 0, "cart_left_track": 0, "pole_fell": 8}
+    assert (returns < 100).all()
+
+    def lean(offset):  # a PD balance of the pole around θ = −offset: the larger the lean, the faster the drift
+        return lambda params, obs: ((obs[:, 2] + 0.5 * obs[:, 3] + offset) > 0).astype(np.int32)
+    returns, ends = dqn.evaluate(lean(0.01), None, n_episodes=8, seed=0)  # upright enough: all reach the limit
+    assert ends == {"time_limit": 8, "cart_left_track": 0, "pole_fell": 0} and (returns == 500).all()
+    returns, ends = dqn.evaluate(lean(0.05), None, n_episodes=8, seed=0)  # the cart slides off the track
+    assert ends == {"time_limit": 1, "cart_left_track": 7, "pole_fell": 0}, ends
+    assert ((returns == 500) == (np.arange(8) == 0)).all()
 
 
 @pytest.mark.unit
@@ -291,6 +331,7 @@ def test_cli_trains_saves_and_load_round_trip(tmp_path):
     for key in ("eval_return_mean", "eval_return_std", "eval_episodes", "env_steps", "train_seconds", "video_return"):
         assert key in metrics
     assert metrics["eval_episodes"] == 3 and metrics["env_steps"] == 600
+    assert sum(metrics["eval_ends"].values()) == 3 and "episodes ended: time_limit=" in proc.stdout
     # exactly the gradient steps the learning-rate schedule was built for
     scheduled = dqn.derived(dqn.parse_args(TINY))["total_gradient_steps"]
     assert metrics["gradient_steps_total"] == scheduled == 8 * 4  # 8 calls (250, 300, …, 600) of 4 steps
@@ -306,7 +347,7 @@ def test_cli_trains_saves_and_load_round_trip(tmp_path):
     assert (out / "metrics.json").read_bytes() == before  # the training run's files are untouched
     loaded = json.loads((out / "eval" / "metrics.json").read_text())
     assert loaded["env_steps"] == 0 and (out / "eval" / "episode.gif").exists()
-    assert loaded["eval_return_mean"] == metrics["eval_return_mean"]
+    assert loaded["eval_return_mean"] == metrics["eval_return_mean"] and loaded["eval_ends"] == metrics["eval_ends"]
 
 
 @pytest.mark.smoke
@@ -347,9 +388,8 @@ def test_short_run_clearly_beats_a_random_policy(tmp_path):
 @pytest.mark.learning
 @pytest.mark.parametrize("seed", HELD_OUT_SEEDS)
 def test_default_configuration_learns_on_held_out_seeds(seed, tmp_path):
-    # The default, 50k steps, final parameters, 100 greedy episodes, on seeds outside the README's 0–19 table.
-    # Measured: 423.0, 446.8 and 500.0 (README, seeds 20-29). The course's goal is >= 475 on every seed; the
-    # default does not reach it on seeds 20 and 21 yet (the README says so), so this test guards >= 400:
-    # a random policy scores about 22, and a DQN with a broken target, loss or buffer stays far below.
+    # The default, 50k steps, final parameters, 100 greedy episodes, on seeds outside the README's tables.
+    # Measured: 500.0 on each of seeds 60, 61 and 62. Over the README's seeds 0–39 the default solves 37 of 40,
+    # so a change that makes it less robust is likely to fail here; a random policy scores about 22.
     metrics = dqn.main(dqn.parse_args(["--seed", str(seed), "--out", str(tmp_path)]))
-    assert metrics["eval_return_mean"] >= 400, [c["eval_return"] for c in metrics["curve"]]
+    assert metrics["eval_return_mean"] >= 475, [c["eval_return"] for c in metrics["curve"]]
