@@ -19,19 +19,12 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from typing import NamedTuple
 
-# XLA's CPU backend splits even these tiny matrix products (64×128 by 128×128) across threads, and on a
-# 2-core machine the synchronisation costs more than it saves. One thread per process gives the same
-# numbers, faster (README, "Why it is fast"). XLA reads this when JAX starts its backend.
-if "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
-
-import gymnasium as gym  # noqa: E402  (after XLA_FLAGS)
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from flax import nnx  # noqa: E402
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
 
 
 def flag(default, help: str, **kw):
@@ -78,6 +71,8 @@ class Args:
     load: str = flag("", "evaluate (and with --video, watch) a saved q_network.npz instead of training; "
                          "results go to <out>/eval/, never over a training run's files")
     video: bool = flag(False, "also write one greedy episode of the final agent to <out>/episode.gif")
+    compile_cache: str = flag("~/.cache/jax-rl-course", "JAX's persistent compilation cache: later runs reuse "
+                                                        "the compiled XLA programs ('' turns it off)")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -542,8 +537,18 @@ def evaluate_saved(args: Args, act, params: nnx.State) -> dict:
     return metrics
 
 
+def use_compile_cache(folder: str) -> None:
+    """Keep every compiled XLA program on disk, so the next run with the same shapes skips compilation.
+    Must run before the first compilation. The numbers do not change, only the start-up time."""
+    if folder:
+        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(folder))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # default: only programs > 1 s
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def main(args: Args) -> dict:
     validate(args)  # flag values and the output folder, before any work
+    use_compile_cache(args.compile_cache)
     t_start = time.perf_counter()
     obs_dim, n_actions = 4, 2  # CartPole-v1: (x, ẋ, θ, θ̇) and {push left, push right}
     q_network, optimizer = create_agent(args, obs_dim, n_actions)

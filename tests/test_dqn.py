@@ -393,3 +393,20 @@ def test_default_configuration_learns_on_held_out_seeds(seed, tmp_path):
     # so a change that makes it less robust is likely to fail here; a random policy scores about 22.
     metrics = dqn.main(dqn.parse_args(["--seed", str(seed), "--out", str(tmp_path)]))
     assert metrics["eval_return_mean"] >= 475, [c["eval_return"] for c in metrics["curve"]]
+
+
+@pytest.mark.smoke
+def test_compile_cache_is_written_then_reused_without_changing_the_run(tmp_path):
+    cache = tmp_path / "cache"
+    runs = []
+    for name in ("cold", "warm"):
+        proc = run_script(SCRIPT, *TINY, "--compile-cache", str(cache), "--out", str(tmp_path / name),
+                          cwd=tmp_path, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        runs.append(json.loads((tmp_path / name / "metrics.json").read_text()))
+        if name == "cold":
+            entries = sorted(p.name for p in cache.iterdir())
+            assert entries, "the first run stores its compiled programs"
+    assert sorted(p.name for p in cache.iterdir()) == entries  # the second run found them all: nothing new
+    assert [c["eval_return"] for c in runs[0]["curve"]] == [c["eval_return"] for c in runs[1]["curve"]]
+    assert runs[0]["eval_return_mean"] == runs[1]["eval_return_mean"]
