@@ -94,6 +94,8 @@ class Args:
     out: str = flag("runs/pendulum", "folder for metrics.json, the curve PNG and params.npz")
     load: str = flag("", "evaluate the parameters in this .npz instead of training")
     video: str = flag("", "render one deterministic episode into this .gif")
+    compile_cache: str = flag("~/.cache/jax-rl-course", "JAX's persistent compilation cache: later runs reuse "
+                                                        "the compiled XLA programs ('' turns it off)")
 
 
 # The specification's hyperparameters (its README's table). Architecture and σ follow its Actor.
@@ -797,8 +799,18 @@ def plot_clip_objective(path: str, clip_eps: float = 0.2) -> None:
 # ----------------------------------------------------------------------------------------------
 # main
 # ----------------------------------------------------------------------------------------------
+def use_compile_cache(folder: str) -> None:
+    """Keep every compiled XLA program on disk, so the next run with the same shapes skips compilation.
+    Must run before the first compilation. The numbers do not change, only the start-up time."""
+    if folder:
+        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(folder))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # default: only programs > 1 s
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def main(args: Args) -> dict:
     validate(args)
+    use_compile_cache(args.compile_cache)
     t_start = time.time()
     os.makedirs(args.out, exist_ok=True)
     d = derived(args)
