@@ -196,11 +196,12 @@ def validate(args: Args) -> None:
     if args.preset == "spec" and all(getattr(args, k) == getattr(defaults, k)
                                      for k, v in SPEC_PRESET.items() if v != getattr(defaults, k)):
         bad("preset 'spec' is applied by parse_args; from Python, use Args(preset='spec', **SPEC_PRESET)")
+    out = output_folder(args)
     try:  # the output folder and the video's folder are checked before any work: a run that cannot save does not start
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, ".write_test"), "w"):
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, ".write_test"), "w"):
             pass
-        os.remove(os.path.join(args.out, ".write_test"))
+        os.remove(os.path.join(out, ".write_test"))
         if args.video:
             folder = os.path.dirname(os.path.abspath(args.video))
             os.makedirs(folder, exist_ok=True)
@@ -209,6 +210,11 @@ def validate(args: Args) -> None:
             os.remove(os.path.join(folder, ".write_test"))
     except OSError as e:
         bad(f"--out {args.out!r} or --video {args.video!r}: cannot write there ({e.strerror or type(e).__name__})")
+
+
+def output_folder(args: Args) -> str:
+    """Where this run writes: --out for training, <out>/eval/ for a --load run (a training run's files stay)."""
+    return os.path.join(args.out, "eval") if args.load else args.out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -962,14 +968,14 @@ def main(args: Args) -> dict:
                    f"{name} on {ENV_ID} ({args.backend}), {who}, preset {args.preset}",
                    *(["one seed: mean of its envs' latest training episodes"] if args.backend == "jax" else []))
     metrics["total_seconds"] = round(time.time() - t_start, 2)
-    with open(os.path.join(args.out, "metrics.json"), "w") as f:
+    with open(os.path.join(output_folder(args), "metrics.json"), "w") as f:
         json.dump(dict(metrics, args=asdict(args), history=history), f, indent=1)
     print(f"\n== {name if not args.load else 'PPO'} {ENV_ID}, {args.backend}, seed {args.seed}"
           f"{'' if args.num_seeds == 1 else f'–{seeds[-1]}'}, preset {args.preset} ==\n"
           f"eval_return_mean={metrics['eval_return_mean']:.1f} eval_return_std={metrics['eval_return_std']:.1f} "
           f"over {args.eval_episodes} deterministic episodes\n"
           f"env_steps={env_steps} train_seconds={train_seconds:.1f} total_seconds={metrics['total_seconds']:.1f}\n"
-          f"outputs in {args.out}/", flush=True)
+          f"outputs in {output_folder(args)}/", flush=True)
     if args.num_seeds > 1:
         a = metrics["across_seeds"]
         ci = "[{:.1f}, {:.1f}]".format(*a["iqm_ci"]) if a["iqm_ci"] else "n/a"

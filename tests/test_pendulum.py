@@ -200,10 +200,12 @@ def test_cli_tiny_run_then_load_round_trip_and_video(tmp_path):
     assert "actor/log_std" in np.load(params, allow_pickle=False).files
 
     gif = tmp_path / "ep.gif"
+    before = (out / "metrics.json").read_bytes()
     q = run_script(SCRIPT, "--load", str(params), "--eval-episodes", "2", "--video", str(gif),
-                   "--out", str(tmp_path / "eval"), cwd=tmp_path, timeout=120)
+                   "--out", str(out), cwd=tmp_path, timeout=120)
     assert q.returncode == 0, q.stderr
-    m2 = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert (out / "metrics.json").read_bytes() == before  # a --load run writes into <out>/eval/, never over training
+    m2 = json.loads((out / "eval" / "metrics.json").read_text())
     assert m2["env_steps"] == 0
     assert m2["eval_return_mean"] == pytest.approx(m["eval_return_mean"], abs=1e-3)  # same params, same seeds
     assert 0 < gif.stat().st_size < 1_500_000
