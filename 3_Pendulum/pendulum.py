@@ -805,6 +805,14 @@ def plot_clip_objective(path: str, clip_eps: float = 0.2) -> None:
 # ----------------------------------------------------------------------------------------------
 # main
 # ----------------------------------------------------------------------------------------------
+def print_progress(update: int, num_updates: int, env_steps: int, ret: float, stats: dict, sps: float) -> None:
+    """The one progress line per update, the same for both backends."""
+    print(f"update={update}/{num_updates} step={env_steps} return={ret:.1f} "
+          f"loss={stats['pg_loss']:.4f} v_loss={stats['v_loss']:.4f} kl={stats['approx_kl']:.4f} "
+          f"clip_frac={stats['clip_frac']:.3f} entropy={stats['entropy']:.3f} "
+          f"explained_var={stats['explained_var']:.3f} sps={sps:.0f}", flush=True)
+
+
 def use_compile_cache(folder: str) -> None:
     """Keep every compiled XLA program on disk, so the next run with the same shapes skips compilation.
     Must run before the first compilation. The numbers do not change, only the start-up time."""
@@ -869,10 +877,7 @@ def main(args: Args) -> dict:
             ret = float(np.mean(rets[np.isfinite(rets)])) if np.isfinite(rets).any() else float("nan")
             sps = d.batch_size * args.num_seeds / (time.time() - t0)
             first_update_seconds = first_update_seconds or round(time.time() - t0, 2)  # includes compilation
-            print(f"update={update}/{d.num_updates} step={env_steps} return={ret:.1f} "
-                  f"loss={h['pg_loss']:.4f} v_loss={h['v_loss']:.4f} kl={h['approx_kl']:.4f} "
-                  f"clip_frac={h['clip_frac']:.3f} entropy={h['entropy']:.3f} "
-                  f"explained_var={h['explained_var']:.3f} sps={sps:.0f}", flush=True)
+            print_progress(update, d.num_updates, env_steps, ret, h, sps)
         jax.block_until_ready(runners)
         train_seconds = time.time() - t_train
         nnx.update((actor, critic, actor_opt, critic_opt), jax.tree.map(lambda x: x[0], runners["state"]))
@@ -925,10 +930,7 @@ def main(args: Args) -> dict:
             first_update_seconds = first_update_seconds or round(time.time() - t0, 2)  # includes compilation
             ret = float(np.mean(ep_returns[-N:])) if ep_returns else float("nan")  # latest episode of each env
             history.append(dict(step=env_steps, **stats))
-            print(f"update={update}/{d.num_updates} step={env_steps} return={ret:.1f} "
-                  f"loss={stats['pg_loss']:.4f} v_loss={stats['v_loss']:.4f} kl={stats['approx_kl']:.4f} "
-                  f"clip_frac={stats['clip_frac']:.3f} entropy={stats['entropy']:.3f} "
-                  f"explained_var={stats['explained_var']:.3f} sps={sps:.0f}", flush=True)
+            print_progress(update, d.num_updates, env_steps, ret, stats, sps)
         envs.close()
         train_seconds = time.time() - t_train
         nnx.update((actor, critic, actor_opt, critic_opt), state)
