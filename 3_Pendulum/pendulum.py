@@ -981,7 +981,7 @@ def main(args: Args) -> dict:
     if args.num_seeds > 1:
         a = metrics["across_seeds"]
         ci = "[{:.1f}, {:.1f}]".format(*a["iqm_ci"]) if a["iqm_ci"] else "n/a"
-        print(f"per seed: " + " ".join(f"{s_}:{r:.1f}" for s_, r in zip(seeds, per_seed)) +
+        print("per seed: " + " ".join(f"{s_}:{r:.1f}" for s_, r in zip(seeds, per_seed)) +
               f"\nacross {a['n']} seeds: IQM={a['iqm']:.1f} 95% CI {ci} min={a['min']:.1f} max={a['max']:.1f} "
               f"solved(>=-200)={a['solved']}/{a['n']}", flush=True)
     return metrics

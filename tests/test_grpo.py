@@ -19,7 +19,7 @@ import optax
 import pytest
 from flax import nnx
 
-from conftest import REPO, load_script, run_script
+from conftest import load_script, run_script
 
 SCRIPT = "4_GRPO_MNIST/grpo_mnist.py"
 g = load_script(SCRIPT)
