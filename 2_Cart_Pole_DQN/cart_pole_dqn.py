@@ -546,6 +546,17 @@ def use_compile_cache(folder: str) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+def use_sequential_xla_scheduler() -> None:
+    """Ask XLA's CPU runtime to run a program's operations one after another. By default it runs independent
+    operations side by side on its thread pool; the operations of one gradient step here are tiny (64×128
+    matrix products), and handing them between threads costs more than it saves: a 128-step training block
+    takes 17 ms instead of 23 ms, with bit-identical numbers (README, "Where the time goes"). XLA reads
+    XLA_FLAGS once, when JAX starts its backend, so the command line sets it before anything else."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_enable_concurrency_optimized_scheduler" not in flags:  # a user's own setting wins
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_enable_concurrency_optimized_scheduler=false".strip()
+
+
 def main(args: Args) -> dict:
     validate(args)  # flag values and the output folder, before any work
     use_compile_cache(args.compile_cache)
@@ -595,4 +606,5 @@ def main(args: Args) -> dict:
 
 
 if __name__ == "__main__":
+    use_sequential_xla_scheduler()
     main(parse_args())

@@ -9,7 +9,8 @@ updates of the clipped surrogate (actor) and the value regression (critic), all 
 `--preset spec` switches every hyperparameter to the values of the course specification.
 
 `--backend jax` runs the same algorithm on a JAX port of Pendulum-v1: the rollout is a lax.scan, and
-rollout, GAE and update are one compiled call per iteration, vmapped over `--num-seeds` seeds.
+rollout, GAE and update are one compiled call per iteration, vmapped over `--num-seeds` seeds and
+sharded across one CPU device per core (`--host-devices`).
 `--algo` walks the policy-gradient ladder of chapters 4–5: reinforce → reinforce-baseline → a2c → ppo.
 Either way, every seed's final policy is scored on gymnasium's Pendulum-v1.
 
@@ -62,6 +63,8 @@ class Args:
                         "gymnasium env); 'jax' = a JAX port of Pendulum-v1, rollout + update compiled into one "
                         "call per iteration", choices=("gymnasium", "jax"))
     num_seeds: int = flag(1, "with --backend jax, train seeds --seed … --seed+N−1 together through jax.vmap")
+    host_devices: int = flag(-1, "with --backend jax, split the CPU into this many JAX devices and shard the seeds "
+                             "across them (must divide --num-seeds); -1 = one per core, as many as divide --num-seeds")
     algo: str = flag("ppo", "policy-gradient rung: 'reinforce' (Monte-Carlo G_t), 'reinforce-baseline' "
                      "(G_t − V(s_t)), 'a2c' (GAE, one epoch, no clip), 'ppo' (GAE, clipped surrogate)",
                      choices=ALGOS)
@@ -169,6 +172,11 @@ def validate(args: Args) -> None:
             bad(f"--{name.replace('_', '-')} must be in [0, 1], got {v}")
     if args.num_seeds <= 0:
         bad(f"--num-seeds must be positive, got {args.num_seeds}")
+    if args.host_devices == 0 or args.host_devices < -1:
+        bad(f"--host-devices must be a positive device count or -1 (one per core), got {args.host_devices}")
+    if args.host_devices > 0 and (args.backend != "jax" or args.num_seeds % args.host_devices):
+        bad(f"--host-devices {args.host_devices} needs --backend jax and a --num-seeds that it divides "
+            f"(got --backend {args.backend} --num-seeds {args.num_seeds})")
     if args.backend == "gymnasium" and args.num_seeds > 1:
         bad(f"--num-seeds {args.num_seeds} needs --backend jax (the gymnasium backend trains one seed; "
             f"for a sweep use tools/seeds.py)")
@@ -356,6 +364,14 @@ def make_optimizer(model: nnx.Module, lr: float, args: Args, total_grad_steps: i
     return nnx.Optimizer(model, optax.chain(*clip, optax.adam(schedule, eps=1e-5)), wrt=nnx.Param)
 
 
+def new_agent(args: Args, d: Derived, k_actor, k_critic) -> tuple:
+    """(actor, critic, actor_opt, critic_opt) of one seed; each schedule spans the run's Adam steps."""
+    actor = Actor(3, 1, args.hidden, args.sigma, args.activation, args.log_std_init, rngs=nnx.Rngs(k_actor))
+    critic = Critic(3, args.hidden, args.activation, rngs=nnx.Rngs(k_critic))
+    return (actor, critic, make_optimizer(actor, args.actor_lr, args, d.num_updates * d.actor_steps),
+            make_optimizer(critic, args.critic_lr, args, max(1, d.num_updates * d.critic_steps)))
+
+
 # ----------------------------------------------------------------------------------------------
 # GAE(λ)
 # ----------------------------------------------------------------------------------------------
@@ -466,6 +482,11 @@ class PPOConfig:
     minibatch_size: int
     norm_adv: bool
     algo: str = "ppo"  # which rung of the ladder the update runs (see ppo_update)
+
+
+def ppo_config(args: Args, d: Derived) -> PPOConfig:
+    return PPOConfig(args.gamma, args.gae_lambda, args.clip_eps, args.ent_coef, args.update_epochs,
+                     d.num_minibatches, args.minibatch_size, args.norm_adv, args.algo)
 
 
 @partial(jax.jit, static_argnums=(0, 1))
@@ -602,15 +623,11 @@ def jax_rollout(actor_def, rcfg: RolloutConfig, actor_state, runner: dict):
 def jax_init(args: Args, d: Derived, seed) -> dict:
     """Everything one seed's run carries from iteration to iteration, from that seed alone:
     networks and optimizers (as nnx state), num_envs reset pendulums, its PRNG key."""
-    key = jax.random.key(seed)
-    key, k_actor, k_critic = jax.random.split(key, 3)  # as on the gymnasium path
-    actor = Actor(3, 1, args.hidden, args.sigma, args.activation, args.log_std_init, rngs=nnx.Rngs(k_actor))
-    critic = Critic(3, args.hidden, args.activation, rngs=nnx.Rngs(k_critic))
-    actor_opt = make_optimizer(actor, args.actor_lr, args, d.num_updates * d.actor_steps)
-    critic_opt = make_optimizer(critic, args.critic_lr, args, max(1, d.num_updates * d.critic_steps))
+    key, k_actor, k_critic = jax.random.split(jax.random.key(seed), 3)  # as on the gymnasium path
+    agent = new_agent(args, d, k_actor, k_critic)
     key, k_env = jax.random.split(key)
     env = jax.vmap(pendulum_reset)(jax.random.split(k_env, args.num_envs))
-    return dict(state=nnx.state((actor, critic, actor_opt, critic_opt)), env=env, obs=pendulum_obs(env), key=key,
+    return dict(state=nnx.state(agent), env=env, obs=pendulum_obs(env), key=key,
                 ep_ret=jnp.zeros(args.num_envs, jnp.float32), last_ret=jnp.full(args.num_envs, jnp.nan, jnp.float32))
 
 
@@ -618,15 +635,11 @@ def jax_setup(args: Args):
     """The static half of a --backend jax run: sizes, the two configs, and the graph definitions of
     (actor, critic, actor_opt, critic_opt) and of the actor alone (the same for every seed)."""
     d = derived(args)
-    cfg = PPOConfig(args.gamma, args.gae_lambda, args.clip_eps, args.ent_coef, args.update_epochs,
-                    d.num_minibatches, args.minibatch_size, args.norm_adv, args.algo)
+    cfg = ppo_config(args, d)
     rcfg = RolloutConfig(args.num_envs, args.num_steps, args.reward_scale, args.truncation_bootstrap)
-    actor = Actor(3, 1, args.hidden, args.sigma, args.activation, args.log_std_init, rngs=nnx.Rngs(0))
-    critic = Critic(3, args.hidden, args.activation, rngs=nnx.Rngs(0))
-    # The optimizers' schedules are part of the graph definition: build them with the run's step counts.
-    graphdef, _ = nnx.split((actor, critic, make_optimizer(actor, args.actor_lr, args, d.num_updates * d.actor_steps),
-                             make_optimizer(critic, args.critic_lr, args, max(1, d.num_updates * d.critic_steps))))
-    return d, cfg, rcfg, graphdef, nnx.split(actor)[0]
+    agent = new_agent(args, d, jax.random.key(0), jax.random.key(0))  # only its structure is used
+    graphdef, _ = nnx.split(agent)
+    return d, cfg, rcfg, graphdef, nnx.split(agent[0])[0]
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2, 3))
@@ -803,14 +816,195 @@ def plot_clip_objective(path: str, clip_eps: float = 0.2) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# main
+# Training loops (one per backend) and main
 # ----------------------------------------------------------------------------------------------
+class TrainLog(NamedTuple):
+    """What a training loop hands back besides the parameters."""
+    ep_steps: list  # env step at which each logged training episode ended
+    ep_returns: list  # its return (the --backend jax logs one seed's mean of its envs' latest episodes)
+    history: list  # one dict of update statistics per update (for --num-seeds > 1, the mean over seeds)
+    train_seconds: float
+    first_update_seconds: float  # includes compilation
+    last_per_seed: dict | None  # the final update's statistics of every seed (--backend jax)
+
+
 def print_progress(update: int, num_updates: int, env_steps: int, ret: float, stats: dict, sps: float) -> None:
     """The one progress line per update, the same for both backends."""
     print(f"update={update}/{num_updates} step={env_steps} return={ret:.1f} "
           f"loss={stats['pg_loss']:.4f} v_loss={stats['v_loss']:.4f} kl={stats['approx_kl']:.4f} "
           f"clip_frac={stats['clip_frac']:.3f} entropy={stats['entropy']:.3f} "
           f"explained_var={stats['explained_var']:.3f} sps={sps:.0f}", flush=True)
+
+
+def train_gymnasium(args: Args, d: Derived) -> tuple[tuple, RunningMeanStd | None, TrainLog]:
+    """--backend gymnasium: NumPy envs stepped from a Python loop, one jitted policy call per step, then
+    one jitted ppo_update per rollout. Returns the trained (actor, critic, actor_opt, critic_opt), the
+    observation statistics (--norm-obs) and the log."""
+    key, k_actor, k_critic = jax.random.split(jax.random.key(args.seed), 3)
+    agent = new_agent(args, d, k_actor, k_critic)
+    graphdef, state = nnx.split(agent)  # the hot loops call plain jax.jit functions on (graphdef, state)
+    actor_def, _ = nnx.split(agent[0])
+    cfg = ppo_config(args, d)
+    rng = np.random.default_rng(args.seed)
+    rms = RunningMeanStd(3) if args.norm_obs else None
+    envs = make_envs(args.num_envs)
+    obs, _ = envs.reset(seed=[int(s) for s in rng.integers(0, 2**31 - 1, args.num_envs)])
+    T, N = args.num_steps, args.num_envs
+    buf = dict(obs=np.zeros((T, N, 3), np.float32), actions=np.zeros((T, N, 1), np.float32),
+               logp=np.zeros((T, N), np.float32), rewards=np.zeros((T, N), np.float32),
+               terminated=np.zeros((T, N), np.float32), truncated=np.zeros((T, N), np.float32),
+               next_obs=np.zeros((T, N, 3), np.float32))
+    raw_obs = np.zeros((T, N, 3))  # unnormalised, for the running statistics
+    ep_ret, ep_steps, ep_returns, history, env_steps = np.zeros(N), [], [], [], 0
+    steps = "" if args.algo == "ppo" else f", {d.actor_steps} actor / {d.critic_steps} critic Adam steps per update"
+    print(f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID}: {d.num_updates} updates × "
+          f"{d.batch_size} steps ({N} envs × {T}), {args.update_epochs} epochs × {d.num_minibatches} "
+          f"minibatches of {args.minibatch_size}, preset={args.preset}{steps}", flush=True)
+    t_train = time.perf_counter()
+    for update in range(1, d.num_updates + 1):
+        t0 = time.perf_counter()
+        actor_state = state[0]  # the actor's part of the (actor, critic, opt, opt) state
+        for t in range(T):
+            x = rms.normalize(obs) if rms is not None else obs.astype(np.float32)
+            action, logp, key = act(actor_def, actor_state, x, key)
+            action = np.asarray(action)
+            nobs, r, term, trunc, info = envs.step(np.clip(action, -MAX_TORQUE, MAX_TORQUE))
+            done = term | trunc
+            nxt = true_next_obs(nobs, done, info)
+            raw_obs[t], buf["obs"][t], buf["actions"][t], buf["logp"][t] = obs, x, action, np.asarray(logp)
+            buf["rewards"][t] = r * args.reward_scale
+            if args.truncation_bootstrap:
+                buf["terminated"][t], buf["truncated"][t] = term, trunc
+            else:  # the spec's bug, kept as a flag to measure it: a time limit cuts the bootstrap
+                buf["terminated"][t], buf["truncated"][t] = done, False
+            buf["next_obs"][t] = rms.normalize(nxt) if rms is not None else nxt
+            ep_ret += r
+            for i in np.flatnonzero(done):
+                ep_steps.append(env_steps + (t + 1) * N)
+                ep_returns.append(float(ep_ret[i]))
+                ep_ret[i] = 0.0
+            obs = nobs
+        if rms is not None:  # stats are frozen within a rollout, so logp_old stays consistent
+            rms.update(raw_obs)
+        env_steps += T * N
+        key, k = jax.random.split(key)
+        state, stats = ppo_update(graphdef, cfg, state, buf, k)
+        stats = {k_: float(v) for k_, v in stats.items()}
+        if update == 1:
+            first_update_seconds = round(time.perf_counter() - t0, 2)  # includes compilation
+        ret = float(np.mean(ep_returns[-N:])) if ep_returns else float("nan")  # latest episode of each env
+        history.append(dict(step=env_steps, **stats))
+        print_progress(update, d.num_updates, env_steps, ret, stats, T * N / (time.perf_counter() - t0))
+    envs.close()
+    nnx.update(agent, state)
+    log = TrainLog(ep_steps, ep_returns, history, time.perf_counter() - t_train, first_update_seconds, None)
+    return agent, rms, log
+
+
+def seed_devices(args: Args) -> list:
+    """The devices that the seed axis of a --backend jax run is split across (data parallelism over seeds).
+    Must run before the first JAX operation.
+
+    JAX sees a CPU as one device, and XLA runs one device's program mostly on one core. Asked before JAX
+    starts its backend, jax_num_cpu_devices splits the CPU into several devices; sharding the stacked seeds
+    along them gives every core its own seeds (chapter 5's mesh, with one axis). The count must divide
+    --num-seeds: --host-devices -1 takes the largest such count up to the number of cores.
+    """
+    want = args.host_devices
+    if want < 0:
+        want = max(k for k in range(1, min(os.cpu_count() or 1, args.num_seeds) + 1) if args.num_seeds % k == 0)
+    if want > 0:
+        try:
+            jax.config.update("jax_num_cpu_devices", want)
+        except RuntimeError:  # JAX had already started (inside a test or a notebook): it keeps its devices
+            if args.host_devices > 0 and len(jax.devices("cpu")) < want:
+                sys.exit(f"error: --host-devices {want} came too late: JAX had already started with "
+                         f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line")
+    devices = jax.devices()  # on a GPU or TPU host, the accelerators (the flag only shapes the CPU backend)
+    most = min(len(devices), want) if want > 0 else len(devices)
+    return devices[:max(k for k in range(1, most + 1) if args.num_seeds % k == 0)]
+
+
+def train_jax(args: Args, d: Derived, devices: list) -> tuple[tuple, nnx.State, TrainLog]:
+    """--backend jax: rollout, GAE and update of every seed in one compiled call per iteration, the seeds
+    stacked on a leading axis S that jax_iteration vmaps and that is sharded across `devices`.
+    Returns the first seed's trained (actor, critic, actor_opt, critic_opt), every seed's actor state
+    (leading axis S) and the log."""
+    _, cfg, rcfg, graphdef, actor_def = jax_setup(args)
+    # Seed s's whole state comes from jax.random.key(s) alone, so that it is the same run alone or in the vmap.
+    runners = jax.tree.map(lambda *x: jnp.stack(x), *[jax_init(args, d, s) for s in
+                                                      range(args.seed, args.seed + args.num_seeds)])
+    mesh = jax.sharding.Mesh(np.array(devices), ("seed",), axis_types=(jax.sharding.AxisType.Auto,))
+    runners = jax.device_put(runners, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seed")))
+    print(f"{args.algo} on a JAX port of {ENV_ID}: {args.num_seeds} seed(s) vmapped, split across "
+          f"{len(devices)} device(s), {d.num_updates} updates × {d.batch_size} steps ({args.num_envs} envs × "
+          f"{args.num_steps}) per seed, {d.actor_steps} actor / {d.critic_steps} critic Adam steps per update",
+          flush=True)
+    ep_steps, ep_returns, history, env_steps = [], [], [], 0
+    t_train = time.perf_counter()
+    for update in range(1, d.num_updates + 1):
+        t0 = time.perf_counter()
+        runners, stats = jax_iteration(graphdef, actor_def, cfg, rcfg, runners)  # one compiled call
+        stats = {k_: np.asarray(v) for k_, v in stats.items()}  # each (S,)
+        env_steps += d.batch_size
+        rets = stats.pop("ret")  # (S,) latest finished training episode, mean over each seed's envs
+        for r in rets[np.isfinite(rets)]:
+            ep_steps.append(env_steps)
+            ep_returns.append(float(r))
+        history.append(dict(step=env_steps, **{k_: float(np.mean(v)) for k_, v in stats.items()}))
+        if update == 1:
+            first_update_seconds = round(time.perf_counter() - t0, 2)  # includes compilation
+        ret = float(np.mean(rets[np.isfinite(rets)])) if np.isfinite(rets).any() else float("nan")
+        print_progress(update, d.num_updates, env_steps, ret, history[-1],
+                       d.batch_size * args.num_seeds / (time.perf_counter() - t0))
+    jax.block_until_ready(runners)
+    last_per_seed = {k_: [float(x) for x in v] for k_, v in stats.items()}
+    log = TrainLog(ep_steps, ep_returns, history, time.perf_counter() - t_train, first_update_seconds, last_per_seed)
+    return nnx.merge(graphdef, jax.tree.map(lambda x: x[0], runners["state"])), runners["state"][0], log
+
+
+def evaluate_saved(args: Args, t_start: float) -> dict:
+    """--load: evaluate (and with --video, watch) a saved policy; writes into <out>/eval/."""
+    actor, critic, *_ = new_agent(args, derived(args), *jax.random.split(jax.random.key(args.seed), 3)[1:])
+    rms = load_params(args.load, actor, critic, args.norm_obs)
+    print(f"loaded {args.load}", flush=True)
+    returns = evaluate(actor, rms, args.eval_episodes, args.eval_seed)
+    metrics = dict(eval_return_mean=float(returns.mean()), eval_return_std=float(returns.std()),
+                   eval_episodes=args.eval_episodes, eval_returns=[round(float(r), 2) for r in returns],
+                   env_steps=0, train_seconds=0.0, seed=args.seed, preset=args.preset, loaded=args.load,
+                   backend=args.backend, algo=args.algo, seeds=[args.seed],
+                   eval_return_per_seed=[round(float(returns.mean()), 2)])
+    return finish(args, metrics, actor, rms, [], t_start)
+
+
+def finish(args: Args, metrics: dict, actor: Actor, rms: RunningMeanStd | None, history: list,
+           t_start: float) -> dict:
+    """The video (optional), metrics.json and the summary lines, for a training run and a --load run alike."""
+    if args.video:  # the evaluation episode that starts closest to hanging straight down: a full swing-up
+        probe = gym.make(ENV_ID)
+        starts = [probe.reset(seed=args.eval_seed + i)[0][0] for i in range(args.eval_episodes)]  # cos θ at t=0
+        probe.close()
+        metrics["video_seed"] = args.eval_seed + int(np.argmin(starts))  # smallest cos θ
+        metrics["video_return"] = save_video(args.video, actor, rms, metrics["video_seed"])
+        print(f"video: {args.video} (return {metrics['video_return']:.1f})", flush=True)
+    metrics["total_seconds"] = round(time.perf_counter() - t_start, 2)
+    with open(os.path.join(output_folder(args), "metrics.json"), "w") as f:
+        json.dump(dict(metrics, args=asdict(args), history=history), f, indent=1)
+    seeds = f"seed {args.seed}" + ("" if args.num_seeds == 1 else f"–{args.seed + args.num_seeds - 1}")
+    print(f"\n== {'PPO' if args.load or args.algo == 'ppo' else args.algo} {ENV_ID}, {args.backend}, {seeds}, "
+          f"preset {args.preset} ==\n"
+          f"eval_return_mean={metrics['eval_return_mean']:.1f} eval_return_std={metrics['eval_return_std']:.1f} "
+          f"over {args.eval_episodes} deterministic episodes\n"
+          f"env_steps={metrics['env_steps']} train_seconds={metrics['train_seconds']:.1f} "
+          f"total_seconds={metrics['total_seconds']:.1f}\n"
+          f"outputs in {output_folder(args)}/", flush=True)
+    if args.num_seeds > 1:
+        a = metrics["across_seeds"]
+        ci = "[{:.1f}, {:.1f}]".format(*a["iqm_ci"]) if a["iqm_ci"] else "n/a"
+        print("per seed: " + " ".join(f"{s_}:{r:.1f}" for s_, r in zip(metrics["seeds"], metrics["eval_return_per_seed"]))
+              + f"\nacross {a['n']} seeds: IQM={a['iqm']:.1f} 95% CI {ci} min={a['min']:.1f} max={a['max']:.1f} "
+              f"solved(>=-200)={a['solved']}/{a['n']}", flush=True)
+    return metrics
 
 
 def use_compile_cache(folder: str) -> None:
@@ -823,168 +1017,44 @@ def use_compile_cache(folder: str) -> None:
 
 
 def main(args: Args) -> dict:
-    validate(args)
+    validate(args)  # flag values and the output folders, before any work
     use_compile_cache(args.compile_cache)
-    t_start = time.time()
-    os.makedirs(args.out, exist_ok=True)
-    d = derived(args)
-    obs_dim, act_dim = 3, 1
-
-    rng = np.random.default_rng(args.seed)
-    key = jax.random.key(args.seed)
-    key, k_actor, k_critic = jax.random.split(key, 3)
-    actor = Actor(obs_dim, act_dim, args.hidden, args.sigma, args.activation, args.log_std_init,
-                  rngs=nnx.Rngs(k_actor))
-    critic = Critic(obs_dim, args.hidden, args.activation, rngs=nnx.Rngs(k_critic))
-    rms = RunningMeanStd(obs_dim) if args.norm_obs else None
-    ep_steps, ep_returns, history = [], [], []
-    env_steps, train_seconds, first_update_seconds = 0, 0.0, None
-
+    devices = seed_devices(args) if args.backend == "jax" and not args.load else None  # before JAX starts
+    t_start = time.perf_counter()
     if args.load:
-        rms = load_params(args.load, actor, critic, args.norm_obs)
-        print(f"loaded {args.load}", flush=True)
+        return evaluate_saved(args, t_start)
+    d = derived(args)
+    if args.backend == "jax":  # every seed's actor (leading axis S); the first seed's networks are saved
+        agent, actor_states, log = train_jax(args, d, devices)
+        rms = None
     else:
-        actor_opt = make_optimizer(actor, args.actor_lr, args, d.num_updates * d.actor_steps)
-        critic_opt = make_optimizer(critic, args.critic_lr, args, max(1, d.num_updates * d.critic_steps))
-        # Split once: the hot loops call plain jax.jit functions on (graphdef, state) — see README.
-        graphdef, state = nnx.split((actor, critic, actor_opt, critic_opt))
-        actor_def, _ = nnx.split(actor)
-        cfg = PPOConfig(args.gamma, args.gae_lambda, args.clip_eps, args.ent_coef, args.update_epochs,
-                        d.num_minibatches, args.minibatch_size, args.norm_adv, args.algo)
-
-    if args.backend == "jax" and not args.load:
-        rcfg = RolloutConfig(args.num_envs, args.num_steps, args.reward_scale, args.truncation_bootstrap)
-        # Seed s's whole state comes from jax.random.key(s) alone, so that it is the same run alone or in
-        # the vmap; the seeds' states are stacked along a new leading axis S, the axis jax_iteration vmaps.
-        runners = jax.tree.map(lambda *x: jnp.stack(x), *[jax_init(args, d, s) for s in
-                                                          range(args.seed, args.seed + args.num_seeds)])
-        print(f"{args.algo} on a JAX port of {ENV_ID}: {args.num_seeds} seed(s) vmapped, {d.num_updates} updates × "
-              f"{d.batch_size} steps ({args.num_envs} envs × {args.num_steps}) per seed, "
-              f"{d.actor_steps} actor / {d.critic_steps} critic Adam steps per update", flush=True)
-        t_train = time.time()
-        for update in range(1, d.num_updates + 1):
-            t0 = time.time()
-            runners, stats = jax_iteration(graphdef, actor_def, cfg, rcfg, runners)  # one compiled call
-            stats = {k_: np.asarray(v) for k_, v in stats.items()}  # each (S,)
-            env_steps += d.batch_size
-            rets = stats.pop("ret")  # (S,) latest finished training episode, mean over each seed's envs
-            for r in rets[np.isfinite(rets)]:
-                ep_steps.append(env_steps)
-                ep_returns.append(float(r))
-            history.append(dict(step=env_steps, **{k_: float(np.mean(v)) for k_, v in stats.items()}))
-            last_per_seed = {k_: [float(x) for x in v] for k_, v in stats.items()}
-            h = history[-1]
-            ret = float(np.mean(rets[np.isfinite(rets)])) if np.isfinite(rets).any() else float("nan")
-            sps = d.batch_size * args.num_seeds / (time.time() - t0)
-            first_update_seconds = first_update_seconds or round(time.time() - t0, 2)  # includes compilation
-            print_progress(update, d.num_updates, env_steps, ret, h, sps)
-        jax.block_until_ready(runners)
-        train_seconds = time.time() - t_train
-        nnx.update((actor, critic, actor_opt, critic_opt), jax.tree.map(lambda x: x[0], runners["state"]))
-        save_params(os.path.join(args.out, "params.npz"), actor, critic, None)  # the first seed's networks
-    elif not args.load:  # --backend gymnasium: NumPy envs, one jitted policy call per step
-        envs = make_envs(args.num_envs)
-        obs, _ = envs.reset(seed=[int(s) for s in rng.integers(0, 2**31 - 1, args.num_envs)])
-        T, N = args.num_steps, args.num_envs
-        buf = dict(obs=np.zeros((T, N, obs_dim), np.float32), actions=np.zeros((T, N, act_dim), np.float32),
-                   logp=np.zeros((T, N), np.float32), rewards=np.zeros((T, N), np.float32),
-                   terminated=np.zeros((T, N), np.float32), truncated=np.zeros((T, N), np.float32),
-                   next_obs=np.zeros((T, N, obs_dim), np.float32))
-        raw_obs = np.zeros((T, N, obs_dim))  # unnormalised, for the running statistics
-        ep_ret = np.zeros(N)
-        steps = "" if args.algo == "ppo" else f", {d.actor_steps} actor / {d.critic_steps} critic Adam steps per update"
-        print(f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID}: {d.num_updates} updates × "
-              f"{d.batch_size} steps ({N} envs × {T}), {args.update_epochs} epochs × {d.num_minibatches} "
-              f"minibatches of {args.minibatch_size}, preset={args.preset}{steps}", flush=True)
-        t_train = time.time()
-        for update in range(1, d.num_updates + 1):
-            t0 = time.time()
-            actor_state = state[0]  # the actor's part of the (actor, critic, opt, opt) state
-            for t in range(T):
-                x = rms.normalize(obs) if rms is not None else obs.astype(np.float32)
-                action, logp, key = act(actor_def, actor_state, x, key)
-                action = np.asarray(action)
-                nobs, r, term, trunc, info = envs.step(np.clip(action, -MAX_TORQUE, MAX_TORQUE))
-                done = term | trunc
-                nxt = true_next_obs(nobs, done, info)
-                raw_obs[t], buf["obs"][t], buf["actions"][t], buf["logp"][t] = obs, x, action, np.asarray(logp)
-                buf["rewards"][t] = r * args.reward_scale
-                if args.truncation_bootstrap:
-                    buf["terminated"][t], buf["truncated"][t] = term, trunc
-                else:  # the spec's bug, kept as a flag to measure it: a time limit cuts the bootstrap
-                    buf["terminated"][t], buf["truncated"][t] = done, False
-                buf["next_obs"][t] = rms.normalize(nxt) if rms is not None else nxt
-                ep_ret += r
-                for i in np.flatnonzero(done):
-                    ep_steps.append(env_steps + (t + 1) * N)
-                    ep_returns.append(float(ep_ret[i]))
-                    ep_ret[i] = 0.0
-                obs = nobs
-            if rms is not None:  # stats are frozen within a rollout, so logp_old stays consistent
-                rms.update(raw_obs)
-            env_steps += T * N
-            key, k = jax.random.split(key)
-            state, stats = ppo_update(graphdef, cfg, state, buf, k)
-            stats = {k_: float(v) for k_, v in stats.items()}
-            sps = T * N / (time.time() - t0)
-            first_update_seconds = first_update_seconds or round(time.time() - t0, 2)  # includes compilation
-            ret = float(np.mean(ep_returns[-N:])) if ep_returns else float("nan")  # latest episode of each env
-            history.append(dict(step=env_steps, **stats))
-            print_progress(update, d.num_updates, env_steps, ret, stats, sps)
-        envs.close()
-        train_seconds = time.time() - t_train
-        nnx.update((actor, critic, actor_opt, critic_opt), state)
-        save_params(os.path.join(args.out, "params.npz"), actor, critic, rms)
+        agent, rms, log = train_gymnasium(args, d)
+        actor_states = jax.tree.map(lambda x: x[None], nnx.state(agent[0]))
+    actor, critic = agent[:2]
+    save_params(os.path.join(args.out, "params.npz"), actor, critic, rms)
 
     # Every seed's final policy on gymnasium's Pendulum-v1, whichever backend trained it: (S, episodes).
-    if args.backend == "jax" and not args.load:
-        all_returns = evaluate_seeds(actor_def, runners["state"][0], None, args.eval_episodes, args.eval_seed)
-    else:
-        all_returns = evaluate(actor, rms, args.eval_episodes, args.eval_seed)[None]
-    returns, per_seed = all_returns[0], all_returns.mean(1)
-    seeds = list(range(args.seed, args.seed + args.num_seeds))
+    all_returns = evaluate_seeds(nnx.split(actor)[0], actor_states, rms, args.eval_episodes, args.eval_seed)
+    per_seed = all_returns.mean(1)
     metrics = dict(
         eval_return_mean=float(all_returns.mean()), eval_return_std=float(all_returns.std()),
-        eval_episodes=args.eval_episodes, eval_returns=[round(float(r), 2) for r in returns],
-        env_steps=env_steps, train_seconds=round(train_seconds, 2), first_update_seconds=first_update_seconds,
-        train_return_last10=float(np.mean(ep_returns[-10:])) if ep_returns else None,
-        seed=args.seed, preset=args.preset, loaded=args.load or None,
-        backend=args.backend, algo=args.algo, seeds=seeds,
+        eval_episodes=args.eval_episodes, eval_returns=[round(float(r), 2) for r in all_returns[0]],
+        env_steps=d.num_updates * d.batch_size, train_seconds=round(log.train_seconds, 2),
+        first_update_seconds=log.first_update_seconds,
+        train_return_last10=float(np.mean(log.ep_returns[-10:])) if log.ep_returns else None,
+        seed=args.seed, preset=args.preset, loaded=None, backend=args.backend, algo=args.algo,
+        seeds=list(range(args.seed, args.seed + args.num_seeds)), devices=len(devices) if devices else 1,
         eval_return_per_seed=[round(float(r), 2) for r in per_seed],  # each seed's mean over its episodes
-        last_update=history[-1] if history else None,  # losses, KL, clip fraction of the final update
+        last_update=log.history[-1],  # losses, KL, clip fraction of the final update
     )
     if args.num_seeds > 1:  # env_steps, eval_returns and params.npz are per seed / of the first seed
         metrics["across_seeds"] = seed_summary(per_seed)
-        metrics["last_update_per_seed"] = last_per_seed
-    if args.video:  # the evaluation episode that starts closest to hanging straight down: a full swing-up
-        probe = gym.make(ENV_ID)
-        starts = [probe.reset(seed=args.eval_seed + i)[0][0] for i in range(args.eval_episodes)]  # cos θ at t=0
-        probe.close()
-        metrics["video_seed"] = args.eval_seed + int(np.argmin(starts))  # smallest cos θ
-        metrics["video_return"] = save_video(args.video, actor, rms, metrics["video_seed"])
-        print(f"video: {args.video} (return {metrics['video_return']:.1f})", flush=True)
-    name = "PPO" if args.algo == "ppo" else args.algo
-    if not args.load:
-        who = f"seed {args.seed}" if args.num_seeds == 1 else f"seeds {seeds[0]}–{seeds[-1]}"
-        plot_curve(os.path.join(args.out, "learning_curve.png"), ep_steps, ep_returns, metrics["eval_return_mean"],
-                   f"{name} on {ENV_ID} ({args.backend}), {who}, preset {args.preset}",
-                   *(["one seed: mean of its envs' latest training episodes"] if args.backend == "jax" else []))
-    metrics["total_seconds"] = round(time.time() - t_start, 2)
-    with open(os.path.join(output_folder(args), "metrics.json"), "w") as f:
-        json.dump(dict(metrics, args=asdict(args), history=history), f, indent=1)
-    print(f"\n== {name if not args.load else 'PPO'} {ENV_ID}, {args.backend}, seed {args.seed}"
-          f"{'' if args.num_seeds == 1 else f'–{seeds[-1]}'}, preset {args.preset} ==\n"
-          f"eval_return_mean={metrics['eval_return_mean']:.1f} eval_return_std={metrics['eval_return_std']:.1f} "
-          f"over {args.eval_episodes} deterministic episodes\n"
-          f"env_steps={env_steps} train_seconds={train_seconds:.1f} total_seconds={metrics['total_seconds']:.1f}\n"
-          f"outputs in {output_folder(args)}/", flush=True)
-    if args.num_seeds > 1:
-        a = metrics["across_seeds"]
-        ci = "[{:.1f}, {:.1f}]".format(*a["iqm_ci"]) if a["iqm_ci"] else "n/a"
-        print("per seed: " + " ".join(f"{s_}:{r:.1f}" for s_, r in zip(seeds, per_seed)) +
-              f"\nacross {a['n']} seeds: IQM={a['iqm']:.1f} 95% CI {ci} min={a['min']:.1f} max={a['max']:.1f} "
-              f"solved(>=-200)={a['solved']}/{a['n']}", flush=True)
-    return metrics
+        metrics["last_update_per_seed"] = log.last_per_seed
+    who = f"seed {args.seed}" if args.num_seeds == 1 else f"seeds {args.seed}–{args.seed + args.num_seeds - 1}"
+    plot_curve(os.path.join(args.out, "learning_curve.png"), log.ep_steps, log.ep_returns, metrics["eval_return_mean"],
+               f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID} ({args.backend}), {who}, preset {args.preset}",
+               *(["one seed: mean of its envs' latest training episodes"] if args.backend == "jax" else []))
+    return finish(args, metrics, actor, rms, log.history, t_start)
 
 
 if __name__ == "__main__":

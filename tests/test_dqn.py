@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -410,3 +411,24 @@ def test_compile_cache_is_written_then_reused_without_changing_the_run(tmp_path)
     assert sorted(p.name for p in cache.iterdir()) == entries  # the second run found them all: nothing new
     assert [c["eval_return"] for c in runs[0]["curve"]] == [c["eval_return"] for c in runs[1]["curve"]]
     assert runs[0]["eval_return_mean"] == runs[1]["eval_return_mean"]
+
+
+@pytest.mark.unit
+def test_sequential_xla_scheduler_is_set_by_the_command_line_and_a_users_setting_wins(monkeypatch):
+    import ast
+
+    flag = "--xla_cpu_enable_concurrency_optimized_scheduler"
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    dqn.use_sequential_xla_scheduler()
+    assert os.environ["XLA_FLAGS"] == f"{flag}=false"
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    dqn.use_sequential_xla_scheduler()  # appended to the user's other flags
+    assert os.environ["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=2 {flag}=false"
+    monkeypatch.setenv("XLA_FLAGS", f"{flag}=true")
+    dqn.use_sequential_xla_scheduler()  # the user's own choice is kept
+    assert os.environ["XLA_FLAGS"] == f"{flag}=true"
+    # the command line sets it before main(), i.e. before JAX starts its backend
+    tree = ast.parse(open(dqn.__file__).read())
+    guard = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)][0]
+    calls = [ast.unparse(stmt) for stmt in guard.body]
+    assert calls == ["use_sequential_xla_scheduler()", "main(parse_args())"]

@@ -166,6 +166,9 @@ def test_spec_preset_sets_defaults_and_explicit_flags_win(pen, tmp_path):
     (["--backend", "jax", "--norm-obs"], "--norm-obs is implemented for --backend gymnasium only"),
     (["--algo", "reinforce"], "--num-steps must be a multiple of 200"),
     (["--algo", "reinforce-baseline", "--backend", "jax", "--num-steps", "300"], "multiple of 200"),
+    (["--backend", "jax", "--host-devices", "0"], "--host-devices must be a positive device count or -1"),
+    (["--backend", "jax", "--num-seeds", "4", "--host-devices", "3"], "a --num-seeds that it divides"),
+    (["--host-devices", "2"], "needs --backend jax"),
 ])
 def test_validate_rejects_bad_input(pen, argv, msg, tmp_path):
     with pytest.raises(SystemExit) as e:
@@ -424,24 +427,30 @@ def test_a_seed_in_the_vmap_is_the_same_as_that_seed_alone(pen):
 
 @pytest.mark.smoke
 def test_jax_backend_cli_many_seeds_metrics(tmp_path):
+    """Four seeds vmapped and sharded over two CPU devices (seeds 4, 5 on one, 6, 7 on the other); a seed on
+    the second device matches that seed trained alone, on one device, up to float rounding."""
     out = tmp_path / "run"
-    p = run_script(SCRIPT, "--backend", "jax", "--num-seeds", "3", "--seed", "4", *TINY, "--out", str(out),
-                   cwd=tmp_path, timeout=180)
+    p = run_script(SCRIPT, "--backend", "jax", "--num-seeds", "4", "--seed", "4", "--host-devices", "2", *TINY,
+                   "--out", str(out), cwd=tmp_path, timeout=180)
     assert p.returncode == 0, p.stderr
+    assert "4 seed(s) vmapped, split across 2 device(s)" in p.stdout
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("update=")]
     assert len(lines) == 2 and all(k in lines[-1] for k in ("return=", "kl=", "explained_var=", "sps="))
     m = json.loads((out / "metrics.json").read_text())
-    assert m["seeds"] == [4, 5, 6] and len(m["eval_return_per_seed"]) == 3 and m["backend"] == "jax"
+    assert m["seeds"] == [4, 5, 6, 7] and len(m["eval_return_per_seed"]) == 4 and m["backend"] == "jax"
+    assert m["devices"] == 2
     assert m["eval_return_mean"] == pytest.approx(np.mean(m["eval_return_per_seed"]), abs=0.01)
     a = m["across_seeds"]
-    assert a["n"] == 3 and a["iqm_ci"][0] <= a["iqm"] <= a["iqm_ci"][1]
+    assert a["n"] == 4 and a["iqm_ci"][0] <= a["iqm"] <= a["iqm_ci"][1]
     assert a["min"] == pytest.approx(min(m["eval_return_per_seed"]), abs=0.01)
-    assert len(m["last_update_per_seed"]["approx_kl"]) == 3
-    q = run_script(SCRIPT, "--backend", "jax", "--seed", "5", *TINY, "--out", str(tmp_path / "alone"),
+    assert len(m["last_update_per_seed"]["approx_kl"]) == 4
+    q = run_script(SCRIPT, "--backend", "jax", "--seed", "6", *TINY, "--out", str(tmp_path / "alone"),
                    cwd=tmp_path, timeout=180)
     assert q.returncode == 0, q.stderr
+    assert "1 seed(s) vmapped, split across 1 device(s)" in q.stdout
     alone = json.loads((tmp_path / "alone" / "metrics.json").read_text())
-    assert alone["eval_return_mean"] == pytest.approx(m["eval_return_per_seed"][1], abs=0.05)  # seed 5 alone
+    assert alone["devices"] == 1
+    assert alone["eval_return_mean"] == pytest.approx(m["eval_return_per_seed"][2], abs=0.05)  # seed 6 alone
 
 
 @pytest.mark.smoke
