@@ -6,14 +6,17 @@ acting epsilon-greedily; epsilon and alpha decay linearly. The script then solve
 exactly from its known model (value iteration) and reports how far the learned greedy policy is
 from the optimum, in value and in success rate within the step limit. NumPy only.
 """
+
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,16 +32,29 @@ def flag(default, help: str, **kw):
 @dataclass
 class Args:
     seed: int = flag(0, "seeds everything: NumPy's Generator (exploration, tie-breaks) and the env resets")
-    env: str = flag("grid", "environment: 'grid' (deterministic 4x4, -1 per step, +100 at the goal) "
-                            "or 'frozenlake' (gymnasium FrozenLake-v1 4x4)", choices=ENVS)
-    slippery: bool = flag(False, "FrozenLake only: the ice is slippery (the agent moves as intended with "
-                                 "probability 1/3 and to either side with 1/3 each)")
-    episodes: int = flag(0, "training episodes; 0 = the environment's default (100 on the grid, 10,000 on "
-                            "FrozenLake, where a random walk rarely reaches the goal)")
+    env: str = flag(
+        "grid",
+        "environment: 'grid' (deterministic 4x4, -1 per step, +100 at the goal) "
+        "or 'frozenlake' (gymnasium FrozenLake-v1 4x4)",
+        choices=ENVS,
+    )
+    slippery: bool = flag(
+        False,
+        "FrozenLake only: the ice is slippery (the agent moves as intended with "
+        "probability 1/3 and to either side with 1/3 each)",
+    )
+    episodes: int = flag(
+        0,
+        "training episodes; 0 = the environment's default (100 on the grid, 10,000 on "
+        "FrozenLake, where a random walk rarely reaches the goal)",
+    )
     max_steps: int = flag(100, "episode step limit; reaching it truncates the episode (not a terminal state)")
     alpha: float = flag(0.1, "learning rate α in (0, 1] at the first episode")
-    alpha_end: float = flag(0.0, "learning rate at the last episode; α falls linearly from --alpha to this "
-                                 "(set it equal to --alpha for a constant rate)")
+    alpha_end: float = flag(
+        0.0,
+        "learning rate at the last episode; α falls linearly from --alpha to this "
+        "(set it equal to --alpha for a constant rate)",
+    )
     gamma: float = flag(0.99, "discount factor γ in [0, 1]")
     eps_start: float = flag(1.0, "ε at the first episode")
     eps_end: float = flag(0.05, "ε after the decay")
@@ -46,6 +62,23 @@ class Args:
     evals: int = flag(20, "greedy-policy evaluations (and progress lines) during training")
     eval_episodes: int = flag(10_000, "episodes of the final greedy rollout (the grid is deterministic: 1 is enough)")
     out: str = flag("runs/q_learning", "folder for metrics.json and learning_curve.png")
+
+
+class InputError(Exception):
+    """Bad input: a flag value, a missing or corrupt file, an unwritable folder, a mesh that does not fit."""
+
+
+def reports_input_errors(main):
+    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1."""
+
+    @functools.wraps(main)
+    def run(args):
+        try:
+            return main(args)
+        except InputError as e:
+            sys.exit(f"error: {e}")
+
+    return run
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -62,13 +95,18 @@ def parse_args(argv=None) -> Args:
         if isinstance(f.default, bool):
             p.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
         else:
-            p.add_argument(name, type=type(f.default), default=f.default,
-                           help=f.metadata["help"], choices=f.metadata.get("choices"))
+            p.add_argument(
+                name,
+                type=type(f.default),
+                default=f.default,
+                help=f.metadata["help"],
+                choices=f.metadata.get("choices"),
+            )
     return Args(**vars(p.parse_args(argv)))
 
 
 def validate(args: Args) -> None:
-    """Exit with a one-line error on a bad setting."""
+    """Raise InputError on a bad setting or an output folder that cannot be written."""
     checks = [
         (args.env in ENVS, f"--env must be one of {', '.join(ENVS)}, got {args.env!r}"),
         (args.episodes >= 0, f"--episodes must be positive (or 0 for the environment's default), got {args.episodes}"),
@@ -76,8 +114,10 @@ def validate(args: Args) -> None:
         (0 < args.alpha <= 1, f"--alpha must be in (0, 1], got {args.alpha}"),
         (0 <= args.alpha_end <= 1, f"--alpha-end must be in [0, 1], got {args.alpha_end}"),
         (0 <= args.gamma <= 1, f"--gamma must be in [0, 1], got {args.gamma}"),
-        (0 <= args.eps_end <= 1 and 0 <= args.eps_start <= 1,
-         f"--eps-start and --eps-end must be in [0, 1], got {args.eps_start} and {args.eps_end}"),
+        (
+            0 <= args.eps_end <= 1 and 0 <= args.eps_start <= 1,
+            f"--eps-start and --eps-end must be in [0, 1], got {args.eps_start} and {args.eps_end}",
+        ),
         (0 <= args.eps_decay <= 1, f"--eps-decay must be in [0, 1], got {args.eps_decay}"),
         (args.evals > 0, f"--evals must be positive, got {args.evals}"),
         (args.eval_episodes > 0, f"--eval-episodes must be positive, got {args.eval_episodes}"),
@@ -85,19 +125,20 @@ def validate(args: Args) -> None:
     ]
     for ok, message in checks:
         if not ok:
-            sys.exit(f"error: {message}")
+            raise InputError(message)
     try:  # the output folder is checked before any work: a run that cannot save its results does not start
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, ".write_test"), "w"):
             pass
         os.remove(os.path.join(args.out, ".write_test"))
     except OSError as e:
-        sys.exit(f"error: --out {args.out!r} is not a writable folder ({e.strerror or type(e).__name__})")
+        raise InputError(f"--out {args.out!r} is not a writable folder ({e.strerror or type(e).__name__})") from e
 
 
 # ------------------------------------------------------------------------------------------------
 # Environments. Both speak gymnasium's API (reset -> (s, info); step -> (s', r, terminated,
 # truncated, info)) and expose their model as gymnasium's table P[s][a] = [(p, s', r, terminated)].
+
 
 class GridWorld:
     """Deterministic 4x4 grid. Start 0 (top-left), goal 15 (bottom-right); a move into a wall stays put.
@@ -138,12 +179,19 @@ def make_env(args: Args):
     if args.env == "grid":
         return GridWorld(args.max_steps)
     import gymnasium as gym  # imported only here: the grid needs nothing but NumPy
+
     return gym.make("FrozenLake-v1", map_name="4x4", is_slippery=args.slippery, max_episode_steps=args.max_steps)
+
+
+def env_name(args: Args) -> str:
+    """The run's environment as metrics.json and the summary name it: 'grid', 'frozenlake' or 'frozenlake-slippery'."""
+    return args.env + ("-slippery" if args.slippery else "")
 
 
 @dataclass
 class Model:
     """The MDP as arrays, built from P. Terminal transitions do not bootstrap, so they are left out of p_cont."""
+
     p_cont: np.ndarray  # (S, A, S): P(s' | s, a) summed over non-terminal transitions
     reward: np.ndarray  # (S, A):    E[r | s, a]
     p_goal: np.ndarray  # (S, A):    P(the step ends the episode at the goal | s, a)
@@ -213,16 +261,18 @@ def td_target(reward: float, next_q_row: np.ndarray, gamma: float, terminated: b
     return reward + gamma * float(next_q_row.max()) * (1.0 - float(terminated))
 
 
-def q_update(q: np.ndarray, s: int, a: int, reward: float, s2: int, terminated: bool,
-             alpha: float, gamma: float) -> float:
+def q_update(
+    q: np.ndarray, s: int, a: int, reward: float, s2: int, terminated: bool, alpha: float, gamma: float
+) -> float:
     """One Q-learning step, in place: δ = y − Q(s, a);  Q(s, a) ← Q(s, a) + α·δ. Returns the TD error δ."""
     td_error = td_target(reward, q[s2], gamma, terminated) - q[s, a]
     q[s, a] += alpha * td_error
     return td_error
 
 
-def run_episode(env, q: np.ndarray, eps: float, alpha: float, gamma: float,
-                rng: np.random.Generator) -> tuple[float, int]:
+def run_episode(
+    env, q: np.ndarray, eps: float, alpha: float, gamma: float, rng: np.random.Generator
+) -> tuple[float, int]:
     """One training episode, updating q after every step; returns (undiscounted return, steps)."""
     s, _ = env.reset()
     ret, steps, done = 0.0, 0, False
@@ -237,6 +287,7 @@ def run_episode(env, q: np.ndarray, eps: float, alpha: float, gamma: float,
 
 # ------------------------------------------------------------------------------------------------
 # The exact reference: value iteration and policy evaluation on the known model
+
 
 def value_iteration(model: Model, gamma: float, tol: float = 1e-10, max_iters: int = 100_000):
     """Q*(s, a) = E[r | s, a] + γ · Σ_s' p_cont(s' | s, a) · max_a' Q*(s', a'). Returns (V*, Q*)."""
@@ -285,6 +336,23 @@ def horizon_values(model: Model, horizon: int, policy: np.ndarray | None = None)
     return v, g
 
 
+class Reference(NamedTuple):
+    """The exact answers for one MDP, computed once from its model."""
+
+    v_star: np.ndarray  # (S,):   V*(s) under the discount γ the agent learns with
+    q_star: np.ndarray  # (S, A): Q*(s, a), same γ
+    value_start: float  # V*(start)
+    optimal_return: float  # the best undiscounted return from the start within --max-steps steps
+    optimal_success: float  # the best P(reach the goal within --max-steps steps) from the start
+
+
+def solve_reference(model: Model, args: Args) -> Reference:
+    """Value iteration under --gamma, and the finite-horizon optimum within --max-steps steps (backward induction)."""
+    v_star, q_star = value_iteration(model, args.gamma)
+    optimal_return, optimal_success = (x[model.start] for x in horizon_values(model, args.max_steps))
+    return Reference(v_star, q_star, float(v_star[model.start]), float(optimal_return), float(optimal_success))
+
+
 def greedy_policy(q: np.ndarray) -> np.ndarray:
     """π(s) = argmax_a Q(s, a) (the first of tied actions, so the policy is deterministic)."""
     return q.argmax(axis=1)
@@ -311,8 +379,107 @@ def rollout(env, policy: np.ndarray, episodes: int) -> tuple[float, float]:
     return total / episodes, wins / episodes
 
 
+class Evaluation(NamedTuple):
+    """One exact evaluation of the greedy policy during training (from the model, so free of sampling noise)."""
+
+    episode: int  # training episodes done
+    success: float  # P(reach the goal within --max-steps steps) from the start
+    optimal: bool  # V^π(start) = V*(start), see is_optimal
+
+
+def evaluate_greedy(model: Model, q: np.ndarray, reference: Reference, episode: int, args: Args) -> Evaluation:
+    """Score the greedy policy of q exactly from the model: its success probability and whether it is optimal."""
+    policy = greedy_policy(q)
+    success = float(horizon_values(model, args.max_steps, policy)[1][model.start])
+    return Evaluation(episode, success, is_optimal(model, policy, reference.v_star, args.gamma)[0])
+
+
+class FinalEvaluation(NamedTuple):
+    """The learned greedy policy at the end of training, scored exactly from the model and by real rollouts."""
+
+    policy: np.ndarray  # (S,): argmax_a Q(s, a)
+    optimal: bool
+    value_gap: float  # V*(start) − V^π(start) ≥ 0
+    exact_return: float  # undiscounted return within --max-steps steps, from the model
+    exact_success: float  # P(reach the goal within --max-steps steps), from the model
+    rollout_return: float  # mean return over `rollouts` episodes in the real env
+    rollout_success: float  # success rate over the same episodes
+    rollouts: int
+
+
+def evaluate_final(env, model: Model, q: np.ndarray, reference: Reference, args: Args) -> FinalEvaluation:
+    """The final greedy policy: exactly from the model, and by --eval-episodes rollouts in the real env."""
+    policy = greedy_policy(q)
+    optimal, value_gap = is_optimal(model, policy, reference.v_star, args.gamma)
+    exact_return, exact_success = (x[model.start] for x in horizon_values(model, args.max_steps, policy))
+    rollouts = 1 if args.env == "grid" else args.eval_episodes  # deterministic env and policy: 1 is exact
+    rollout_return, rollout_success = rollout(env, policy, rollouts)
+    return FinalEvaluation(
+        policy,
+        optimal,
+        value_gap,
+        float(exact_return),
+        float(exact_success),
+        float(rollout_return),
+        float(rollout_success),
+        rollouts,
+    )
+
+
+def episodes_to_optimal(evals: list[Evaluation]) -> int | None:
+    """The first evaluation after which the greedy policy stayed optimal to the end; None if the last is not optimal."""
+    if not evals or not evals[-1].optimal:
+        return None
+    k = len(evals) - 1
+    while k > 0 and evals[k - 1].optimal:
+        k -= 1
+    return evals[k].episode
+
+
+# ------------------------------------------------------------------------------------------------
+# The training loop
+
+
+class TrainLog(NamedTuple):
+    """What the training loop records."""
+
+    returns: list[float]  # undiscounted return of every training episode (ε-greedy)
+    evals: list[Evaluation]  # --evals exact evaluations of the greedy policy
+    env_steps: int
+    train_seconds: float  # the training episodes only, not the evaluations
+
+
+def train(env, model: Model, reference: Reference, args: Args, rng: np.random.Generator) -> tuple[np.ndarray, TrainLog]:
+    """Q-learning from a zero table for n_episodes(args) episodes. Every episodes/--evals episodes the greedy
+    policy is evaluated exactly and one progress line is printed. Returns the Q-table (S, A) and the log."""
+    q = np.zeros((model.reward.shape[0], 4))
+    episodes = n_episodes(args)
+    eval_every = max(1, episodes // args.evals)
+    returns, evals = [], []
+    train_seconds, env_steps = 0.0, 0
+    for episode in range(episodes):
+        t0 = time.perf_counter()
+        eps, alpha = epsilon_at(episode, args), alpha_at(episode, args)
+        ret, steps = run_episode(env, q, eps, alpha, args.gamma, rng)
+        train_seconds += time.perf_counter() - t0
+        returns.append(ret)
+        env_steps += steps
+        if (episode + 1) % eval_every == 0 or episode + 1 == episodes:
+            evals.append(evaluate_greedy(model, q, reference, episode + 1, args))
+            recent = float(np.mean(returns[-eval_every:]))
+            sps = env_steps / max(train_seconds, 1e-9)
+            print(
+                f"episode={episode + 1} return={recent:.2f} eps={eps:.3f} alpha={alpha:.4f} "
+                f"greedy_success={evals[-1].success:.4f} optimal={evals[-1].optimal} steps={env_steps} "
+                f"sps={sps:.0f}",
+                flush=True,
+            )
+    return q, TrainLog(returns, evals, env_steps, train_seconds)
+
+
 # ------------------------------------------------------------------------------------------------
 # Output
+
 
 def grid_text(env, policy: np.ndarray, values: np.ndarray, title: str) -> str:
     """The 4x4 board: the policy's arrow in each state and a value under it; H = hole, G = goal."""
@@ -329,27 +496,39 @@ def grid_text(env, policy: np.ndarray, values: np.ndarray, title: str) -> str:
     return "\n".join(lines)
 
 
-def save_curve(path: str, returns: list[float], eval_eps: list[int], eval_success: list[float],
-               optimal_return: float, optimal_success: float, title: str) -> None:
+def plot_curve(path: str, log: TrainLog, reference: Reference, title: str) -> None:
+    """Two panels: the return of every training episode (with a running mean) and the greedy success rate."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    returns = log.returns
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     x = np.arange(1, len(returns) + 1)
     if len(returns) <= 2000:  # beyond that the raw returns are a solid band; the running mean says it all
         ax1.plot(x, returns, lw=0.6, alpha=0.4, label="episode return")
     w = max(1, len(returns) // 20)
     if w > 1:
-        ax1.plot(x[w - 1:], np.convolve(returns, np.ones(w) / w, mode="valid"), lw=1.8,
-                 label=f"mean of the last {w} episodes")
-    ax1.axhline(optimal_return, color="k", ls="--", lw=1, label=f"optimum {optimal_return:.3g}")
+        ax1.plot(
+            x[w - 1 :],
+            np.convolve(returns, np.ones(w) / w, mode="valid"),
+            lw=1.8,
+            label=f"mean of the last {w} episodes",
+        )
+    ax1.axhline(reference.optimal_return, color="k", ls="--", lw=1, label=f"optimum {reference.optimal_return:.3g}")
     ax1.set(xlabel="episode", ylabel="return (ε-greedy, while training)", title="Return per episode")
     ax1.legend(loc="best")
-    ax2.plot(eval_eps, eval_success, marker="o", ms=3, label="greedy policy (exact)")
-    ax2.axhline(optimal_success, color="k", ls="--", lw=1, label=f"optimum {optimal_success:.3f}")
-    ax2.set(xlabel="episode", ylabel="P(reach goal within step limit)", ylim=(-0.03, 1.03),
-            title="Greedy success rate during training")
+    ax2.plot(
+        [e.episode for e in log.evals], [e.success for e in log.evals], marker="o", ms=3, label="greedy policy (exact)"
+    )
+    ax2.axhline(reference.optimal_success, color="k", ls="--", lw=1, label=f"optimum {reference.optimal_success:.3f}")
+    ax2.set(
+        xlabel="episode",
+        ylabel="P(reach goal within step limit)",
+        ylim=(-0.03, 1.03),
+        title="Greedy success rate during training",
+    )
     ax2.legend(loc="best")
     fig.suptitle(title)
     fig.tight_layout()
@@ -357,95 +536,96 @@ def save_curve(path: str, returns: list[float], eval_eps: list[int], eval_succes
     plt.close(fig)
 
 
+def collect_metrics(args: Args, reference: Reference, log: TrainLog, final: FinalEvaluation, wall_start: float) -> dict:
+    """The numbers metrics.json records (the run's flags are added under 'args' when it is written)."""
+    return {
+        "env": env_name(args),
+        "greedy_return": final.rollout_return,
+        "optimal_return": reference.optimal_return,
+        "greedy_success_rate": final.rollout_success,
+        "optimal_success_rate": reference.optimal_success,
+        "success_gap": float(reference.optimal_success - final.rollout_success),
+        "greedy_return_exact": final.exact_return,
+        "greedy_success_rate_exact": final.exact_success,
+        "policy_is_optimal": bool(final.optimal),
+        "value_gap": final.value_gap,
+        "greedy_value_start": float(reference.value_start - final.value_gap),
+        "optimal_value_start": reference.value_start,
+        "episodes_to_optimal": episodes_to_optimal(log.evals),
+        "eval_episodes": final.rollouts,
+        "episodes": n_episodes(args),
+        "env_steps": log.env_steps,
+        "train_seconds": round(log.train_seconds, 4),
+        "wall_seconds": round(time.perf_counter() - wall_start, 4),
+    }
+
+
+def print_header(args: Args, reference: Reference) -> None:
+    """The run's first line: environment, schedule and the optimum to aim at."""
+    print(
+        f"q-learning env={env_name(args)} episodes={n_episodes(args)} alpha={args.alpha}->{args.alpha_end} "
+        f"gamma={args.gamma} optimal_return={reference.optimal_return:.4f} "
+        f"optimal_success={reference.optimal_success:.4f}",
+        flush=True,
+    )
+
+
+def print_summary(env, q: np.ndarray, reference: Reference, log: TrainLog, final: FinalEvaluation, args: Args) -> None:
+    """The learned board next to value iteration's, then two summary lines."""
+    n = final.rollouts
+    print(grid_text(env, final.policy, q.max(axis=1), "\nlearned greedy policy and max_a Q(s, a):"))
+    print(
+        grid_text(
+            env, greedy_policy(reference.q_star), reference.v_star, f"\nvalue iteration (γ={args.gamma}): π* and V*(s):"
+        )
+    )
+    print(
+        f"\nsummary: env={env_name(args)} greedy_return={final.rollout_return:.4f} "
+        f"optimal_return={reference.optimal_return:.4f} greedy_success_rate={final.rollout_success:.4f} "
+        f"(over {n} episode{'s' * (n > 1)}; exact {final.exact_success:.4f}) "
+        f"optimal_success_rate={reference.optimal_success:.4f}"
+    )
+    print(
+        f"summary: policy_is_optimal={final.optimal} value_gap={final.value_gap:.3g} "
+        f"episodes_to_optimal={episodes_to_optimal(log.evals)} train_seconds={log.train_seconds:.3f} "
+        f"env_steps={log.env_steps}",
+        flush=True,
+    )
+
+
+def save_results(args: Args, metrics: dict, log: TrainLog, reference: Reference) -> None:
+    """metrics.json (with the run's flags under 'args') and learning_curve.png into --out."""
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "metrics.json"), "w") as fh:
+        json.dump({**metrics, "args": asdict(args)}, fh, indent=2)
+    plot_curve(
+        os.path.join(args.out, "learning_curve.png"),
+        log,
+        reference,
+        f"Q-learning on {env_name(args)}, seed {args.seed}",
+    )
+
+
 # ------------------------------------------------------------------------------------------------
 
+
+@reports_input_errors
 def main(args: Args) -> dict:
-    validate(args)
+    validate(args)  # flag values and the output folder, before any work
     wall_start = time.perf_counter()
     rng = np.random.default_rng(args.seed)
     env = make_env(args)
     env.reset(seed=args.seed)  # seeds FrozenLake's slipping; later resets continue that stream
     model = env_model(env)
+    reference = solve_reference(model, args)  # the exact answers, computed once from the model
+    print_header(args, reference)
 
-    # The exact reference, computed once from the model.
-    v_star, q_star = value_iteration(model, args.gamma)
-    opt_return, opt_success = (x[model.start] for x in horizon_values(model, args.max_steps))
+    q, log = train(env, model, reference, args, rng)
 
-    q = np.zeros((model.reward.shape[0], 4))  # the Q-table, (S, A)
-    episodes = n_episodes(args)
-    eval_every = max(1, episodes // args.evals)
-    returns, eval_eps, eval_success, optimal_at = [], [], [], []
-    train_seconds, steps_done = 0.0, 0
-    name = args.env + ("-slippery" if args.slippery else "")
-    print(f"q-learning env={name} episodes={episodes} alpha={args.alpha}->{args.alpha_end} "
-          f"gamma={args.gamma} optimal_return={opt_return:.4f} optimal_success={opt_success:.4f}", flush=True)
-
-    for episode in range(episodes):
-        t0 = time.perf_counter()
-        eps, alpha = epsilon_at(episode, args), alpha_at(episode, args)
-        ret, steps = run_episode(env, q, eps, alpha, args.gamma, rng)
-        train_seconds += time.perf_counter() - t0
-        returns.append(ret)
-        steps_done += steps
-        if (episode + 1) % eval_every == 0 or episode + 1 == episodes:
-            policy = greedy_policy(q)
-            success = float(horizon_values(model, args.max_steps, policy)[1][model.start])
-            optimal_at.append(is_optimal(model, policy, v_star, args.gamma)[0])
-            eval_eps.append(episode + 1)
-            eval_success.append(success)
-            recent = float(np.mean(returns[-eval_every:]))
-            sps = steps_done / max(train_seconds, 1e-9)
-            print(f"episode={episode + 1} return={recent:.2f} eps={eps:.3f} alpha={alpha:.4f} "
-                  f"greedy_success={success:.4f} optimal={optimal_at[-1]} steps={steps_done} sps={sps:.0f}", flush=True)
-
-    # Final evaluation of the greedy policy: exactly from the model, and by rollouts in the real env.
-    policy = greedy_policy(q)
-    optimal, value_gap = is_optimal(model, policy, v_star, args.gamma)
-    exact_return, exact_success = (x[model.start] for x in horizon_values(model, args.max_steps, policy))
-    n_rollouts = 1 if args.env == "grid" else args.eval_episodes  # deterministic env and policy: 1 is exact
-    greedy_return, greedy_success = rollout(env, policy, n_rollouts)
-    # episodes_to_optimal: first evaluation after which the greedy policy stayed optimal to the end.
-    episodes_to_optimal = None
-    if optimal_at[-1]:
-        k = len(optimal_at) - 1
-        while k > 0 and optimal_at[k - 1]:
-            k -= 1
-        episodes_to_optimal = eval_eps[k]
-
-    metrics = {
-        "env": name,
-        "greedy_return": float(greedy_return),
-        "optimal_return": float(opt_return),
-        "greedy_success_rate": float(greedy_success),
-        "optimal_success_rate": float(opt_success),
-        "success_gap": float(opt_success - greedy_success),
-        "greedy_return_exact": float(exact_return),
-        "greedy_success_rate_exact": float(exact_success),
-        "policy_is_optimal": bool(optimal),
-        "value_gap": value_gap,
-        "greedy_value_start": float(v_star[model.start] - value_gap),
-        "optimal_value_start": float(v_star[model.start]),
-        "episodes_to_optimal": episodes_to_optimal,
-        "eval_episodes": n_rollouts,
-        "episodes": episodes,
-        "env_steps": steps_done,
-        "train_seconds": round(train_seconds, 4),
-        "wall_seconds": round(time.perf_counter() - wall_start, 4),
-    }
-
-    print(grid_text(env, policy, q.max(axis=1), "\nlearned greedy policy and max_a Q(s, a):"))
-    print(grid_text(env, greedy_policy(q_star), v_star, f"\nvalue iteration (γ={args.gamma}): π* and V*(s):"))
-    print(f"\nsummary: env={name} greedy_return={greedy_return:.4f} optimal_return={opt_return:.4f} "
-          f"greedy_success_rate={greedy_success:.4f} (over {n_rollouts} episode{'s' * (n_rollouts > 1)}; "
-          f"exact {exact_success:.4f}) optimal_success_rate={opt_success:.4f}")
-    print(f"summary: policy_is_optimal={optimal} value_gap={value_gap:.3g} episodes_to_optimal={episodes_to_optimal} "
-          f"train_seconds={train_seconds:.3f} env_steps={steps_done}", flush=True)
-
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "metrics.json"), "w") as fh:
-        json.dump({**metrics, "args": asdict(args)}, fh, indent=2)
-    save_curve(os.path.join(args.out, "learning_curve.png"), returns, eval_eps, eval_success,
-               opt_return, opt_success, f"Q-learning on {name}, seed {args.seed}")
+    final = evaluate_final(env, model, q, reference, args)
+    metrics = collect_metrics(args, reference, log, final, wall_start)
+    print_summary(env, q, reference, log, final, args)
+    save_results(args, metrics, log, reference)
     return metrics
 
 

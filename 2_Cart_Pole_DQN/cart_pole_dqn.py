@@ -8,9 +8,11 @@ greedy actions of all envs, one call runs a whole block of gradient steps with `
     python 2_Cart_Pole_DQN/cart_pole_dqn.py                      # train 50k steps, evaluate 100 episodes
     python 2_Cart_Pole_DQN/cart_pole_dqn.py --load runs/cart_pole_dqn/q_network.npz --video   # -> <out>/eval/
 """
+
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -51,28 +53,57 @@ class Args:
     gradient_steps: int = flag(128, "gradient steps per training call (one jitted lax.scan)")
     target_network_frequency: int = flag(256, "env steps between two target-network updates")
     tau: float = flag(1.0, "target update θ⁻ ← τ·θ + (1−τ)·θ⁻; 1.0 is a hard copy (Polyak averaging if < 1)")
-    start_e: float = flag(1.0, "ε at the start of training")
-    end_e: float = flag(0.04, "ε after the linear decay")
+    eps_start: float = flag(1.0, "ε at the start of training")
+    eps_end: float = flag(0.04, "ε after the linear decay")
     exploration_fraction: float = flag(0.16, "fraction of total_timesteps over which ε decays linearly")
     loss: str = flag("mse", "TD-error loss", choices=("huber", "mse"))
     double_dqn: bool = flag(True, "Double DQN: the online net picks argmax a', the target net scores it")
-    bootstrap_truncated: bool = flag(True, "bootstrap from s' when the episode is cut by the time limit "
-                                           "(--no-bootstrap-truncated treats truncation as termination, like the spec)")
+    bootstrap_truncated: bool = flag(
+        True,
+        "bootstrap from s' when the episode is cut by the time limit "
+        "(--no-bootstrap-truncated treats truncation as termination, like the spec)",
+    )
     eval_frequency: int = flag(5_000, "env steps between two periodic greedy evaluations (learning curve)")
     periodic_eval_episodes: int = flag(10, "greedy episodes per periodic evaluation")
     eval_episodes: int = flag(100, "greedy episodes of the final evaluation")
-    eval_seed: int = flag(10_000, "seed of the final evaluation's episodes (same for every run); "
-                                  "periodic evaluations use eval_seed + 1")
-    final_agent: str = flag("last", "which parameters are saved and finally evaluated: 'best' = the best periodic "
-                                    "evaluation (ties go to the later one), 'last' = those after the last step",
-                            choices=("best", "last"))
+    eval_seed: int = flag(
+        10_000, "seed of the final evaluation's episodes (same for every run); periodic evaluations use eval_seed + 1"
+    )
+    final_agent: str = flag(
+        "last",
+        "which parameters are saved and finally evaluated: 'best' = the best periodic "
+        "evaluation (ties go to the later one), 'last' = those after the last step",
+        choices=("best", "last"),
+    )
     solve_threshold: float = flag(475.0, "a periodic evaluation at or above this mean return counts as solved")
     out: str = flag("runs/cart_pole_dqn", "folder for metrics.json, the curve PNG and q_network.npz")
-    load: str = flag("", "evaluate (and with --video, watch) a saved q_network.npz instead of training; "
-                         "results go to <out>/eval/, never over a training run's files")
+    load: str = flag(
+        "",
+        "evaluate (and with --video, watch) a saved q_network.npz instead of training; "
+        "results go to <out>/eval/, never over a training run's files",
+    )
     video: bool = flag(False, "also write one greedy episode of the final agent to <out>/episode.gif")
-    compile_cache: str = flag("~/.cache/jax-rl-course", "JAX's persistent compilation cache: later runs reuse "
-                                                        "the compiled XLA programs ('' turns it off)")
+    compile_cache: str = flag(
+        "~/.cache/jax-rl-course",
+        "JAX's persistent compilation cache: later runs reuse the compiled XLA programs ('' turns it off)",
+    )
+
+
+class InputError(Exception):
+    """Bad input: a flag value, a missing or corrupt file, an unwritable folder, a mesh that does not fit."""
+
+
+def reports_input_errors(main):
+    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1."""
+
+    @functools.wraps(main)
+    def run(args):
+        try:
+            return main(args)
+        except InputError as e:
+            sys.exit(f"error: {e}")
+
+    return run
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -83,45 +114,62 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def parse_args(argv=None) -> Args:
-    p = OneLineParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in fields(Args):
         name = "--" + f.name.replace("_", "-")
         if isinstance(f.default, bool):
             p.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
         else:
-            p.add_argument(name, type=type(f.default), default=f.default,
-                           help=f.metadata["help"], choices=f.metadata.get("choices"))
+            p.add_argument(
+                name,
+                type=type(f.default),
+                default=f.default,
+                help=f.metadata["help"],
+                choices=f.metadata.get("choices"),
+            )
     return Args(**vars(p.parse_args(argv)))
 
 
 def validate(args: Args) -> None:
-    """Exit with a one-line error on a bad flag value."""
+    """Raise InputError on a bad flag value or an output folder that cannot be written."""
+
     def need(ok: bool, msg: str):
         if not ok:
-            sys.exit(f"error: {msg}")
+            raise InputError(msg)
+
     need(args.total_timesteps > 0, f"--total-timesteps must be > 0, got {args.total_timesteps}")
     need(args.learning_rate > 0, f"--learning-rate must be > 0, got {args.learning_rate}")
     need(args.max_grad_norm >= 0, f"--max-grad-norm must be >= 0, got {args.max_grad_norm}")
     need(args.hidden_size > 0, f"--hidden-size must be > 0, got {args.hidden_size}")
     need(args.buffer_size > 0, f"--buffer-size must be > 0, got {args.buffer_size}")
-    need(0 < args.batch_size <= args.buffer_size,
-         f"--batch-size must be in [1, --buffer-size={args.buffer_size}], got {args.batch_size}")
+    need(
+        0 < args.batch_size <= args.buffer_size,
+        f"--batch-size must be in [1, --buffer-size={args.buffer_size}], got {args.batch_size}",
+    )
     need(0 <= args.gamma <= 1, f"--gamma must be in [0, 1], got {args.gamma}")
     need(args.learning_starts >= 0, f"--learning-starts must be >= 0, got {args.learning_starts}")
     need(args.num_envs > 0, f"--num-envs must be > 0, got {args.num_envs}")
     for name in ("train_frequency", "target_network_frequency", "eval_frequency"):  # at most one event per loop step
         value = getattr(args, name)
         need(value >= args.num_envs, f"--{name.replace('_', '-')} ({value}) must be >= --num-envs ({args.num_envs})")
-    for name in ("train_frequency", "gradient_steps", "target_network_frequency", "eval_frequency",
-                 "periodic_eval_episodes", "eval_episodes"):
+    for name in (
+        "train_frequency",
+        "gradient_steps",
+        "target_network_frequency",
+        "eval_frequency",
+        "periodic_eval_episodes",
+        "eval_episodes",
+    ):
         value = getattr(args, name)
         need(value > 0, f"--{name.replace('_', '-')} must be > 0, got {value}")
     need(0 < args.tau <= 1, f"--tau must be in (0, 1], got {args.tau}")
-    need(0 <= args.end_e <= args.start_e <= 1,
-         f"need 0 <= --end-e <= --start-e <= 1, got --start-e {args.start_e} --end-e {args.end_e}")
-    need(0 < args.exploration_fraction <= 1,
-         f"--exploration-fraction must be in (0, 1], got {args.exploration_fraction}")
+    need(
+        0 <= args.eps_end <= args.eps_start <= 1,
+        f"need 0 <= --eps-end <= --eps-start <= 1, got --eps-start {args.eps_start} --eps-end {args.eps_end}",
+    )
+    need(
+        0 < args.exploration_fraction <= 1, f"--exploration-fraction must be in (0, 1], got {args.exploration_fraction}"
+    )
     need(args.eval_seed >= 0, f"--eval-seed must be >= 0, got {args.eval_seed}")
     if args.load:
         need(os.path.isfile(args.load), f"--load: no such file {args.load!r}")
@@ -132,7 +180,7 @@ def validate(args: Args) -> None:
             pass
         os.remove(os.path.join(out, ".write_test"))
     except OSError as e:
-        sys.exit(f"error: --out {args.out!r}: cannot write into {out!r} ({e.strerror or type(e).__name__})")
+        raise InputError(f"--out {args.out!r}: cannot write into {out!r} ({e.strerror or type(e).__name__})") from e
 
 
 def output_folder(args: Args) -> str:
@@ -154,6 +202,17 @@ def make_envs(n: int) -> gym.vector.VectorEnv:
     n at once. Its autoreset is NEXT_STEP: the step that ends an episode returns the true final observation,
     and the *next* step() call of that env only resets it (its action is ignored, nothing is learned from it)."""
     return gym.make_vec(ENV_ID, num_envs=n, vectorization_mode="vector_entry_point")
+
+
+class Batch(NamedTuple):
+    """Transitions (s, a, r, s', terminated, truncated); each field has the same leading axes."""
+
+    obs: np.ndarray  # s, (..., obs_dim) float32
+    actions: np.ndarray  # a, (...,) int32
+    rewards: np.ndarray  # r, (...,) float32
+    next_obs: np.ndarray  # s', (..., obs_dim) float32
+    terminated: np.ndarray  # 1.0 where s' ended the episode in a failure, (...,) float32
+    truncated: np.ndarray  # 1.0 where s' hit the time limit, (...,) float32
 
 
 class ReplayBuffer:
@@ -181,25 +240,40 @@ class ReplayBuffer:
         self.pos = (self.pos + len(actions)) % self.capacity
         self.size = min(self.size + len(actions), self.capacity)
 
-    def sample(self, rng: np.random.Generator, batch_size: int, n_batches: int) -> dict[str, np.ndarray]:
-        """`n_batches` minibatches at once, each array shaped (n_batches, batch_size, ...)."""
+    def sample(self, rng: np.random.Generator, batch_size: int, n_batches: int) -> Batch:
+        """`n_batches` minibatches at once, each field shaped (n_batches, batch_size, ...)."""
         idx = rng.integers(0, self.size, size=(n_batches, batch_size))
-        return dict(obs=self.obs[idx], actions=self.actions[idx], rewards=self.rewards[idx],
-                    next_obs=self.next_obs[idx], terminated=self.terminated[idx], truncated=self.truncated[idx])
+        return Batch(
+            self.obs[idx],
+            self.actions[idx],
+            self.rewards[idx],
+            self.next_obs[idx],
+            self.terminated[idx],
+            self.truncated[idx],
+        )
 
 
-def linear_schedule(start_e: float, end_e: float, duration: int, t: int) -> float:
-    """ε_t falls linearly from start_e to end_e over `duration` steps, then stays at end_e."""
-    return max(end_e, start_e + (end_e - start_e) * t / duration)
+def linear_schedule(eps_start: float, eps_end: float, duration: int, t: int) -> float:
+    """ε_t falls linearly from eps_start to eps_end over `duration` steps, then stays at eps_end."""
+    return max(eps_end, eps_start + (eps_end - eps_start) * t / duration)
 
 
 # ----------------------------------------------------------------------------- network
 
+
 class QNetwork(nnx.Module):
     """Q_θ(s, ·): an MLP from the 4 state numbers to one Q-value per action."""
 
-    def __init__(self, obs_dim: int, n_actions: int, hidden_size: int, layer_norm: bool = False,
-                 dueling: bool = False, *, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        obs_dim: int,
+        n_actions: int,
+        hidden_size: int,
+        layer_norm: bool = False,
+        dueling: bool = False,
+        *,
+        rngs: nnx.Rngs,
+    ):
         self.hidden1 = nnx.Linear(obs_dim, hidden_size, rngs=rngs)
         self.hidden2 = nnx.Linear(hidden_size, hidden_size, rngs=rngs)
         self.head = nnx.Linear(hidden_size, n_actions, rngs=rngs)
@@ -223,8 +297,11 @@ def derived(args: Args) -> dict:
     # A training call runs at every step s with learning_starts < s <= total_timesteps and s % train_frequency == 0:
     # ⌊total/f⌋ − ⌊learning_starts/f⌋ calls (192 for 50,000, 1,000, 256). The annealed rate reaches 0 after the last.
     n_train_calls = max(0, args.total_timesteps // args.train_frequency - args.learning_starts // args.train_frequency)
-    return dict(exploration_steps=max(1, int(args.exploration_fraction * args.total_timesteps)),
-                n_train_calls=n_train_calls, total_gradient_steps=n_train_calls * args.gradient_steps)
+    return dict(
+        exploration_steps=max(1, int(args.exploration_fraction * args.total_timesteps)),
+        n_train_calls=n_train_calls,
+        total_gradient_steps=n_train_calls * args.gradient_steps,
+    )
 
 
 def make_optimizer(args: Args) -> optax.GradientTransformation:
@@ -238,17 +315,39 @@ def make_optimizer(args: Args) -> optax.GradientTransformation:
 
 def create_agent(args: Args, obs_dim: int, n_actions: int) -> tuple[QNetwork, nnx.Optimizer]:
     """Build the Q-network and its optimizer inside one nnx.jit: one compilation instead of one per init op."""
+
     def build():
-        q_network = QNetwork(obs_dim, n_actions, args.hidden_size, args.layer_norm, args.dueling,
-                             rngs=nnx.Rngs(args.seed))
+        q_network = QNetwork(
+            obs_dim, n_actions, args.hidden_size, args.layer_norm, args.dueling, rngs=nnx.Rngs(args.seed)
+        )
         return q_network, nnx.Optimizer(q_network, make_optimizer(args), wrt=nnx.Param)
+
     return nnx.jit(build)()
 
 
 # ----------------------------------------------------------------------------- losses
 
-def td_target(rewards, next_q_target, next_q_online, terminated, truncated, gamma: float,
-              double_dqn: bool = False, bootstrap_truncated: bool = True) -> jax.Array:
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What the loss and train_block need at trace time; bound once by `make_step_fns`."""
+
+    gamma: float  # discount γ
+    loss: str = "mse"  # "mse" (½·e²) or "huber"
+    double_dqn: bool = True  # the online network picks a*, the target network scores it
+    bootstrap_truncated: bool = True  # a time-limit truncation still bootstraps from s'
+
+
+def td_target(
+    rewards,
+    next_q_target,
+    next_q_online,
+    terminated,
+    truncated,
+    gamma: float,
+    double_dqn: bool = False,
+    bootstrap_truncated: bool = True,
+) -> jax.Array:
     """y = r + γ·(1 − done)·Q⁻(s', a*), with a* = argmax_a' Q⁻(s', a') or, for Double DQN, argmax_a' Q(s', a').
 
     `done` is `terminated` alone: a time-limit truncation still has a future, so it bootstraps.
@@ -257,23 +356,32 @@ def td_target(rewards, next_q_target, next_q_online, terminated, truncated, gamm
     """
     done = terminated if bootstrap_truncated else jnp.maximum(terminated, truncated)
     if double_dqn:
-        a_star = jnp.argmax(next_q_online, axis=-1)                                  # (batch,)
+        a_star = jnp.argmax(next_q_online, axis=-1)  # (batch,)
         next_v = jnp.take_along_axis(next_q_target, a_star[:, None], axis=-1)[:, 0]  # Q⁻(s', argmax Q(s', ·))
     else:
-        next_v = jnp.max(next_q_target, axis=-1)                                     # max_a' Q⁻(s', a')
+        next_v = jnp.max(next_q_target, axis=-1)  # max_a' Q⁻(s', a')
     return rewards + gamma * (1.0 - done) * next_v
 
 
-def loss_fn(q_network: QNetwork, target_network: QNetwork, batch: dict, gamma: float,
-            loss: str = "mse", double_dqn: bool = False, bootstrap_truncated: bool = True) -> jax.Array:
+def loss_fn(q_network: QNetwork, target_network: QNetwork, batch: Batch, config: TrainConfig) -> jax.Array:
     """L(θ) = mean_i ℓ(y_i − Q_θ(s_i, a_i)), ℓ = ½·squared error (mse) or Huber (δ=1); y is held constant."""
-    q = q_network(batch["obs"])                                                       # (batch, n_actions)
-    q_taken = jnp.take_along_axis(q, batch["actions"][:, None], axis=-1)[:, 0]        # Q_θ(s, a), (batch,)
-    next_q_target = target_network(batch["next_obs"])                                 # Q⁻(s', ·)
-    next_q_online = q_network(batch["next_obs"]) if double_dqn else next_q_target
-    y = jax.lax.stop_gradient(td_target(batch["rewards"], next_q_target, next_q_online, batch["terminated"],
-                                        batch["truncated"], gamma, double_dqn, bootstrap_truncated))
-    if loss == "huber":
+    q = q_network(batch.obs)  # (batch, n_actions)
+    q_taken = jnp.take_along_axis(q, batch.actions[:, None], axis=-1)[:, 0]  # Q_θ(s, a), (batch,)
+    next_q_target = target_network(batch.next_obs)  # Q⁻(s', ·)
+    next_q_online = q_network(batch.next_obs) if config.double_dqn else next_q_target
+    y = jax.lax.stop_gradient(
+        td_target(
+            batch.rewards,
+            next_q_target,
+            next_q_online,
+            batch.terminated,
+            batch.truncated,
+            config.gamma,
+            config.double_dqn,
+            config.bootstrap_truncated,
+        )
+    )
+    if config.loss == "huber":
         return optax.huber_loss(q_taken, y, delta=1.0).mean()
     return optax.l2_loss(q_taken, y).mean()  # ½(y − Q)²
 
@@ -281,26 +389,35 @@ def loss_fn(q_network: QNetwork, target_network: QNetwork, batch: dict, gamma: f
 # ----------------------------------------------------------------------------- jitted steps
 # `nnx.split` turns a module into (graphdef, state): a static description plus a pytree of arrays.
 # These functions take that state and `nnx.merge` inside; `make_step_fns` wraps them in plain `jax.jit`
-# with the graphdefs bound by `functools.partial`, so a call only flattens a few arrays instead of
-# walking the module graph the way nnx.jit does on every call (see the README for measured costs).
+# with the graphdefs and the TrainConfig bound by `functools.partial`, so a call only flattens a few arrays
+# instead of walking the module graph the way nnx.jit does on every call (README: measured costs).
+
 
 def greedy_actions(graphdef: nnx.GraphDef, params: nnx.State, obs: jax.Array) -> jax.Array:
     """a = argmax_a Q_θ(s, a) for a batch of observations (n, obs_dim) -> (n,)."""
     return jnp.argmax(nnx.merge(graphdef, params)(obs), axis=-1)
 
 
-def train_block(graphdef, opt_graphdef, params, opt_state, target_params, batches, gamma: float = 0.99,
-                loss: str = "mse", double_dqn: bool = True, bootstrap_truncated: bool = True):
-    """Run len(batches) gradient steps in one compiled lax.scan; the target network is fixed throughout.
+def train_block(
+    graphdef: nnx.GraphDef,
+    opt_graphdef: nnx.GraphDef,
+    config: TrainConfig,
+    params: nnx.State,
+    opt_state: nnx.State,
+    target_params: nnx.State,
+    batches: Batch,
+):
+    """Run one gradient step per minibatch of `batches` (leading axis) in one compiled lax.scan; the target
+    network is fixed throughout.
 
     Returns the new (params, opt_state) and the mean loss over the block.
     """
+
     def gradient_step(carry, batch):
         params, opt_state = carry
 
         def loss_of_params(p):  # pure in the parameter pytree, so jax.value_and_grad (not nnx.value_and_grad)
-            return loss_fn(nnx.merge(graphdef, p), nnx.merge(graphdef, target_params), batch, gamma,
-                           loss, double_dqn, bootstrap_truncated)
+            return loss_fn(nnx.merge(graphdef, p), nnx.merge(graphdef, target_params), batch, config)
 
         value, grads = jax.value_and_grad(loss_of_params)(params)
         q_network, optimizer = nnx.merge(graphdef, params), nnx.merge(opt_graphdef, opt_state)
@@ -314,7 +431,7 @@ def train_block(graphdef, opt_graphdef, params, opt_state, target_params, batche
 @jax.jit
 def soft_update(params: nnx.State, target_params: nnx.State, tau: float) -> nnx.State:
     """θ⁻ ← τ·θ + (1 − τ)·θ⁻ (Polyak averaging)."""
-    return jax.tree.map(lambda p, t: tau * p + (1.0 - tau) * t, params, target_params)
+    return optax.incremental_update(params, target_params, tau)
 
 
 def sync_target(params: nnx.State, target_params: nnx.State, tau: float) -> nnx.State:
@@ -328,13 +445,14 @@ def sync_target(params: nnx.State, target_params: nnx.State, tau: float) -> nnx.
 def make_step_fns(args: Args, graphdef: nnx.GraphDef, opt_graphdef: nnx.GraphDef):
     """The two hot functions, compiled once: act(params, obs) -> actions and
     train(params, opt_state, target_params, batches) -> (params, opt_state, mean_loss)."""
+    config = TrainConfig(args.gamma, args.loss, args.double_dqn, args.bootstrap_truncated)
     act = jax.jit(partial(greedy_actions, graphdef))
-    train = jax.jit(partial(train_block, graphdef, opt_graphdef, gamma=args.gamma, loss=args.loss,
-                            double_dqn=args.double_dqn, bootstrap_truncated=args.bootstrap_truncated))
+    train = jax.jit(partial(train_block, graphdef, opt_graphdef, config))
     return act, train
 
 
 # ----------------------------------------------------------------------------- evaluation
+
 
 class Evaluation(NamedTuple):
     returns: np.ndarray  # (n_episodes,) greedy returns
@@ -362,13 +480,15 @@ def evaluate(act, params: nnx.State, n_episodes: int, seed: int) -> Evaluation:
     envs.close()
     cart_out = np.abs(last_obs[:, 0]) > X_LIMIT
     pole_down = ~cart_out & (np.abs(last_obs[:, 2]) > THETA_LIMIT)
-    ends = dict(time_limit=int((~cart_out & ~pole_down).sum()), cart_left_track=int(cart_out.sum()),
-                pole_fell=int(pole_down.sum()))
+    ends = dict(
+        time_limit=int((~cart_out & ~pole_down).sum()),
+        cart_left_track=int(cart_out.sum()),
+        pole_fell=int(pole_down.sum()),
+    )
     return Evaluation(returns, ends)
 
 
-def record_gif(act, params: nnx.State, path: str, seed: int,
-               frame_skip: int = 2, scale: float = 0.5) -> float:
+def record_gif(act, params: nnx.State, path: str, seed: int, frame_skip: int = 2, scale: float = 0.5) -> float:
     """Render one greedy episode into an animated GIF (every `frame_skip`-th frame, downscaled); return its return."""
     from PIL import Image
 
@@ -392,30 +512,61 @@ def record_gif(act, params: nnx.State, path: str, seed: int,
 
 # ----------------------------------------------------------------------------- checkpoints (.npz, no pickle)
 
-def save_params(params: nnx.State, path: str) -> None:
-    np.savez(path, **{"/".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(params)})
+
+def save_checkpoint(path: str, parts: dict) -> None:
+    """parts: name -> nnx.Module (its nnx.Param state) or np.ndarray. One .npz, keys 'name/…/leaf', no pickle."""
+    arrays = {}
+    for name, part in parts.items():
+        if isinstance(part, nnx.Module):
+            pure = nnx.to_pure_dict(nnx.state(part, nnx.Param))  # nested dict: {'hidden1': {'kernel': …}, …}
+            for keys, leaf in jax.tree_util.tree_flatten_with_path(pure)[0]:
+                arrays[checkpoint_key(name, keys)] = np.asarray(leaf)
+        else:
+            arrays[name] = np.asarray(part)
+    np.savez(path, **arrays)
 
 
-def load_params(params_like: nnx.State, path: str) -> nnx.State:
-    """Read an .npz written by `save_params`; its keys and shapes must match `params_like`."""
+def load_checkpoint(path: str, parts: dict) -> dict:
+    """Fill every Module in `parts` in place from `path` (nnx.replace_by_pure_dict); return the arrays stored
+    for the non-Module entries. Raises InputError on a missing, corrupt or mismatched file."""
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
     except Exception as e:  # missing, truncated, not a zip, pickled objects ...
-        sys.exit(f"error: --load {path!r} is not a readable .npz checkpoint ({type(e).__name__})")
-    flat = []
-    for p, v in nnx.to_flat_state(params_like):
-        key = "/".join(map(str, p))
-        if key not in arrays or arrays[key].shape != v[...].shape:
+        raise InputError(f"--load {path!r} is not a readable .npz checkpoint ({type(e).__name__})") from None
+
+    def stored(key: str, like) -> np.ndarray:  # the array saved under `key`, with the shape of `like`
+        if key not in arrays or arrays[key].shape != np.shape(like):
             found = arrays[key].shape if key in arrays else "missing"
-            sys.exit(f"error: --load {path!r} does not fit this Q-network: {key} expected {v[...].shape}, "
-                     f"found {found} (check --hidden-size)")
-        flat.append((p, v.replace(jnp.asarray(arrays[key]))))
-    return nnx.from_flat_state(flat)
+            raise InputError(
+                f"--load {path!r} does not fit this Q-network: {key} expected {np.shape(like)}, "
+                f"found {found} (check --hidden-size)"
+            )
+        return arrays[key]
+
+    others = {}
+    for name, part in parts.items():
+        if isinstance(part, nnx.Module):
+            state = nnx.state(part, nnx.Param)
+            pure = jax.tree_util.tree_map_with_path(
+                lambda keys, leaf, name=name: jnp.asarray(stored(checkpoint_key(name, keys), leaf)),
+                nnx.to_pure_dict(state),
+            )
+            nnx.replace_by_pure_dict(state, pure)
+            nnx.update(part, state)
+        else:
+            others[name] = stored(name, part)
+    return others
 
 
-def plot_curve(curve: list[dict], threshold: float, path: str, title: str, chosen_step: int | None = None) -> None:
+def checkpoint_key(name: str, keys) -> str:
+    """'q_network/hidden1/kernel' for the leaf at path ('hidden1', 'kernel') of the part called 'q_network'."""
+    return f"{name}/{jax.tree_util.keystr(keys, simple=True, separator='/')}"
+
+
+def plot_curve(path: str, curve: list[dict], threshold: float, title: str, chosen_step: int | None = None) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -434,6 +585,7 @@ def plot_curve(curve: list[dict], threshold: float, path: str, title: str, chose
 
 
 # ----------------------------------------------------------------------------- training loop
+
 
 def train(args: Args, act, train_fn, params: nnx.State, opt_state: nnx.State) -> tuple[nnx.State, dict]:
     """Collect with ε-greedy in num_envs envs, learn from replay: the DQN loop. Returns the last params and a log.
@@ -460,7 +612,7 @@ def train(args: Args, act, train_fn, params: nnx.State, opt_state: nnx.State) ->
     env_steps, t_train = 0, time.perf_counter()
     while env_steps < args.total_timesteps:
         # ε-greedy in every env: explore with probability ε_t, else a = argmax_a Q_θ(s, a)
-        epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, env_steps)
+        epsilon = linear_schedule(args.eps_start, args.eps_end, exploration_steps, env_steps)
         explore = rng.random(n) < (1.0 if env_steps < args.learning_starts else epsilon)
         actions = np.where(explore, rng.integers(n_actions, size=n), np.asarray(act(params, obs)))
         next_obs, rewards, terminated, truncated, _ = envs.step(actions)
@@ -487,22 +639,39 @@ def train(args: Args, act, train_fn, params: nnx.State, opt_state: nnx.State) ->
             elapsed = time.perf_counter() - t_train
             train_return = float(np.mean(train_returns[-10:])) if train_returns else 0.0
             mean_loss = float(np.mean(losses[-10:])) if losses else float("nan")
-            curve.append(dict(step=env_steps, eval_return=eval_return, train_return=train_return,
-                              loss=mean_loss, seconds=round(elapsed, 2)))
+            curve.append(
+                dict(
+                    step=env_steps,
+                    eval_return=eval_return,
+                    train_return=train_return,
+                    loss=mean_loss,
+                    seconds=round(elapsed, 2),
+                )
+            )
             if eval_return >= best["eval_return"]:  # ties go to the later, longer-trained parameters
                 best = dict(params=params, eval_return=eval_return, step=env_steps)
             if solved_step is None and eval_return >= args.solve_threshold:
                 solved_step, solved_seconds = env_steps, round(elapsed, 2)
-            print(f"step={env_steps} return={train_return:.1f} eval_return={eval_return:.1f} loss={mean_loss:.4f} "
-                  f"eps={epsilon:.3f} sps={env_steps / elapsed:.0f}", flush=True)
+            print(
+                f"step={env_steps} return={train_return:.1f} eval_return={eval_return:.1f} loss={mean_loss:.4f} "
+                f"eps={epsilon:.3f} sps={env_steps / elapsed:.0f}",
+                flush=True,
+            )
     envs.close()
-    log = dict(curve=curve, best=best, train_seconds=time.perf_counter() - t_train, solved_step=solved_step,
-               solved_seconds=solved_seconds, train_episodes=len(train_returns),
-               gradient_steps_total=len(losses) * args.gradient_steps)
+    log = dict(
+        curve=curve,
+        best=best,
+        train_seconds=time.perf_counter() - t_train,
+        solved_step=solved_step,
+        solved_seconds=solved_seconds,
+        train_episodes=len(train_returns),
+        gradient_steps_total=len(losses) * args.gradient_steps,
+    )
     return params, log
 
 
 # ----------------------------------------------------------------------------- main
+
 
 def save_metrics(folder: str, metrics: dict, args: Args) -> None:
     with open(os.path.join(folder, "metrics.json"), "w") as f:
@@ -515,26 +684,78 @@ def write_video(act, params: nnx.State, folder: str, seed: int, metrics: dict, a
     try:
         metrics["video_return"] = record_gif(act, params, path, seed=seed)
     except Exception as e:  # pygame missing, disk full, ...: the run's results are already on disk
-        sys.exit(f"error: --video could not write {path!r} ({type(e).__name__}: {e}); metrics.json is saved")
+        raise InputError(f"--video could not write {path!r} ({type(e).__name__}: {e}); metrics.json is saved") from None
     save_metrics(folder, metrics, args)
     print(f"video: {path} (return {metrics['video_return']:.0f})", flush=True)
 
 
-def evaluate_saved(args: Args, act, params: nnx.State) -> dict:
+def evaluation_metrics(evaluation: Evaluation) -> dict:
+    returns, ends = evaluation
+    return dict(
+        eval_return_mean=float(returns.mean()),
+        eval_return_std=float(returns.std()),
+        eval_return_min=float(returns.min()),
+        eval_episodes=len(returns),
+        eval_ends=ends,
+    )
+
+
+def evaluate_saved(args: Args, act, q_network: QNetwork) -> dict:
     """--load: evaluate (and with --video, watch) a saved agent; writes into <out>/eval/."""
     folder = output_folder(args)
-    params = load_params(params, args.load)
-    returns, ends = evaluate(act, params, args.eval_episodes, args.eval_seed)
-    metrics = dict(eval_return_mean=float(returns.mean()), eval_return_std=float(returns.std()),
-                   eval_return_min=float(returns.min()), eval_episodes=len(returns), eval_ends=ends, env_steps=0,
-                   train_seconds=0.0, loaded_from=args.load)
+    load_checkpoint(args.load, {"q_network": q_network})
+    params = nnx.state(q_network)
+    metrics = dict(
+        **evaluation_metrics(evaluate(act, params, args.eval_episodes, args.eval_seed)),
+        env_steps=0,
+        train_seconds=0.0,
+        loaded_from=args.load,
+    )
     save_metrics(folder, metrics, args)
-    print(f"loaded {args.load}: eval_return_mean={metrics['eval_return_mean']:.1f} "
-          f"eval_return_std={metrics['eval_return_std']:.1f} over {len(returns)} episodes; wrote {folder}/metrics.json",
-          flush=True)
+    print(
+        f"loaded {args.load}: eval_return_mean={metrics['eval_return_mean']:.1f} "
+        f"eval_return_std={metrics['eval_return_std']:.1f} over {metrics['eval_episodes']} episodes; "
+        f"wrote {folder}/metrics.json",
+        flush=True,
+    )
     if args.video:
         write_video(act, params, folder, args.eval_seed, metrics, args)
     return metrics
+
+
+def training_metrics(args: Args, final: Evaluation, last: Evaluation, log: dict, t_start: float) -> dict:
+    """metrics.json of a training run: the final evaluation of the saved parameters, then how training went."""
+    return dict(
+        **evaluation_metrics(final),
+        final_agent=args.final_agent,
+        best_step=log["best"]["step"],
+        best_periodic_return=log["best"]["eval_return"],
+        last_eval_return_mean=float(last.returns.mean()),
+        env_steps=args.total_timesteps,
+        train_seconds=round(log["train_seconds"], 2),
+        gradient_steps_total=log["gradient_steps_total"],
+        solved_step=log["solved_step"],
+        solved_seconds=log["solved_seconds"],
+        train_episodes=log["train_episodes"],
+        curve=log["curve"],
+        total_seconds=round(time.perf_counter() - t_start, 2),
+    )
+
+
+def print_summary(args: Args, metrics: dict) -> None:
+    print(
+        f"\nfinal greedy evaluation of the {args.final_agent} parameters over {metrics['eval_episodes']} episodes "
+        f"(--eval-seed {args.eval_seed}): "
+        f"eval_return_mean={metrics['eval_return_mean']:.1f} eval_return_std={metrics['eval_return_std']:.1f} "
+        f"min={metrics['eval_return_min']:.0f}"
+    )
+    print("episodes ended: " + " ".join(f"{k}={v}" for k, v in metrics["eval_ends"].items()))
+    print(
+        f"env_steps={args.total_timesteps} train_seconds={metrics['train_seconds']:.1f} "
+        f"gradient_steps={metrics['gradient_steps_total']} solved_step={metrics['solved_step']} "
+        f"total_seconds={metrics['total_seconds']}"
+    )
+    print(f"wrote {os.path.join(args.out, 'metrics.json')}, learning_curve.png, q_network.npz", flush=True)
 
 
 def use_compile_cache(folder: str) -> None:
@@ -557,6 +778,7 @@ def use_sequential_xla_scheduler() -> None:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_enable_concurrency_optimized_scheduler=false".strip()
 
 
+@reports_input_errors
 def main(args: Args) -> dict:
     validate(args)  # flag values and the output folder, before any work
     use_compile_cache(args.compile_cache)
@@ -567,39 +789,27 @@ def main(args: Args) -> dict:
     opt_graphdef, opt_state = nnx.split(optimizer)
     act, train_fn = make_step_fns(args, graphdef, opt_graphdef)
     if args.load:
-        return evaluate_saved(args, act, params)
+        return evaluate_saved(args, act, q_network)
 
     last_params, log = train(args, act, train_fn, params, opt_state)
 
     # Final greedy evaluation with a fixed seed, other than the periodic evaluations' seed used to pick `best`.
     last = evaluate(act, last_params, args.eval_episodes, args.eval_seed)
-    params, (returns, ends) = last_params, last
+    params, final = last_params, last
     if args.final_agent == "best":
         params = log["best"]["params"]
-        returns, ends = evaluate(act, params, args.eval_episodes, args.eval_seed)
-    save_params(params, os.path.join(args.out, "q_network.npz"))
-    metrics = dict(
-        eval_return_mean=float(returns.mean()), eval_return_std=float(returns.std()),
-        eval_return_min=float(returns.min()), eval_episodes=len(returns), eval_ends=ends, final_agent=args.final_agent,
-        best_step=log["best"]["step"], best_periodic_return=log["best"]["eval_return"],
-        last_eval_return_mean=float(last.returns.mean()), env_steps=args.total_timesteps,
-        train_seconds=round(log["train_seconds"], 2), gradient_steps_total=log["gradient_steps_total"],
-        solved_step=log["solved_step"], solved_seconds=log["solved_seconds"], train_episodes=log["train_episodes"],
-        curve=log["curve"], total_seconds=round(time.perf_counter() - t_start, 2),
-    )
+        final = evaluate(act, params, args.eval_episodes, args.eval_seed)
+    save_checkpoint(os.path.join(args.out, "q_network.npz"), {"q_network": nnx.merge(graphdef, params)})
+    metrics = training_metrics(args, final, last, log, t_start)
     save_metrics(args.out, metrics, args)
-    plot_curve(log["curve"], args.solve_threshold, os.path.join(args.out, "learning_curve.png"),
-               f"DQN on {ENV_ID}, seed {args.seed}",
-               chosen_step=log["best"]["step"] if args.final_agent == "best" else args.total_timesteps)
-    print(f"\nfinal greedy evaluation of the {args.final_agent} parameters over {len(returns)} episodes "
-          f"(--eval-seed {args.eval_seed}): "
-          f"eval_return_mean={metrics['eval_return_mean']:.1f} eval_return_std={metrics['eval_return_std']:.1f} "
-          f"min={metrics['eval_return_min']:.0f}")
-    print("episodes ended: " + " ".join(f"{k}={v}" for k, v in ends.items()))
-    print(f"env_steps={args.total_timesteps} train_seconds={metrics['train_seconds']:.1f} "
-          f"gradient_steps={metrics['gradient_steps_total']} solved_step={metrics['solved_step']} "
-          f"total_seconds={metrics['total_seconds']}")
-    print(f"wrote {os.path.join(args.out, 'metrics.json')}, learning_curve.png, q_network.npz", flush=True)
+    plot_curve(
+        os.path.join(args.out, "learning_curve.png"),
+        log["curve"],
+        args.solve_threshold,
+        f"DQN on {ENV_ID}, seed {args.seed}",
+        chosen_step=log["best"]["step"] if args.final_agent == "best" else args.total_timesteps,
+    )
+    print_summary(args, metrics)
     if args.video:
         write_video(act, params, args.out, args.eval_seed, metrics, args)
     return metrics

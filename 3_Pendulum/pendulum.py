@@ -1,7 +1,7 @@
 """PPO (actor-critic, GAE, clipped surrogate) that swings up and balances Pendulum-v1, in JAX + Flax NNX.
 
 The script reads top to bottom like the algorithm:
-  Args → environments → actor / critic → GAE → losses → one jitted PPO update → evaluation → main.
+  Args → environments → actor / critic → GAE → losses → the compiled PPO update → evaluation → training loops → main.
 
 One iteration = collect a rollout of `--num-envs × --num-steps` transitions with the current policy
 (gymnasium's vector API), compute GAE(λ) advantages, then run `--update-epochs` epochs of minibatch
@@ -20,14 +20,17 @@ Either way, every seed's final policy is scored on gymnasium's Pendulum-v1.
     python 3_Pendulum/pendulum.py --backend jax --num-seeds 16 --algo reinforce --num-envs 10 --num-steps 200
     python 3_Pendulum/pendulum.py --load runs/pendulum/params.npz --video runs/pendulum/episode.gif
 """
+
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from typing import NamedTuple
@@ -37,7 +40,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
+from flax import nnx, traverse_util
+from gymnasium.wrappers.utils import RunningMeanStd
+from gymnasium.wrappers.vector import RecordEpisodeStatistics
 from tensorflow_probability.substrates import jax as tfp
 
 tfd = tfp.distributions
@@ -56,18 +61,31 @@ def flag(default, help: str, **kw):
 @dataclass
 class Args:
     seed: int = flag(0, "seeds everything: jax.random.key, nnx.Rngs, env resets, NumPy's Generator")
-    preset: str = flag("default", "'spec' makes the specification's hyperparameters the defaults "
-                       "(flags given explicitly still win; in Python: Args(preset='spec', **SPEC_PRESET))",
-                       choices=("default", "spec"))
-    backend: str = flag("gymnasium", "'gymnasium' = NumPy envs stepped from a Python loop (the pattern for any "
-                        "gymnasium env); 'jax' = a JAX port of Pendulum-v1, rollout + update compiled into one "
-                        "call per iteration", choices=("gymnasium", "jax"))
+    preset: str = flag(
+        "default",
+        "'spec' makes the specification's hyperparameters the defaults "
+        "(flags given explicitly still win; in Python: Args(preset='spec', **SPEC_PRESET))",
+        choices=("default", "spec"),
+    )
+    backend: str = flag(
+        "gymnasium",
+        "'gymnasium' = NumPy envs stepped from a Python loop (the pattern for any "
+        "gymnasium env); 'jax' = a JAX port of Pendulum-v1, rollout + update compiled into one "
+        "call per iteration",
+        choices=("gymnasium", "jax"),
+    )
     num_seeds: int = flag(1, "with --backend jax, train seeds --seed … --seed+N−1 together through jax.vmap")
-    host_devices: int = flag(-1, "with --backend jax, split the CPU into this many JAX devices and shard the seeds "
-                             "across them (must divide --num-seeds); -1 = one per core, as many as divide --num-seeds")
-    algo: str = flag("ppo", "policy-gradient rung: 'reinforce' (Monte-Carlo G_t), 'reinforce-baseline' "
-                     "(G_t − V(s_t)), 'a2c' (GAE, one epoch, no clip), 'ppo' (GAE, clipped surrogate)",
-                     choices=ALGOS)
+    host_devices: int = flag(
+        -1,
+        "with --backend jax, split the CPU into this many JAX devices and shard the seeds "
+        "across them (must divide --num-seeds); -1 = one per core, as many as divide --num-seeds",
+    )
+    algo: str = flag(
+        "ppo",
+        "policy-gradient rung: 'reinforce' (Monte-Carlo G_t), 'reinforce-baseline' "
+        "(G_t − V(s_t)), 'a2c' (GAE, one epoch, no clip), 'ppo' (GAE, clipped surrogate)",
+        choices=ALGOS,
+    )
     total_timesteps: int = flag(100_000, "environment steps to train for (summed over all envs)")
     num_envs: int = flag(16, "parallel Pendulum-v1 copies in a gymnasium SyncVectorEnv")
     num_steps: int = flag(125, "steps per env in one rollout; a rollout holds num_envs × num_steps transitions")
@@ -76,37 +94,56 @@ class Args:
     gamma: float = flag(0.99, "discount factor γ")
     gae_lambda: float = flag(0.95, "GAE λ: 0 = one-step TD error, 1 = Monte Carlo return minus V")
     clip_eps: float = flag(0.2, "PPO clip range ε: the ratio is clipped to [1-ε, 1+ε]")
-    actor_lr: float = flag(1e-3, "Adam learning rate of the actor")
-    critic_lr: float = flag(1e-3, "Adam learning rate of the critic")
+    actor_learning_rate: float = flag(1e-3, "Adam learning rate of the actor")
+    critic_learning_rate: float = flag(1e-3, "Adam learning rate of the critic")
     anneal_lr: bool = flag(True, "decay both learning rates linearly to 0 over training")
     ent_coef: float = flag(0.0, "entropy bonus coefficient (0 = off)")
     max_grad_norm: float = flag(0.5, "clip each network's gradient to this global norm (0 = off)")
     norm_adv: bool = flag(True, "normalise advantages to mean 0, std 1 in each minibatch")
     norm_obs: bool = flag(False, "normalise observations with running mean/std (updated after each rollout)")
     reward_scale: float = flag(0.1, "multiply rewards by this before GAE (returns are logged unscaled)")
-    truncation_bootstrap: bool = flag(True, "at a time-limit truncation, bootstrap from V(final obs); "
-                                      "--no-truncation-bootstrap treats it as a termination, as the spec does")
-    sigma: str = flag("param", "σ of the Normal policy: 'param' = one learned log σ per action dim, "
-                      "'state' = a softplus head on the hidden layer (the spec's)", choices=("param", "state"))
+    bootstrap_truncated: bool = flag(
+        True,
+        "at a time-limit truncation, bootstrap from V(final obs); "
+        "--no-bootstrap-truncated treats it as a termination, as the spec does",
+    )
+    sigma: str = flag(
+        "param",
+        "σ of the Normal policy: 'param' = one learned log σ per action dim, "
+        "'state' = a softplus head on the hidden layer (the spec's)",
+        choices=("param", "state"),
+    )
     log_std_init: float = flag(0.0, "initial log σ when --sigma param")
-    hidden: int = flag(64, "width of the two hidden layers of actor and critic")
+    hidden_size: int = flag(64, "width of the two hidden layers of actor and critic")
     activation: str = flag("tanh", "hidden-layer activation", choices=("tanh", "relu"))
     eval_episodes: int = flag(20, "deterministic (mean-action) evaluation episodes after training")
-    eval_seed: int = flag(10_000, "evaluation episode i resets with seed eval_seed + i, "
-                          "the same start states for every training seed")
+    eval_seed: int = flag(
+        10_000, "evaluation episode i resets with seed eval_seed + i, the same start states for every training seed"
+    )
     out: str = flag("runs/pendulum", "folder for metrics.json, the curve PNG and params.npz")
     load: str = flag("", "evaluate the parameters in this .npz instead of training")
     video: str = flag("", "render one deterministic episode into this .gif")
-    compile_cache: str = flag("~/.cache/jax-rl-course", "JAX's persistent compilation cache: later runs reuse "
-                                                        "the compiled XLA programs ('' turns it off)")
+    compile_cache: str = flag(
+        "~/.cache/jax-rl-course",
+        "JAX's persistent compilation cache: later runs reuse the compiled XLA programs ('' turns it off)",
+    )
 
 
-# The specification's hyperparameters (its README's table). Architecture and σ follow its Actor.
-SPEC_PRESET = dict(
-    num_envs=1, num_steps=2048, update_epochs=10, minibatch_size=64, gamma=0.99, gae_lambda=0.95,
-    clip_eps=0.2, actor_lr=3e-4, critic_lr=1e-3, anneal_lr=False, ent_coef=0.0, max_grad_norm=0.0,
-    norm_obs=False, reward_scale=1.0, sigma="state", activation="relu", hidden=64,
-)
+class InputError(Exception):
+    """Bad input: a flag value, a missing or corrupt file, an unwritable folder, a mesh that does not fit."""
+
+
+def reports_input_errors(main):
+    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1."""
+
+    @functools.wraps(main)
+    def run(args):
+        try:
+            return main(args)
+        except InputError as e:
+            sys.exit(f"error: {e}")
+
+    return run
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -117,19 +154,45 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def parse_args(argv=None) -> Args:
-    p = OneLineParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in fields(Args):
         name = "--" + f.name.replace("_", "-")
         if isinstance(f.default, bool):
             p.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
         else:
-            p.add_argument(name, type=type(f.default) if f.default is not None else str, default=f.default,
-                           help=f.metadata["help"], choices=f.metadata.get("choices"))
+            p.add_argument(
+                name,
+                type=type(f.default),
+                default=f.default,
+                help=f.metadata["help"],
+                choices=f.metadata.get("choices"),
+            )
     first, _ = p.parse_known_args(argv)
     if first.preset == "spec":  # the preset changes the defaults; explicit flags are parsed on top
         p.set_defaults(**SPEC_PRESET)
     return Args(**vars(p.parse_args(argv)))
+
+
+# The specification's hyperparameters (its README's table). Architecture and σ follow its Actor.
+SPEC_PRESET = dict(
+    num_envs=1,
+    num_steps=2048,
+    update_epochs=10,
+    minibatch_size=64,
+    gamma=0.99,
+    gae_lambda=0.95,
+    clip_eps=0.2,
+    actor_learning_rate=3e-4,
+    critic_learning_rate=1e-3,
+    anneal_lr=False,
+    ent_coef=0.0,
+    max_grad_norm=0.0,
+    norm_obs=False,
+    reward_scale=1.0,
+    sigma="state",
+    activation="relu",
+    hidden_size=64,
+)
 
 
 @dataclass(frozen=True)
@@ -150,74 +213,87 @@ def derived(args: Args) -> Derived:
 
 
 def validate(args: Args) -> None:
-    """Exit with a one-line error on a bad flag value."""
-    def bad(msg):
-        sys.exit(f"error: {msg}")
-
-    for name in ("total_timesteps", "num_envs", "num_steps", "update_epochs", "minibatch_size", "hidden",
-                 "eval_episodes"):
+    """Raise InputError on a bad flag value or an output folder that cannot be written."""
+    for name in (
+        "total_timesteps",
+        "num_envs",
+        "num_steps",
+        "update_epochs",
+        "minibatch_size",
+        "hidden_size",
+        "eval_episodes",
+    ):
         if getattr(args, name) <= 0:
-            bad(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    for name in ("actor_lr", "critic_lr", "clip_eps", "reward_scale"):
+            raise InputError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    for name in ("actor_learning_rate", "critic_learning_rate", "clip_eps", "reward_scale"):
         v = getattr(args, name)
         if not math.isfinite(v) or v <= 0:
-            bad(f"--{name.replace('_', '-')} must be a positive finite number, got {v}")
+            raise InputError(f"--{name.replace('_', '-')} must be a positive finite number, got {v}")
     for name in ("ent_coef", "max_grad_norm"):
         v = getattr(args, name)
         if not math.isfinite(v) or v < 0:
-            bad(f"--{name.replace('_', '-')} must be a finite number >= 0, got {v}")
+            raise InputError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {v}")
     for name in ("gamma", "gae_lambda"):
         v = getattr(args, name)
         if not (0.0 <= v <= 1.0):  # also rejects NaN
-            bad(f"--{name.replace('_', '-')} must be in [0, 1], got {v}")
+            raise InputError(f"--{name.replace('_', '-')} must be in [0, 1], got {v}")
     if args.num_seeds <= 0:
-        bad(f"--num-seeds must be positive, got {args.num_seeds}")
+        raise InputError(f"--num-seeds must be positive, got {args.num_seeds}")
     if args.host_devices == 0 or args.host_devices < -1:
-        bad(f"--host-devices must be a positive device count or -1 (one per core), got {args.host_devices}")
+        raise InputError(
+            f"--host-devices must be a positive device count or -1 (one per core), got {args.host_devices}"
+        )
     if args.host_devices > 0 and (args.backend != "jax" or args.num_seeds % args.host_devices):
-        bad(f"--host-devices {args.host_devices} needs --backend jax and a --num-seeds that it divides "
-            f"(got --backend {args.backend} --num-seeds {args.num_seeds})")
+        raise InputError(
+            f"--host-devices {args.host_devices} needs --backend jax and a --num-seeds that it divides "
+            f"(got --backend {args.backend} --num-seeds {args.num_seeds})"
+        )
     if args.backend == "gymnasium" and args.num_seeds > 1:
-        bad(f"--num-seeds {args.num_seeds} needs --backend jax (the gymnasium backend trains one seed; "
-            f"for a sweep use tools/seeds.py)")
+        raise InputError(
+            f"--num-seeds {args.num_seeds} needs --backend jax (the gymnasium backend trains one "
+            f"seed; for a sweep use tools/seeds.py)"
+        )
     if args.backend == "jax" and args.norm_obs:
-        bad("--norm-obs is implemented for --backend gymnasium only")
+        raise InputError("--norm-obs is implemented for --backend gymnasium only")
     if args.load and args.num_seeds > 1:
-        bad("--load evaluates one saved policy; drop --num-seeds")
+        raise InputError("--load evaluates one saved policy; drop --num-seeds")
     if args.algo.startswith("reinforce") and args.num_steps % EPISODE_STEPS:
-        bad(f"--algo {args.algo} needs whole episodes in every rollout: --num-steps must be a multiple of "
-            f"{EPISODE_STEPS} (the time limit), got {args.num_steps}; e.g. --num-envs 10 --num-steps 200")
+        raise InputError(
+            f"--algo {args.algo} needs whole episodes in every rollout: --num-steps must be a multiple "
+            f"of {EPISODE_STEPS} (the time limit), got {args.num_steps}; "
+            f"e.g. --num-envs 10 --num-steps 200"
+        )
     if not math.isfinite(args.log_std_init):
-        bad(f"--log-std-init must be finite, got {args.log_std_init}")
+        raise InputError(f"--log-std-init must be finite, got {args.log_std_init}")
     batch = args.num_envs * args.num_steps
     if args.minibatch_size > batch:
-        bad(f"--minibatch-size ({args.minibatch_size}) is larger than the rollout "
-            f"(--num-envs × --num-steps = {batch})")
+        raise InputError(
+            f"--minibatch-size ({args.minibatch_size}) is larger than the rollout (--num-envs × --num-steps = {batch})"
+        )
     if not args.load and args.total_timesteps < batch:
-        bad(f"--total-timesteps ({args.total_timesteps}) is less than one rollout "
-            f"(--num-envs × --num-steps = {batch})")
+        raise InputError(
+            f"--total-timesteps ({args.total_timesteps}) is less than one rollout (--num-envs × --num-steps = {batch})"
+        )
     if args.load and not os.path.isfile(args.load):
-        bad(f"--load: no such file: {args.load}")
+        raise InputError(f"--load: no such file: {args.load}")
     if args.video and not args.video.lower().endswith(".gif"):
-        bad(f"--video must end in .gif, got {args.video}")
+        raise InputError(f"--video must end in .gif, got {args.video}")
     defaults = Args()
-    if args.preset == "spec" and all(getattr(args, k) == getattr(defaults, k)
-                                     for k, v in SPEC_PRESET.items() if v != getattr(defaults, k)):
-        bad("preset 'spec' is applied by parse_args; from Python, use Args(preset='spec', **SPEC_PRESET)")
-    out = output_folder(args)
+    if args.preset == "spec" and all(
+        getattr(args, k) == getattr(defaults, k) for k, v in SPEC_PRESET.items() if v != getattr(defaults, k)
+    ):
+        raise InputError("preset 'spec' is applied by parse_args; from Python, use Args(preset='spec', **SPEC_PRESET)")
+    folders = [output_folder(args)] + ([os.path.dirname(os.path.abspath(args.video))] if args.video else [])
     try:  # the output folder and the video's folder are checked before any work: a run that cannot save does not start
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, ".write_test"), "w"):
-            pass
-        os.remove(os.path.join(out, ".write_test"))
-        if args.video:
-            folder = os.path.dirname(os.path.abspath(args.video))
+        for folder in folders:
             os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, ".write_test"), "w"):
                 pass
             os.remove(os.path.join(folder, ".write_test"))
     except OSError as e:
-        bad(f"--out {args.out!r} or --video {args.video!r}: cannot write there ({e.strerror or type(e).__name__})")
+        raise InputError(
+            f"--out {args.out!r} or --video {args.video!r}: cannot write there ({e.strerror or type(e).__name__})"
+        ) from None
 
 
 def output_folder(args: Args) -> str:
@@ -231,8 +307,12 @@ def output_folder(args: Args) -> str:
 def make_envs(n: int) -> gym.vector.VectorEnv:
     """n Pendulum-v1 copies. SAME_STEP autoreset: when an episode ends, step() already returns the
     first observation of the next episode, and the true final observation is in info["final_obs"]."""
-    return gym.make_vec(ENV_ID, num_envs=n, vectorization_mode="sync",
-                        vector_kwargs=dict(autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
+    return gym.make_vec(
+        ENV_ID,
+        num_envs=n,
+        vectorization_mode="sync",
+        vector_kwargs=dict(autoreset_mode=gym.vector.AutoresetMode.SAME_STEP),
+    )
 
 
 def true_next_obs(obs: np.ndarray, done: np.ndarray, info: dict) -> np.ndarray:
@@ -245,21 +325,24 @@ def true_next_obs(obs: np.ndarray, done: np.ndarray, info: dict) -> np.ndarray:
     return nxt
 
 
-class RunningMeanStd:
-    """Running mean/variance of observations (parallel-variance update, Chan et al.)."""
+def normalize_obs(obs: np.ndarray, rms: RunningMeanStd | None) -> np.ndarray:
+    """(obs − mean) / √(var + 1e-8), clipped to ±10, as float32 (--norm-obs); the obs as float32 without statistics.
+    rms is gymnasium's RunningMeanStd (parallel-variance update, Chan et al.), updated after each rollout."""
+    if rms is None:
+        return obs.astype(np.float32)
+    return np.clip((obs - rms.mean) / np.sqrt(rms.var + 1e-8), -10, 10).astype(np.float32)
 
-    def __init__(self, dim: int):
-        self.mean, self.var, self.count = np.zeros(dim), np.ones(dim), 1e-4
 
-    def update(self, x: np.ndarray) -> None:
-        x = x.reshape(-1, x.shape[-1])
-        b_mean, b_var, b_n = x.mean(0), x.var(0), x.shape[0]
-        delta, tot = b_mean - self.mean, self.count + b_n
-        m2 = self.var * self.count + b_var * b_n + delta**2 * self.count * b_n / tot
-        self.mean, self.var, self.count = self.mean + delta * b_n / tot, m2 / tot, tot
+class Rollout(NamedTuple):
+    """num_steps × num_envs transitions of the current policy, every field (T, N, …), on both backends."""
 
-    def normalize(self, x: np.ndarray) -> np.ndarray:
-        return np.clip((x - self.mean) / np.sqrt(self.var + 1e-8), -10, 10).astype(np.float32)
+    obs: np.ndarray | jax.Array  # (T, N, 3) s_t, normalised with --norm-obs
+    actions: np.ndarray | jax.Array  # (T, N, 1) the UNCLIPPED sample a_t (the env got clip(a_t, −2, 2))
+    logp: np.ndarray | jax.Array  # (T, N) log π_old(a_t|s_t)
+    rewards: np.ndarray | jax.Array  # (T, N) r_t × --reward-scale
+    terminated: np.ndarray | jax.Array  # (T, N) 1.0 where the MDP ended (with --no-bootstrap-truncated: any end)
+    truncated: np.ndarray | jax.Array  # (T, N) 1.0 where the time limit cut the episode
+    next_obs: np.ndarray | jax.Array  # (T, N, 3) the TRUE s_{t+1}, also where the env was reset
 
 
 # ----------------------------------------------------------------------------------------------
@@ -271,6 +354,7 @@ GRAVITY, MASS, LENGTH, DT, MAX_SPEED = 10.0, 1.0, 1.0, 0.05, 8.0
 
 class EnvState(NamedTuple):
     """One pendulum (or, vmapped, a batch): angle θ (0 = upright, not wrapped), θ̇, steps taken so far."""
+
     th: jax.Array
     thdot: jax.Array
     t: jax.Array
@@ -319,14 +403,23 @@ def linear(n_in: int, n_out: int, scale: float, rngs: nnx.Rngs) -> nnx.Linear:
 class Actor(nnx.Module):
     """π_θ(a|s) = Normal(μ_θ(s), σ). μ = 2·tanh(·) keeps the mean inside the torque range."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden: int, sigma: str, activation: str,
-                 log_std_init: float, *, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        obs_dim: int,
+        act_dim: int,
+        hidden_size: int,
+        sigma: str,
+        activation: str,
+        log_std_init: float,
+        *,
+        rngs: nnx.Rngs,
+    ):
         self.activation = activation
-        self.fc1 = linear(obs_dim, hidden, math.sqrt(2), rngs)
-        self.fc2 = linear(hidden, hidden, math.sqrt(2), rngs)
-        self.mu = linear(hidden, act_dim, 0.01, rngs)  # small gain: the first policy is ≈ Normal(0, σ)
+        self.fc1 = linear(obs_dim, hidden_size, math.sqrt(2), rngs)
+        self.fc2 = linear(hidden_size, hidden_size, math.sqrt(2), rngs)
+        self.mu = linear(hidden_size, act_dim, 0.01, rngs)  # small gain: the first policy is ≈ Normal(0, σ)
         if sigma == "state":
-            self.sigma_head = linear(hidden, act_dim, 0.01, rngs)
+            self.sigma_head = linear(hidden_size, act_dim, 0.01, rngs)
         else:
             self.log_std = nnx.Param(jnp.full((act_dim,), log_std_init, jnp.float32))
 
@@ -345,31 +438,35 @@ class Critic(nnx.Module):
     """V_φ(s): obs (B, obs_dim) → (B,). The trailing axis is squeezed here, once, so that a value
     of shape (B,) never meets a target of shape (B,) as (B, 1) (which would broadcast to B×B)."""
 
-    def __init__(self, obs_dim: int, hidden: int, activation: str, *, rngs: nnx.Rngs):
+    def __init__(self, obs_dim: int, hidden_size: int, activation: str, *, rngs: nnx.Rngs):
         self.activation = activation
-        self.fc1 = linear(obs_dim, hidden, math.sqrt(2), rngs)
-        self.fc2 = linear(hidden, hidden, math.sqrt(2), rngs)
-        self.out = linear(hidden, 1, 1.0, rngs)
+        self.fc1 = linear(obs_dim, hidden_size, math.sqrt(2), rngs)
+        self.fc2 = linear(hidden_size, hidden_size, math.sqrt(2), rngs)
+        self.out = linear(hidden_size, 1, 1.0, rngs)
 
     def __call__(self, obs: jax.Array) -> jax.Array:
         act = ACTIVATIONS[self.activation]
         return self.out(act(self.fc2(act(self.fc1(obs)))))[..., 0]
 
 
-def make_optimizer(model: nnx.Module, lr: float, args: Args, total_grad_steps: int) -> nnx.Optimizer:
+def make_optimizer(model: nnx.Module, learning_rate: float, args: Args, total_grad_steps: int) -> nnx.Optimizer:
     """Adam (after an optional global-norm clip), with a linearly decaying rate if --anneal-lr.
     Flax ≥ 0.11 API: nnx.Optimizer(model, tx, wrt=nnx.Param); a step is optimizer.update(model, grads)."""
-    schedule = optax.linear_schedule(lr, 0.0, total_grad_steps) if args.anneal_lr else lr
+    schedule = optax.linear_schedule(learning_rate, 0.0, total_grad_steps) if args.anneal_lr else learning_rate
     clip = [optax.clip_by_global_norm(args.max_grad_norm)] if args.max_grad_norm > 0 else []
     return nnx.Optimizer(model, optax.chain(*clip, optax.adam(schedule, eps=1e-5)), wrt=nnx.Param)
 
 
 def new_agent(args: Args, d: Derived, k_actor, k_critic) -> tuple:
     """(actor, critic, actor_opt, critic_opt) of one seed; each schedule spans the run's Adam steps."""
-    actor = Actor(3, 1, args.hidden, args.sigma, args.activation, args.log_std_init, rngs=nnx.Rngs(k_actor))
-    critic = Critic(3, args.hidden, args.activation, rngs=nnx.Rngs(k_critic))
-    return (actor, critic, make_optimizer(actor, args.actor_lr, args, d.num_updates * d.actor_steps),
-            make_optimizer(critic, args.critic_lr, args, max(1, d.num_updates * d.critic_steps)))
+    actor = Actor(3, 1, args.hidden_size, args.sigma, args.activation, args.log_std_init, rngs=nnx.Rngs(k_actor))
+    critic = Critic(3, args.hidden_size, args.activation, rngs=nnx.Rngs(k_critic))
+    return (
+        actor,
+        critic,
+        make_optimizer(actor, args.actor_learning_rate, args, d.num_updates * d.actor_steps),
+        make_optimizer(critic, args.critic_learning_rate, args, max(1, d.num_updates * d.critic_steps)),
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -400,6 +497,7 @@ def monte_carlo_returns(rewards, dones, gamma: float):
 
     No bootstrap from V at all (REINFORCE): the rollout must hold whole episodes, so that the last
     step of every episode is in it (done = terminated or truncated) and G restarts there."""
+
     def backward(g_next, x):
         r, d = x
         g = r + gamma * (1.0 - d) * g_next
@@ -448,11 +546,14 @@ def value_loss_fn(critic: Critic, obs, returns):
 
 
 # ----------------------------------------------------------------------------------------------
-# Acting and the jitted PPO update (pure functions of nnx.split state, wrapped in jax.jit)
+# Acting and the PPO update: pure functions of nnx.split state, compiled once by make_step_fns
 # ----------------------------------------------------------------------------------------------
-# Plain jax.jit over (graphdef, state) from nnx.split, not nnx.jit on the module: a policy call is
-# 2.5–4× cheaper here (README, "Why jax.jit over nnx.split state"), and it runs 6,250 times per run.
-@partial(jax.jit, static_argnums=0)
+# nnx.split turns the modules into a static graphdef and a pytree of arrays. The functions below take
+# (graphdef, config, state, …) and nnx.merge inside the trace, where merging costs nothing at run time;
+# make_step_fns binds graphdef and config with functools.partial and compiles each with plain jax.jit,
+# once. A call then only flattens the state's arrays: of the ways to call an NNX module that Flax 0.12
+# offers, this is the cheapest we measured for the policy, which runs 6,250 times per default run
+# (README, "Why jax.jit over nnx.split state").
 def act(graphdef, state, obs, key):
     """Sample a ~ π(·|s) for a batch of observations (N, obs_dim).
 
@@ -464,15 +565,20 @@ def act(graphdef, state, obs, key):
     return action, dist.log_prob(action).sum(-1), key
 
 
-@partial(jax.jit, static_argnums=0)
 def act_deterministic(graphdef, state, obs):
-    """The mean action μ(s), used for evaluation and the video."""
+    """The mean action μ(s), used for the video."""
     return nnx.merge(graphdef, state)(obs).mean()
+
+
+def act_deterministic_seeds(graphdef, states, obs):
+    """μ(s) for S policies at once: states with a leading seed axis S, obs (S, B, obs_dim) → (S, B, act_dim)."""
+    return jax.vmap(lambda st, o: nnx.merge(graphdef, st)(o).mean())(states, obs)
 
 
 @dataclass(frozen=True)
 class PPOConfig:
-    """The hyperparameters the jitted update needs at trace time (hashable, so jit can key on it)."""
+    """The hyperparameters the compiled update needs at trace time (bound by make_step_fns)."""
+
     gamma: float
     gae_lambda: float
     clip_eps: float
@@ -485,16 +591,34 @@ class PPOConfig:
 
 
 def ppo_config(args: Args, d: Derived) -> PPOConfig:
-    return PPOConfig(args.gamma, args.gae_lambda, args.clip_eps, args.ent_coef, args.update_epochs,
-                     d.num_minibatches, args.minibatch_size, args.norm_adv, args.algo)
+    return PPOConfig(
+        args.gamma,
+        args.gae_lambda,
+        args.clip_eps,
+        args.ent_coef,
+        args.update_epochs,
+        d.num_minibatches,
+        args.minibatch_size,
+        args.norm_adv,
+        args.algo,
+    )
 
 
-@partial(jax.jit, static_argnums=(0, 1))
-def ppo_update(graphdef, cfg: PPOConfig, state, rollout: dict, key):
+class Batch(NamedTuple):
+    """A rollout flattened to B = T·N transitions, with its targets; a minibatch is a slice of it."""
+
+    obs: jax.Array  # (B, 3)
+    actions: jax.Array  # (B, 1)
+    logp: jax.Array  # (B,) log π_old(a|s)
+    adv: jax.Array  # (B,) Ψ: GAE(λ), G_t or G_t − V(s_t)
+    returns: jax.Array  # (B,) the critic's targets
+
+
+def ppo_update(graphdef, cfg: PPOConfig, state, rollout: Rollout, key):
     """One iteration of learning in one XLA call: values → advantages → Adam steps (lax.scan).
 
-    rollout: obs (T, N, 3), actions (T, N, 1), logp (T, N), rewards / terminated / truncated (T, N),
-    next_obs (T, N, 3) = the true s_{t+1}. cfg.algo picks the rung of the ladder:
+    state: nnx.state of (actor, critic, actor_opt, critic_opt); rollout: a Rollout of (T, N, …) arrays, whose
+    next_obs is the true s_{t+1}. cfg.algo picks the rung of the ladder:
 
       algo                 Ψ_t (the actor's signal)         actor steps per rollout          critic
       reinforce            G_t (Monte Carlo, no bootstrap)  1, whole batch, −mean(log π·Ψ)   none
@@ -509,43 +633,50 @@ def ppo_update(graphdef, cfg: PPOConfig, state, rollout: dict, key):
     actor, critic, _, _ = nnx.merge(graphdef, state)
     reinforce_rung = cfg.algo in ("reinforce", "reinforce-baseline")
     if cfg.algo == "reinforce":  # no critic at all
-        values = jnp.zeros_like(rollout["rewards"])
+        values = jnp.zeros_like(rollout.rewards)
     else:
-        values = critic(rollout["obs"])  # (T, N)
+        values = critic(rollout.obs)  # (T, N)
     if reinforce_rung:
-        done = jnp.maximum(rollout["terminated"], rollout["truncated"])
-        returns = monte_carlo_returns(rollout["rewards"], done, cfg.gamma)  # G_t (T, N)
+        done = jnp.maximum(rollout.terminated, rollout.truncated)
+        returns = monte_carlo_returns(rollout.rewards, done, cfg.gamma)  # G_t (T, N)
         adv = returns - values  # Ψ = G_t − V(s_t), or G_t itself when values = 0
     else:
-        next_values = critic(rollout["next_obs"])  # (T, N)
-        adv, returns = compute_gae(rollout["rewards"], values, next_values, rollout["terminated"],
-                                   rollout["truncated"], cfg.gamma, cfg.gae_lambda)
-    flat = dict(obs=rollout["obs"].reshape(-1, rollout["obs"].shape[-1]),
-                actions=rollout["actions"].reshape(-1, rollout["actions"].shape[-1]),
-                logp=rollout["logp"].reshape(-1), adv=adv.reshape(-1), returns=returns.reshape(-1))
+        next_values = critic(rollout.next_obs)  # (T, N)
+        adv, returns = compute_gae(
+            rollout.rewards, values, next_values, rollout.terminated, rollout.truncated, cfg.gamma, cfg.gae_lambda
+        )
+    flat = Batch(
+        obs=rollout.obs.reshape(-1, rollout.obs.shape[-1]),
+        actions=rollout.actions.reshape(-1, rollout.actions.shape[-1]),
+        logp=rollout.logp.reshape(-1),
+        adv=adv.reshape(-1),
+        returns=returns.reshape(-1),
+    )
     n_used = cfg.num_minibatches * cfg.minibatch_size
 
-    def actor_step(actor, actor_opt, mb, norm_adv: bool):
-        a = mb["adv"]
+    def actor_step(actor, actor_opt, mb: Batch, norm_adv: bool):
+        a = mb.adv
         if norm_adv:
             a = (a - a.mean()) / (a.std() + 1e-8)
         (pg_loss, aux), g_actor = nnx.value_and_grad(actor_loss_fn, has_aux=True)(
-            actor, mb["obs"], mb["actions"], mb["logp"], a, cfg.clip_eps, cfg.ent_coef, cfg.algo == "ppo")
+            actor, mb.obs, mb.actions, mb.logp, a, cfg.clip_eps, cfg.ent_coef, cfg.algo == "ppo"
+        )
         actor_opt.update(actor, g_actor)
         return dict(pg_loss=pg_loss, **aux)
 
-    def minibatch_step(train_actor: bool, state, mb):
+    def minibatch_step(train_actor: bool, state, mb: Batch):
         actor, critic, actor_opt, critic_opt = nnx.merge(graphdef, state)
         out = actor_step(actor, actor_opt, mb, cfg.norm_adv) if train_actor else {}
-        v_loss, g_critic = nnx.value_and_grad(value_loss_fn)(critic, mb["obs"], mb["returns"])
+        v_loss, g_critic = nnx.value_and_grad(value_loss_fn)(critic, mb.obs, mb.returns)
         critic_opt.update(critic, g_critic)
         return nnx.state((actor, critic, actor_opt, critic_opt)), dict(out, v_loss=v_loss)
 
     def epoch(train_actor: bool):
         def run(state, k):
-            perm = jax.random.permutation(k, flat["obs"].shape[0])[:n_used]
+            perm = jax.random.permutation(k, flat.obs.shape[0])[:n_used]
             mbs = jax.tree.map(lambda x: x[perm].reshape(cfg.num_minibatches, cfg.minibatch_size, *x.shape[1:]), flat)
             return jax.lax.scan(partial(minibatch_step, train_actor), state, mbs)
+
         return run
 
     keys = jax.random.split(key, cfg.update_epochs)
@@ -575,21 +706,35 @@ def ppo_update(graphdef, cfg: PPOConfig, state, rollout: dict, key):
 # ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RolloutConfig:
-    """What the compiled rollout needs at trace time (hashable)."""
+    """What a rollout needs to know (the compiled one at trace time; the gymnasium loop reads it too)."""
+
     num_envs: int
     num_steps: int
     reward_scale: float
-    truncation_bootstrap: bool
+    bootstrap_truncated: bool
 
 
-def jax_rollout(actor_def, rcfg: RolloutConfig, actor_state, runner: dict):
+def rollout_config(args: Args) -> RolloutConfig:
+    return RolloutConfig(args.num_envs, args.num_steps, args.reward_scale, args.bootstrap_truncated)
+
+
+class Runner(NamedTuple):
+    """Everything one seed's --backend jax run carries from iteration to iteration (stacked: a leading seed axis)."""
+
+    state: nnx.State  # nnx.state of (actor, critic, actor_opt, critic_opt)
+    env: EnvState  # num_envs pendulums, (N,) arrays
+    obs: jax.Array  # (N, 3) the observation each env continues from
+    key: jax.Array  # the PRNG key
+    ep_ret: jax.Array  # (N,) the running return of each env's current episode
+    last_ret: jax.Array  # (N,) the return of each env's latest finished episode (NaN before the first)
+
+
+def jax_rollout(actor_def, rcfg: RolloutConfig, actor_state, runner: Runner) -> tuple[Runner, Rollout]:
     """num_steps steps of num_envs JAX pendulums under the current policy, as one lax.scan.
 
-    runner: env (EnvState of (N,) arrays), obs (N, 3), key, ep_ret (N,) the running episode returns,
-    last_ret (N,) the return of each env's latest finished episode (NaN before the first).
     Auto-reset inside the scan, like gymnasium's SAME_STEP mode: when an episode ends, the env and the
     obs carried to the next step are a fresh reset, while the rollout stores the TRUE s_{t+1} as next_obs.
-    Returns the new runner and the rollout dict of ppo_update, every entry (T, N, …)."""
+    Returns the new runner (env, obs, key, ep_ret, last_ret moved on) and the Rollout, every field (T, N, …)."""
     actor = nnx.merge(actor_def, actor_state)
 
     def step(carry, _):
@@ -606,75 +751,97 @@ def jax_rollout(actor_def, rcfg: RolloutConfig, actor_state, runner: dict):
         ep_ret = ep_ret + r
         last_ret = jnp.where(done, ep_ret, last_ret)
         ep_ret = jnp.where(done, 0.0, ep_ret)
-        if rcfg.truncation_bootstrap:
+        if rcfg.bootstrap_truncated:
             terminated, truncated = term, trunc
         else:  # the spec's bug, as on the gymnasium path: a time limit cuts the bootstrap
             terminated, truncated = done, jnp.zeros_like(done)
-        transition = dict(obs=obs, actions=action, logp=logp, rewards=r * rcfg.reward_scale,
-                          terminated=terminated.astype(jnp.float32), truncated=truncated.astype(jnp.float32),
-                          next_obs=next_obs)
+        transition = Rollout(
+            obs=obs,
+            actions=action,
+            logp=logp,
+            rewards=r * rcfg.reward_scale,
+            terminated=terminated.astype(jnp.float32),
+            truncated=truncated.astype(jnp.float32),
+            next_obs=next_obs,
+        )
         return (env, obs_carry, key, ep_ret, last_ret), transition
 
-    carry = (runner["env"], runner["obs"], runner["key"], runner["ep_ret"], runner["last_ret"])
+    carry = (runner.env, runner.obs, runner.key, runner.ep_ret, runner.last_ret)
     (env, obs, key, ep_ret, last_ret), rollout = jax.lax.scan(step, carry, None, length=rcfg.num_steps)
-    return dict(runner, env=env, obs=obs, key=key, ep_ret=ep_ret, last_ret=last_ret), rollout
+    return runner._replace(env=env, obs=obs, key=key, ep_ret=ep_ret, last_ret=last_ret), rollout
 
 
-def jax_init(args: Args, d: Derived, seed) -> dict:
-    """Everything one seed's run carries from iteration to iteration, from that seed alone:
-    networks and optimizers (as nnx state), num_envs reset pendulums, its PRNG key."""
+def jax_init(args: Args, d: Derived, seed) -> Runner:
+    """One seed's Runner, from that seed alone: networks and optimizers (as nnx state), num_envs reset
+    pendulums, its PRNG key."""
     key, k_actor, k_critic = jax.random.split(jax.random.key(seed), 3)  # as on the gymnasium path
     agent = new_agent(args, d, k_actor, k_critic)
     key, k_env = jax.random.split(key)
     env = jax.vmap(pendulum_reset)(jax.random.split(k_env, args.num_envs))
-    return dict(state=nnx.state(agent), env=env, obs=pendulum_obs(env), key=key,
-                ep_ret=jnp.zeros(args.num_envs, jnp.float32), last_ret=jnp.full(args.num_envs, jnp.nan, jnp.float32))
+    return Runner(
+        state=nnx.state(agent),
+        env=env,
+        obs=pendulum_obs(env),
+        key=key,
+        ep_ret=jnp.zeros(args.num_envs, jnp.float32),
+        last_ret=jnp.full(args.num_envs, jnp.nan, jnp.float32),
+    )
 
 
 def jax_setup(args: Args):
     """The static half of a --backend jax run: sizes, the two configs, and the graph definitions of
     (actor, critic, actor_opt, critic_opt) and of the actor alone (the same for every seed)."""
     d = derived(args)
-    cfg = ppo_config(args, d)
-    rcfg = RolloutConfig(args.num_envs, args.num_steps, args.reward_scale, args.truncation_bootstrap)
     agent = new_agent(args, d, jax.random.key(0), jax.random.key(0))  # only its structure is used
     graphdef, _ = nnx.split(agent)
-    return d, cfg, rcfg, graphdef, nnx.split(agent[0])[0]
+    return d, ppo_config(args, d), rollout_config(args), graphdef, nnx.split(agent[0])[0]
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def jax_iteration(graphdef, actor_def, cfg: PPOConfig, rcfg: RolloutConfig, runners: dict):
+def jax_iteration(graphdef, actor_def, cfg: PPOConfig, rcfg: RolloutConfig, runners: Runner):
     """One iteration for every seed at once: jax.vmap over the leading seed axis of `runners` of
     (rollout → GAE or Monte-Carlo returns → Adam steps). One XLA call; returns runners and per-seed stats."""
-    def one_seed(runner):
-        runner, rollout = jax_rollout(actor_def, rcfg, runner["state"][0], runner)
-        key, k = jax.random.split(runner["key"])
-        state, stats = ppo_update(graphdef, cfg, runner["state"], rollout, k)
-        return dict(runner, state=state, key=key), dict(stats, ret=jnp.nanmean(runner["last_ret"]))
+
+    def one_seed(runner: Runner):
+        runner, rollout = jax_rollout(actor_def, rcfg, runner.state[0], runner)
+        key, k = jax.random.split(runner.key)
+        state, stats = ppo_update(graphdef, cfg, runner.state, rollout, k)
+        return runner._replace(state=state, key=key), dict(stats, ret=jnp.nanmean(runner.last_ret))
 
     return jax.vmap(one_seed)(runners)
+
+
+class StepFns(NamedTuple):
+    """The compiled hot functions of a run (each compiles on its first call, and only the one a backend uses)."""
+
+    act: Callable  # (actor_state, obs (N, 3), key) -> (a (N, 1), log π(a|s) (N,), key)      --backend gymnasium
+    update: Callable  # (state, rollout, key) -> (state, stats): one ppo_update               --backend gymnasium
+    iteration: Callable  # (runners) -> (runners, per-seed stats): rollout + update, vmapped  --backend jax
+
+
+def make_step_fns(graphdef, actor_def, cfg: PPOConfig, rcfg: RolloutConfig) -> StepFns:
+    """Bind the graph definitions and configs with functools.partial and jax.jit each function once."""
+    return StepFns(
+        act=jax.jit(partial(act, actor_def)),
+        update=jax.jit(partial(ppo_update, graphdef, cfg)),
+        iteration=jax.jit(partial(jax_iteration, graphdef, actor_def, cfg, rcfg)),
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # Evaluation, saving, loading, video
 # ----------------------------------------------------------------------------------------------
-@partial(jax.jit, static_argnums=0)
-def act_deterministic_seeds(graphdef, states, obs):
-    """μ(s) for S policies at once: states with a leading seed axis S, obs (S, B, obs_dim) → (S, B, act_dim)."""
-    return jax.vmap(lambda st, o: nnx.merge(graphdef, st)(o).mean())(states, obs)
-
-
 def evaluate_seeds(actor_def, actor_states, rms: RunningMeanStd | None, episodes: int, seed0: int) -> np.ndarray:
     """Deterministic returns (mean action, clipped) on gymnasium's Pendulum-v1, the reference, for both
     backends: each of the S stacked policies plays episodes with reset seeds seed0 … seed0+episodes−1.
     One vector env of S × episodes copies; returns (S, episodes)."""
+    mean_actions = jax.jit(partial(act_deterministic_seeds, actor_def))
     n_seeds = jax.tree.leaves(actor_states)[0].shape[0]
     envs = make_envs(n_seeds * episodes)
     obs, _ = envs.reset(seed=[seed0 + i for _ in range(n_seeds) for i in range(episodes)])
     total, alive = np.zeros(n_seeds * episodes), np.ones(n_seeds * episodes, bool)
     while alive.any():
-        x = rms.normalize(obs) if rms is not None else obs.astype(np.float32)
-        a = np.asarray(act_deterministic_seeds(actor_def, actor_states, x.reshape(n_seeds, episodes, -1)))
+        x = normalize_obs(obs, rms)
+        a = np.asarray(mean_actions(actor_states, x.reshape(n_seeds, episodes, -1)))
         obs, r, term, trunc, _ = envs.step(np.clip(a.reshape(n_seeds * episodes, -1), -MAX_TORQUE, MAX_TORQUE))
         total += r * alive
         alive &= ~(term | trunc)
@@ -694,51 +861,85 @@ def seed_summary(x) -> dict:
     from scipy import stats  # only here: a one-seed run does not pay for importing scipy
 
     x = np.asarray(x, float)
-    out = dict(mean=float(x.mean()), iqm=float(stats.trim_mean(x, 0.25)), min=float(x.min()), max=float(x.max()),
-               std=float(x.std()), solved=int((x >= -200).sum()), n=len(x), iqm_ci=None)
+    out = dict(
+        mean=float(x.mean()),
+        iqm=float(stats.trim_mean(x, 0.25)),
+        min=float(x.min()),
+        max=float(x.max()),
+        std=float(x.std()),
+        solved=int((x >= -200).sum()),
+        n=len(x),
+        iqm_ci=None,
+    )
     if len(x) >= 2 and not np.all(x == x[0]):
-        res = stats.bootstrap((x,), lambda v, axis: stats.trim_mean(v, 0.25, axis=axis), confidence_level=0.95,
-                              n_resamples=10_000, method="percentile", random_state=np.random.default_rng(0))
+        res = stats.bootstrap(
+            (x,),
+            lambda v, axis: stats.trim_mean(v, 0.25, axis=axis),
+            confidence_level=0.95,
+            n_resamples=10_000,
+            method="percentile",
+            random_state=np.random.default_rng(0),
+        )
         out["iqm_ci"] = [float(res.confidence_interval.low), float(res.confidence_interval.high)]
     return out
 
 
-def save_params(path: str, actor: Actor, critic: Critic, rms: RunningMeanStd | None) -> None:
+def flat_params(model: nnx.Module, name: str) -> dict:
+    """The nnx.Param arrays of a module as {'name/fc1/kernel': array, …}: the keys of the .npz."""
+    pure = traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(model, nnx.Param)), sep="/")
+    return {f"{name}/{k}": v for k, v in pure.items()}
+
+
+def save_checkpoint(path: str, parts: dict) -> None:
+    """parts: name -> nnx.Module (its nnx.Param state) or np.ndarray. One .npz, keys 'name/…/leaf', no pickle."""
     arrays = {}
-    for prefix, model in (("actor", actor), ("critic", critic)):
-        for keypath, leaf in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-            arrays["/".join([prefix, *map(str, keypath)])] = np.asarray(leaf.get_value())
-    if rms is not None:
-        arrays["obs_norm/mean"], arrays["obs_norm/var"] = rms.mean, rms.var
-    np.savez(path, **arrays)
+    for name, part in parts.items():
+        arrays.update(flat_params(part, name) if isinstance(part, nnx.Module) else {name: part})
+    np.savez(path, **{k: np.asarray(v) for k, v in arrays.items()})
 
 
-def load_params(path: str, actor: Actor, critic: Critic, norm_obs: bool) -> RunningMeanStd | None:
-    """Fill actor and critic from a .npz written by save_params; one-line exit on any mismatch."""
+def load_checkpoint(path: str, parts: dict) -> dict:
+    """Fill every Module in `parts` in place from `path` (nnx.replace_by_pure_dict); return the arrays stored
+    for the non-Module entries. Raises InputError on a missing, corrupt or mismatched file.
+
+    The non-Module entries give the expected shapes. Here they are only ever the observation statistics of a
+    --norm-obs run (obs_norm_parts), so a file with them and parts without, or the reverse, names that flag."""
     try:
-        data = dict(np.load(path, allow_pickle=False))
+        with np.load(path, allow_pickle=False) as f:
+            data = dict(f)
     except Exception as e:  # missing, truncated or not an .npz
-        sys.exit(f"error: --load {path}: cannot read it as .npz ({type(e).__name__}: {e})")
-    for prefix, model in (("actor", actor), ("critic", critic)):
-        params = nnx.state(model, nnx.Param)
-        flat = nnx.to_flat_state(params)
-        for keypath, leaf in flat:
-            key = "/".join([prefix, *map(str, keypath)])
-            if key not in data:
-                sys.exit(f"error: --load {path}: missing '{key}' (saved with other --sigma/--hidden/--activation?)")
-            if data[key].shape != leaf.get_value().shape:
-                sys.exit(f"error: --load {path}: '{key}' has shape {data[key].shape}, "
-                         f"expected {leaf.get_value().shape} (saved with another --hidden?)")
-            leaf.set_value(jnp.asarray(data[key]))
-        nnx.update(model, nnx.from_flat_state(flat))
+        raise InputError(f"--load {path}: cannot read it as .npz ({type(e).__name__}: {e})") from None
+    norm_obs = "obs_norm/mean" in parts
     if norm_obs != ("obs_norm/mean" in data):
-        sys.exit(f"error: --load {path}: saved {'with' if not norm_obs else 'without'} --norm-obs; "
-                 f"pass the same flag to load it")
-    if not norm_obs:
-        return None
-    rms = RunningMeanStd(data["obs_norm/mean"].shape[0])
-    rms.mean, rms.var = data["obs_norm/mean"], data["obs_norm/var"]
-    return rms
+        raise InputError(
+            f"--load {path}: saved {'with' if not norm_obs else 'without'} --norm-obs; pass the same flag to load it"
+        )
+    arrays = {}
+    for name, part in parts.items():
+        expected = flat_params(part, name) if isinstance(part, nnx.Module) else {name: part}
+        for key, leaf in expected.items():
+            if key not in data:
+                raise InputError(
+                    f"--load {path}: missing '{key}' (saved with other --sigma/--hidden-size/--activation?)"
+                )
+            if data[key].shape != np.shape(leaf):
+                raise InputError(
+                    f"--load {path}: '{key}' has shape {data[key].shape}, "
+                    f"expected {np.shape(leaf)} (saved with another --hidden-size?)"
+                )
+        if isinstance(part, nnx.Module):
+            state = nnx.state(part, nnx.Param)
+            pure = {k.removeprefix(f"{name}/"): jnp.asarray(data[k]) for k in expected}
+            nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict(pure, sep="/"))
+            nnx.update(part, state)
+        else:
+            arrays[name] = data[name]
+    return arrays
+
+
+def obs_norm_parts(rms: RunningMeanStd | None) -> dict:
+    """The checkpoint entries of the observation statistics (--norm-obs), none without them."""
+    return {} if rms is None else {"obs_norm/mean": rms.mean, "obs_norm/var": rms.var}
 
 
 def save_video(path: str, actor: Actor, rms: RunningMeanStd | None, seed: int) -> float:
@@ -746,14 +947,14 @@ def save_video(path: str, actor: Actor, rms: RunningMeanStd | None, seed: int) -
     from PIL import Image
 
     graphdef, state = nnx.split(actor)
+    mean_action = jax.jit(partial(act_deterministic, graphdef))
     env = gym.make(ENV_ID, render_mode="rgb_array")
     obs, _ = env.reset(seed=seed)
     frames, total, done, t = [], 0.0, False, 0
     while not done:
         if t % 2 == 0:
             frames.append(Image.fromarray(env.render()).resize((240, 240)).quantize(colors=32))
-        x = rms.normalize(obs[None]) if rms is not None else obs[None].astype(np.float32)
-        a = np.clip(np.asarray(act_deterministic(graphdef, state, x))[0], -MAX_TORQUE, MAX_TORQUE)
+        a = np.clip(np.asarray(mean_action(state, normalize_obs(obs[None], rms)))[0], -MAX_TORQUE, MAX_TORQUE)
         obs, r, term, trunc, _ = env.step(a)
         total, done, t = total + float(r), term or trunc, t + 1
     env.close()
@@ -762,9 +963,16 @@ def save_video(path: str, actor: Actor, rms: RunningMeanStd | None, seed: int) -
     return total
 
 
-def plot_curve(path: str, ep_steps, ep_returns, eval_mean: float | None, title: str,
-               dot_label: str = "training episode (stochastic policy)") -> None:
+def plot_curve(
+    path: str,
+    ep_steps,
+    ep_returns,
+    eval_mean: float | None,
+    title: str,
+    dot_label: str = "training episode (stochastic policy)",
+) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -774,7 +982,7 @@ def plot_curve(path: str, ep_steps, ep_returns, eval_mean: float | None, title: 
         ax.scatter(x, y, s=6, alpha=0.35, label=dot_label)
         k = 16
         if len(y) >= k:
-            ax.plot(x[k - 1:], np.convolve(y, np.ones(k) / k, mode="valid"), lw=2, label=f"mean of last {k}")
+            ax.plot(x[k - 1 :], np.convolve(y, np.ones(k) / k, mode="valid"), lw=2, label=f"mean of last {k}")
     if eval_mean is not None:
         ax.axhline(eval_mean, color="C2", ls="--", label=f"final deterministic eval {eval_mean:.0f}")
     ax.axhline(-200, color="gray", lw=0.8, ls=":", label="−200 (target)")
@@ -789,14 +997,17 @@ def plot_clip_objective(path: str, clip_eps: float = 0.2) -> None:
     """Draw the per-sample clipped objective min(ρA, clip(ρ)A) and its gradient, both computed by
     ppo_clip_loss and jax.grad, for A = +1 and A = −1 (the README's figure)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     ratio = jnp.linspace(0.0, 2.0, 401)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=100, sharey=True)
     for ax, a in zip(axes, (1.0, -1.0)):
-        def objective(log_ratio):  # −loss of one sample with log π_old = 0
+
+        def objective(log_ratio, a=a):  # −loss of one sample with log π_old = 0
             return -ppo_clip_loss(log_ratio, 0.0, a, clip_eps)
+
         log_r = jnp.log(jnp.maximum(ratio, 1e-6))
         obj = jax.vmap(objective)(log_r)
         grad = jax.vmap(jax.grad(objective))(log_r)  # d objective / d log π_new
@@ -820,6 +1031,7 @@ def plot_clip_objective(path: str, clip_eps: float = 0.2) -> None:
 # ----------------------------------------------------------------------------------------------
 class TrainLog(NamedTuple):
     """What a training loop hands back besides the parameters."""
+
     ep_steps: list  # env step at which each logged training episode ended
     ep_returns: list  # its return (the --backend jax logs one seed's mean of its envs' latest episodes)
     history: list  # one dict of update statistics per update (for --num-seeds > 1, the mean over seeds)
@@ -830,65 +1042,93 @@ class TrainLog(NamedTuple):
 
 def print_progress(update: int, num_updates: int, env_steps: int, ret: float, stats: dict, sps: float) -> None:
     """The one progress line per update, the same for both backends."""
-    print(f"update={update}/{num_updates} step={env_steps} return={ret:.1f} "
-          f"loss={stats['pg_loss']:.4f} v_loss={stats['v_loss']:.4f} kl={stats['approx_kl']:.4f} "
-          f"clip_frac={stats['clip_frac']:.3f} entropy={stats['entropy']:.3f} "
-          f"explained_var={stats['explained_var']:.3f} sps={sps:.0f}", flush=True)
+    print(
+        f"update={update}/{num_updates} step={env_steps} return={ret:.1f} "
+        f"loss={stats['pg_loss']:.4f} v_loss={stats['v_loss']:.4f} kl={stats['approx_kl']:.4f} "
+        f"clip_frac={stats['clip_frac']:.3f} entropy={stats['entropy']:.3f} "
+        f"explained_var={stats['explained_var']:.3f} sps={sps:.0f}",
+        flush=True,
+    )
+
+
+def collect_rollout(
+    envs,
+    act_fn: Callable,
+    actor_state,
+    obs: np.ndarray,
+    key,
+    rms: RunningMeanStd | None,
+    rcfg: RolloutConfig,
+    env_steps: int,
+) -> tuple[Rollout, np.ndarray, np.ndarray, jax.Array, list]:
+    """rcfg.num_steps steps of the vector env under the current policy, one compiled policy call per step.
+
+    Returns the Rollout (T, N, …) (observations normalised with the statistics frozen for the rollout), the raw
+    observations (T, N, 3) for those statistics, the obs to continue from, the next key, and (env step, return)
+    of every episode that ended, read from RecordEpisodeStatistics' info["episode"]."""
+    T, N = rcfg.num_steps, rcfg.num_envs
+    ro = Rollout(
+        obs=np.zeros((T, N, 3), np.float32),
+        actions=np.zeros((T, N, 1), np.float32),
+        logp=np.zeros((T, N), np.float32),
+        rewards=np.zeros((T, N), np.float32),
+        terminated=np.zeros((T, N), np.float32),
+        truncated=np.zeros((T, N), np.float32),
+        next_obs=np.zeros((T, N, 3), np.float32),
+    )
+    raw_obs, episodes = np.zeros((T, N, 3)), []
+    for t in range(T):
+        x = normalize_obs(obs, rms)
+        action, logp, key = act_fn(actor_state, x, key)
+        action = np.asarray(action)
+        nobs, r, term, trunc, info = envs.step(np.clip(action, -MAX_TORQUE, MAX_TORQUE))
+        done = term | trunc
+        raw_obs[t], ro.obs[t], ro.actions[t], ro.logp[t] = obs, x, action, np.asarray(logp)
+        ro.rewards[t] = r * rcfg.reward_scale
+        if rcfg.bootstrap_truncated:
+            ro.terminated[t], ro.truncated[t] = term, trunc
+        else:  # the spec's bug, kept as a flag to measure it: a time limit cuts the bootstrap
+            ro.terminated[t], ro.truncated[t] = done, False
+        ro.next_obs[t] = normalize_obs(true_next_obs(nobs, done, info), rms)
+        episodes += [(env_steps + (t + 1) * N, float(info["episode"]["r"][i])) for i in np.flatnonzero(done)]
+        obs = nobs
+    return ro, raw_obs, obs, key, episodes
 
 
 def train_gymnasium(args: Args, d: Derived) -> tuple[tuple, RunningMeanStd | None, TrainLog]:
-    """--backend gymnasium: NumPy envs stepped from a Python loop, one jitted policy call per step, then
-    one jitted ppo_update per rollout. Returns the trained (actor, critic, actor_opt, critic_opt), the
-    observation statistics (--norm-obs) and the log."""
+    """--backend gymnasium: NumPy envs stepped from a Python loop (collect_rollout), one compiled policy call
+    per step, then one compiled ppo_update per rollout. Returns the trained (actor, critic, actor_opt,
+    critic_opt), the observation statistics (--norm-obs) and the log."""
     key, k_actor, k_critic = jax.random.split(jax.random.key(args.seed), 3)
     agent = new_agent(args, d, k_actor, k_critic)
-    graphdef, state = nnx.split(agent)  # the hot loops call plain jax.jit functions on (graphdef, state)
-    actor_def, _ = nnx.split(agent[0])
-    cfg = ppo_config(args, d)
+    graphdef, state = nnx.split(agent)  # the hot loops call compiled functions of (graphdef, state)
+    rcfg = rollout_config(args)
+    fns = make_step_fns(graphdef, nnx.split(agent[0])[0], ppo_config(args, d), rcfg)
     rng = np.random.default_rng(args.seed)
-    rms = RunningMeanStd(3) if args.norm_obs else None
-    envs = make_envs(args.num_envs)
+    rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
+    envs = RecordEpisodeStatistics(make_envs(args.num_envs))  # info["episode"]["r"]: the return of an ended episode
     obs, _ = envs.reset(seed=[int(s) for s in rng.integers(0, 2**31 - 1, args.num_envs)])
     T, N = args.num_steps, args.num_envs
-    buf = dict(obs=np.zeros((T, N, 3), np.float32), actions=np.zeros((T, N, 1), np.float32),
-               logp=np.zeros((T, N), np.float32), rewards=np.zeros((T, N), np.float32),
-               terminated=np.zeros((T, N), np.float32), truncated=np.zeros((T, N), np.float32),
-               next_obs=np.zeros((T, N, 3), np.float32))
-    raw_obs = np.zeros((T, N, 3))  # unnormalised, for the running statistics
-    ep_ret, ep_steps, ep_returns, history, env_steps = np.zeros(N), [], [], [], 0
+    ep_steps, ep_returns, history, env_steps = [], [], [], 0
     steps = "" if args.algo == "ppo" else f", {d.actor_steps} actor / {d.critic_steps} critic Adam steps per update"
-    print(f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID}: {d.num_updates} updates × "
-          f"{d.batch_size} steps ({N} envs × {T}), {args.update_epochs} epochs × {d.num_minibatches} "
-          f"minibatches of {args.minibatch_size}, preset={args.preset}{steps}", flush=True)
+    print(
+        f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID}: {d.num_updates} updates × "
+        f"{d.batch_size} steps ({N} envs × {T}), {args.update_epochs} epochs × {d.num_minibatches} "
+        f"minibatches of {args.minibatch_size}, preset={args.preset}{steps}",
+        flush=True,
+    )
     t_train = time.perf_counter()
     for update in range(1, d.num_updates + 1):
         t0 = time.perf_counter()
-        actor_state = state[0]  # the actor's part of the (actor, critic, opt, opt) state
-        for t in range(T):
-            x = rms.normalize(obs) if rms is not None else obs.astype(np.float32)
-            action, logp, key = act(actor_def, actor_state, x, key)
-            action = np.asarray(action)
-            nobs, r, term, trunc, info = envs.step(np.clip(action, -MAX_TORQUE, MAX_TORQUE))
-            done = term | trunc
-            nxt = true_next_obs(nobs, done, info)
-            raw_obs[t], buf["obs"][t], buf["actions"][t], buf["logp"][t] = obs, x, action, np.asarray(logp)
-            buf["rewards"][t] = r * args.reward_scale
-            if args.truncation_bootstrap:
-                buf["terminated"][t], buf["truncated"][t] = term, trunc
-            else:  # the spec's bug, kept as a flag to measure it: a time limit cuts the bootstrap
-                buf["terminated"][t], buf["truncated"][t] = done, False
-            buf["next_obs"][t] = rms.normalize(nxt) if rms is not None else nxt
-            ep_ret += r
-            for i in np.flatnonzero(done):
-                ep_steps.append(env_steps + (t + 1) * N)
-                ep_returns.append(float(ep_ret[i]))
-                ep_ret[i] = 0.0
-            obs = nobs
+        # state[0] is the actor's part of the (actor, critic, actor_opt, critic_opt) state
+        rollout, raw_obs, obs, key, episodes = collect_rollout(envs, fns.act, state[0], obs, key, rms, rcfg, env_steps)
+        ep_steps += [s for s, _ in episodes]
+        ep_returns += [r for _, r in episodes]
         if rms is not None:  # stats are frozen within a rollout, so logp_old stays consistent
-            rms.update(raw_obs)
+            rms.update(raw_obs.reshape(-1, 3))
         env_steps += T * N
         key, k = jax.random.split(key)
-        state, stats = ppo_update(graphdef, cfg, state, buf, k)
+        state, stats = fns.update(state, rollout, k)
         stats = {k_: float(v) for k_, v in stats.items()}
         if update == 1:
             first_update_seconds = round(time.perf_counter() - t0, 2)  # includes compilation
@@ -918,11 +1158,13 @@ def seed_devices(args: Args) -> list:
             jax.config.update("jax_num_cpu_devices", want)
         except RuntimeError:  # JAX had already started (inside a test or a notebook): it keeps its devices
             if args.host_devices > 0 and len(jax.devices("cpu")) < want:
-                sys.exit(f"error: --host-devices {want} came too late: JAX had already started with "
-                         f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line")
+                raise InputError(
+                    f"--host-devices {want} came too late: JAX had already started with "
+                    f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line"
+                ) from None
     devices = jax.devices()  # on a GPU or TPU host, the accelerators (the flag only shapes the CPU backend)
     most = min(len(devices), want) if want > 0 else len(devices)
-    return devices[:max(k for k in range(1, most + 1) if args.num_seeds % k == 0)]
+    return devices[: max(k for k in range(1, most + 1) if args.num_seeds % k == 0)]
 
 
 def train_jax(args: Args, d: Derived, devices: list) -> tuple[tuple, nnx.State, TrainLog]:
@@ -931,20 +1173,24 @@ def train_jax(args: Args, d: Derived, devices: list) -> tuple[tuple, nnx.State, 
     Returns the first seed's trained (actor, critic, actor_opt, critic_opt), every seed's actor state
     (leading axis S) and the log."""
     _, cfg, rcfg, graphdef, actor_def = jax_setup(args)
+    iteration = make_step_fns(graphdef, actor_def, cfg, rcfg).iteration
     # Seed s's whole state comes from jax.random.key(s) alone, so that it is the same run alone or in the vmap.
-    runners = jax.tree.map(lambda *x: jnp.stack(x), *[jax_init(args, d, s) for s in
-                                                      range(args.seed, args.seed + args.num_seeds)])
+    runners = jax.tree.map(
+        lambda *x: jnp.stack(x), *[jax_init(args, d, s) for s in range(args.seed, args.seed + args.num_seeds)]
+    )
     mesh = jax.sharding.Mesh(np.array(devices), ("seed",), axis_types=(jax.sharding.AxisType.Auto,))
     runners = jax.device_put(runners, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seed")))
-    print(f"{args.algo} on a JAX port of {ENV_ID}: {args.num_seeds} seed(s) vmapped, split across "
-          f"{len(devices)} device(s), {d.num_updates} updates × {d.batch_size} steps ({args.num_envs} envs × "
-          f"{args.num_steps}) per seed, {d.actor_steps} actor / {d.critic_steps} critic Adam steps per update",
-          flush=True)
+    print(
+        f"{args.algo} on a JAX port of {ENV_ID}: {args.num_seeds} seed(s) vmapped, split across "
+        f"{len(devices)} device(s), {d.num_updates} updates × {d.batch_size} steps ({args.num_envs} envs × "
+        f"{args.num_steps}) per seed, {d.actor_steps} actor / {d.critic_steps} critic Adam steps per update",
+        flush=True,
+    )
     ep_steps, ep_returns, history, env_steps = [], [], [], 0
     t_train = time.perf_counter()
     for update in range(1, d.num_updates + 1):
         t0 = time.perf_counter()
-        runners, stats = jax_iteration(graphdef, actor_def, cfg, rcfg, runners)  # one compiled call
+        runners, stats = iteration(runners)  # one compiled call
         stats = {k_: np.asarray(v) for k_, v in stats.items()}  # each (S,)
         env_steps += d.batch_size
         rets = stats.pop("ret")  # (S,) latest finished training episode, mean over each seed's envs
@@ -955,30 +1201,48 @@ def train_jax(args: Args, d: Derived, devices: list) -> tuple[tuple, nnx.State, 
         if update == 1:
             first_update_seconds = round(time.perf_counter() - t0, 2)  # includes compilation
         ret = float(np.mean(rets[np.isfinite(rets)])) if np.isfinite(rets).any() else float("nan")
-        print_progress(update, d.num_updates, env_steps, ret, history[-1],
-                       d.batch_size * args.num_seeds / (time.perf_counter() - t0))
+        print_progress(
+            update,
+            d.num_updates,
+            env_steps,
+            ret,
+            history[-1],
+            d.batch_size * args.num_seeds / (time.perf_counter() - t0),
+        )
     jax.block_until_ready(runners)
     last_per_seed = {k_: [float(x) for x in v] for k_, v in stats.items()}
     log = TrainLog(ep_steps, ep_returns, history, time.perf_counter() - t_train, first_update_seconds, last_per_seed)
-    return nnx.merge(graphdef, jax.tree.map(lambda x: x[0], runners["state"])), runners["state"][0], log
+    return nnx.merge(graphdef, jax.tree.map(lambda x: x[0], runners.state)), runners.state[0], log
 
 
 def evaluate_saved(args: Args, t_start: float) -> dict:
     """--load: evaluate (and with --video, watch) a saved policy; writes into <out>/eval/."""
     actor, critic, *_ = new_agent(args, derived(args), *jax.random.split(jax.random.key(args.seed), 3)[1:])
-    rms = load_params(args.load, actor, critic, args.norm_obs)
+    rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
+    stats = load_checkpoint(args.load, {"actor": actor, "critic": critic, **obs_norm_parts(rms)})
+    if rms is not None:
+        rms.mean, rms.var = stats["obs_norm/mean"], stats["obs_norm/var"]
     print(f"loaded {args.load}", flush=True)
     returns = evaluate(actor, rms, args.eval_episodes, args.eval_seed)
-    metrics = dict(eval_return_mean=float(returns.mean()), eval_return_std=float(returns.std()),
-                   eval_episodes=args.eval_episodes, eval_returns=[round(float(r), 2) for r in returns],
-                   env_steps=0, train_seconds=0.0, seed=args.seed, preset=args.preset, loaded=args.load,
-                   backend=args.backend, algo=args.algo, seeds=[args.seed],
-                   eval_return_per_seed=[round(float(returns.mean()), 2)])
+    metrics = dict(
+        eval_return_mean=float(returns.mean()),
+        eval_return_std=float(returns.std()),
+        eval_episodes=args.eval_episodes,
+        eval_returns=[round(float(r), 2) for r in returns],
+        env_steps=0,
+        train_seconds=0.0,
+        seed=args.seed,
+        preset=args.preset,
+        loaded=args.load,
+        backend=args.backend,
+        algo=args.algo,
+        seeds=[args.seed],
+        eval_return_per_seed=[round(float(returns.mean()), 2)],
+    )
     return finish(args, metrics, actor, rms, [], t_start)
 
 
-def finish(args: Args, metrics: dict, actor: Actor, rms: RunningMeanStd | None, history: list,
-           t_start: float) -> dict:
+def finish(args: Args, metrics: dict, actor: Actor, rms: RunningMeanStd | None, history: list, t_start: float) -> dict:
     """The video (optional), metrics.json and the summary lines, for a training run and a --load run alike."""
     if args.video:  # the evaluation episode that starts closest to hanging straight down: a full swing-up
         probe = gym.make(ENV_ID)
@@ -991,19 +1255,26 @@ def finish(args: Args, metrics: dict, actor: Actor, rms: RunningMeanStd | None, 
     with open(os.path.join(output_folder(args), "metrics.json"), "w") as f:
         json.dump(dict(metrics, args=asdict(args), history=history), f, indent=1)
     seeds = f"seed {args.seed}" + ("" if args.num_seeds == 1 else f"–{args.seed + args.num_seeds - 1}")
-    print(f"\n== {'PPO' if args.load or args.algo == 'ppo' else args.algo} {ENV_ID}, {args.backend}, {seeds}, "
-          f"preset {args.preset} ==\n"
-          f"eval_return_mean={metrics['eval_return_mean']:.1f} eval_return_std={metrics['eval_return_std']:.1f} "
-          f"over {args.eval_episodes} deterministic episodes\n"
-          f"env_steps={metrics['env_steps']} train_seconds={metrics['train_seconds']:.1f} "
-          f"total_seconds={metrics['total_seconds']:.1f}\n"
-          f"outputs in {output_folder(args)}/", flush=True)
+    print(
+        f"\n== {'PPO' if args.load or args.algo == 'ppo' else args.algo} {ENV_ID}, {args.backend}, {seeds}, "
+        f"preset {args.preset} ==\n"
+        f"eval_return_mean={metrics['eval_return_mean']:.1f} eval_return_std={metrics['eval_return_std']:.1f} "
+        f"over {args.eval_episodes} deterministic episodes\n"
+        f"env_steps={metrics['env_steps']} train_seconds={metrics['train_seconds']:.1f} "
+        f"total_seconds={metrics['total_seconds']:.1f}\n"
+        f"outputs in {output_folder(args)}/",
+        flush=True,
+    )
     if args.num_seeds > 1:
         a = metrics["across_seeds"]
         ci = "[{:.1f}, {:.1f}]".format(*a["iqm_ci"]) if a["iqm_ci"] else "n/a"
-        print("per seed: " + " ".join(f"{s_}:{r:.1f}" for s_, r in zip(metrics["seeds"], metrics["eval_return_per_seed"]))
-              + f"\nacross {a['n']} seeds: IQM={a['iqm']:.1f} 95% CI {ci} min={a['min']:.1f} max={a['max']:.1f} "
-              f"solved(>=-200)={a['solved']}/{a['n']}", flush=True)
+        print(
+            "per seed: "
+            + " ".join(f"{s_}:{r:.1f}" for s_, r in zip(metrics["seeds"], metrics["eval_return_per_seed"]))
+            + f"\nacross {a['n']} seeds: IQM={a['iqm']:.1f} 95% CI {ci} min={a['min']:.1f} max={a['max']:.1f} "
+            f"solved(>=-200)={a['solved']}/{a['n']}",
+            flush=True,
+        )
     return metrics
 
 
@@ -1016,6 +1287,36 @@ def use_compile_cache(folder: str) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+def training_metrics(args: Args, d: Derived, log: TrainLog, all_returns: np.ndarray, n_devices: int) -> dict:
+    """metrics.json of a training run (without the timing of the whole process and the history, which finish adds).
+    all_returns: (S, episodes) deterministic returns of every seed's final policy."""
+    per_seed = all_returns.mean(1)
+    metrics = dict(
+        eval_return_mean=float(all_returns.mean()),
+        eval_return_std=float(all_returns.std()),
+        eval_episodes=args.eval_episodes,
+        eval_returns=[round(float(r), 2) for r in all_returns[0]],
+        env_steps=d.num_updates * d.batch_size,
+        train_seconds=round(log.train_seconds, 2),
+        first_update_seconds=log.first_update_seconds,
+        train_return_last10=float(np.mean(log.ep_returns[-10:])) if log.ep_returns else None,
+        seed=args.seed,
+        preset=args.preset,
+        loaded=None,
+        backend=args.backend,
+        algo=args.algo,
+        seeds=list(range(args.seed, args.seed + args.num_seeds)),
+        devices=n_devices,
+        eval_return_per_seed=[round(float(r), 2) for r in per_seed],  # each seed's mean over its episodes
+        last_update=log.history[-1],  # losses, KL, clip fraction of the final update
+    )
+    if args.num_seeds > 1:  # env_steps, eval_returns and params.npz are per seed / of the first seed
+        metrics["across_seeds"] = seed_summary(per_seed)
+        metrics["last_update_per_seed"] = log.last_per_seed
+    return metrics
+
+
+@reports_input_errors
 def main(args: Args) -> dict:
     validate(args)  # flag values and the output folders, before any work
     use_compile_cache(args.compile_cache)
@@ -1031,29 +1332,20 @@ def main(args: Args) -> dict:
         agent, rms, log = train_gymnasium(args, d)
         actor_states = jax.tree.map(lambda x: x[None], nnx.state(agent[0]))
     actor, critic = agent[:2]
-    save_params(os.path.join(args.out, "params.npz"), actor, critic, rms)
+    save_checkpoint(os.path.join(args.out, "params.npz"), {"actor": actor, "critic": critic, **obs_norm_parts(rms)})
 
     # Every seed's final policy on gymnasium's Pendulum-v1, whichever backend trained it: (S, episodes).
     all_returns = evaluate_seeds(nnx.split(actor)[0], actor_states, rms, args.eval_episodes, args.eval_seed)
-    per_seed = all_returns.mean(1)
-    metrics = dict(
-        eval_return_mean=float(all_returns.mean()), eval_return_std=float(all_returns.std()),
-        eval_episodes=args.eval_episodes, eval_returns=[round(float(r), 2) for r in all_returns[0]],
-        env_steps=d.num_updates * d.batch_size, train_seconds=round(log.train_seconds, 2),
-        first_update_seconds=log.first_update_seconds,
-        train_return_last10=float(np.mean(log.ep_returns[-10:])) if log.ep_returns else None,
-        seed=args.seed, preset=args.preset, loaded=None, backend=args.backend, algo=args.algo,
-        seeds=list(range(args.seed, args.seed + args.num_seeds)), devices=len(devices) if devices else 1,
-        eval_return_per_seed=[round(float(r), 2) for r in per_seed],  # each seed's mean over its episodes
-        last_update=log.history[-1],  # losses, KL, clip fraction of the final update
-    )
-    if args.num_seeds > 1:  # env_steps, eval_returns and params.npz are per seed / of the first seed
-        metrics["across_seeds"] = seed_summary(per_seed)
-        metrics["last_update_per_seed"] = log.last_per_seed
+    metrics = training_metrics(args, d, log, all_returns, len(devices) if devices else 1)
     who = f"seed {args.seed}" if args.num_seeds == 1 else f"seeds {args.seed}–{args.seed + args.num_seeds - 1}"
-    plot_curve(os.path.join(args.out, "learning_curve.png"), log.ep_steps, log.ep_returns, metrics["eval_return_mean"],
-               f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID} ({args.backend}), {who}, preset {args.preset}",
-               *(["one seed: mean of its envs' latest training episodes"] if args.backend == "jax" else []))
+    plot_curve(
+        os.path.join(args.out, "learning_curve.png"),
+        log.ep_steps,
+        log.ep_returns,
+        metrics["eval_return_mean"],
+        f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID} ({args.backend}), {who}, preset {args.preset}",
+        *(["one seed: mean of its envs' latest training episodes"] if args.backend == "jax" else []),
+    )
     return finish(args, metrics, actor, rms, log.history, t_start)
 
 

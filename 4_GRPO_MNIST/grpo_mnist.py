@@ -12,9 +12,11 @@ exact KL(π_θ ‖ π_ref) over the ten answers (`--kl exact`), or the sampled k
 Every epoch reports the greedy (argmax) accuracy on a validation split carved from the training images;
 the held-out test accuracy is computed once, after the last epoch.
 """
+
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import hashlib
 import json
@@ -51,36 +53,79 @@ def flag(default, help: str, **kw):
 @dataclass
 class Args:
     seed: int = flag(0, "seeds everything: jax.random.key (shuffles, sampling) and nnx.Rngs (weights)")
-    dataset: str = flag("mnist", "tensorflow-datasets name, read with tfds.data_source",
-                        choices=("mnist", "fashion_mnist"))
+    dataset: str = flag(
+        "mnist", "tensorflow-datasets name, read with tfds.data_source", choices=("mnist", "fashion_mnist")
+    )
     data_dir: str = flag("", "read the standard IDX .gz files from this folder instead of tensorflow-datasets")
-    split_test_set: int = flag(0, "if > 0: train on this many images of the official TEST split and hold out "
-                                  "the rest (a fixed shuffle, the same for every --seed); 0: use train / test")
-    val_size: float = flag(0.1, "fraction of the training images held out as the validation split (a fixed "
-                                "shuffle, the same for every --seed); every choice is made on it, never on test")
-    download: bool = flag(True, "if the dataset is not cached, let tensorflow-datasets prepare it, or else fetch "
-                                "the IDX files its builder uses (checked against its SHA-256 list)")
-    objective: str = flag("grpo", "grpo: learn from the 0/1 reward; supervised: cross-entropy on the labels",
-                          choices=("grpo", "supervised"))
-    group_mode: str = flag("prompt", "prompt: each image's G answers form a group (real GRPO); "
-                                     "batch: the whole batch is one group (the spec's variant)",
-                           choices=("prompt", "batch"))
+    split_test_set: int = flag(
+        0,
+        "if > 0: train on this many images of the official TEST split and hold out "
+        "the rest (a fixed shuffle, the same for every --seed); 0: use train / test",
+    )
+    val_size: float = flag(
+        0.1,
+        "fraction of the training images held out as the validation split (a fixed "
+        "shuffle, the same for every --seed); every choice is made on it, never on test",
+    )
+    download: bool = flag(
+        True,
+        "if the dataset is not cached, let tensorflow-datasets prepare it, or else fetch "
+        "the IDX files its builder uses (checked against its SHA-256 list)",
+    )
+    objective: str = flag(
+        "grpo",
+        "grpo: learn from the 0/1 reward; supervised: cross-entropy on the labels",
+        choices=("grpo", "supervised"),
+    )
+    group_mode: str = flag(
+        "prompt",
+        "prompt: each image's G answers form a group (real GRPO); "
+        "batch: the whole batch is one group (the spec's variant)",
+        choices=("prompt", "batch"),
+    )
     group_size: int = flag(16, "G, answers sampled per image (prompt mode needs G >= 2)")
     batch_size: int = flag(64, "images (prompts) per rollout and update")
-    inner_steps: int = flag(1, "μ, clipped-surrogate gradient steps on each rollout (1 keeps the ratio at 1, "
-                               "so the clip never acts; chosen on validation, see README)")
+    inner_steps: int = flag(
+        1,
+        "μ, clipped-surrogate gradient steps on each rollout (1 keeps the ratio at 1, "
+        "so the clip never acts; chosen on validation, see README)",
+    )
     epochs: int = flag(10, "passes over the training images")
-    lr: float = flag(1e-3, "Adam learning rate")
+    learning_rate: float = flag(1e-3, "Adam learning rate")
     clip_eps: float = flag(0.2, "ε of the PPO clip: the ratio π/π_old is clipped to [1 − ε, 1 + ε]")
-    beta: float = flag(1.0, "β, weight of the KL penalty towards the frozen reference policy (the initial "
-                            "actor); 0 turns it off")
-    kl: str = flag("exact", "exact: the analytic KL(π_θ ‖ π_ref) over the ten answers; k3: the sampled "
-                            "estimator π_ref/π − log(π_ref/π) − 1 of LLM-scale GRPO", choices=("exact", "k3"))
+    beta: float = flag(
+        1.0, "β, weight of the KL penalty towards the frozen reference policy (the initial actor); 0 turns it off"
+    )
+    kl: str = flag(
+        "exact",
+        "exact: the analytic KL(π_θ ‖ π_ref) over the ten answers; k3: the sampled "
+        "estimator π_ref/π − log(π_ref/π) − 1 of LLM-scale GRPO",
+        choices=("exact", "k3"),
+    )
     adv_eps: float = flag(1e-4, "ε in (r − mean) / (std + ε)")
-    hidden: int = flag(128, "width of the actor's two hidden layers")
+    hidden_size: int = flag(128, "width of the actor's two hidden layers")
     out: str = flag("runs/grpo_mnist", "folder for metrics.json, the curve PNG and actor.npz")
-    compile_cache: str = flag("~/.cache/jax-rl-course", "JAX's persistent compilation cache: later runs reuse "
-                                                        "the compiled XLA programs ('' turns it off)")
+    compile_cache: str = flag(
+        "~/.cache/jax-rl-course",
+        "JAX's persistent compilation cache: later runs reuse the compiled XLA programs ('' turns it off)",
+    )
+
+
+class InputError(Exception):
+    """Bad input: a flag value, a missing or corrupt file, an unwritable folder, a mesh that does not fit."""
+
+
+def reports_input_errors(main):
+    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1."""
+
+    @functools.wraps(main)
+    def run(args):
+        try:
+            return main(args)
+        except InputError as e:
+            sys.exit(f"error: {e}")
+
+    return run
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -91,46 +136,52 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def parse_args(argv=None) -> Args:
-    p = OneLineParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in fields(Args):
         name = "--" + f.name.replace("_", "-")
         if isinstance(f.default, bool):
             p.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
         else:
-            p.add_argument(name, type=type(f.default), default=f.default,
-                           help=f.metadata["help"], choices=f.metadata.get("choices"))
+            p.add_argument(
+                name,
+                type=type(f.default),
+                default=f.default,
+                help=f.metadata["help"],
+                choices=f.metadata.get("choices"),
+            )
     return Args(**vars(p.parse_args(argv)))
 
 
 def validate(args: Args) -> None:
-    """Exit with one line on stderr if a flag value makes no sense."""
+    """Raise InputError (one line for the user) if a flag value makes no sense or --out is not writable."""
     checks = [
         (args.epochs >= 1, f"--epochs must be >= 1, got {args.epochs}"),
         (args.batch_size >= 1, f"--batch-size must be >= 1, got {args.batch_size}"),
         (args.group_size >= 1, f"--group-size must be >= 1, got {args.group_size}"),
-        (args.group_size >= 2 or args.group_mode == "batch" or args.objective == "supervised",
-         f"--group-size must be >= 2 with --group-mode prompt (a group of one always has advantage 0), "
-         f"got {args.group_size}"),
+        (
+            args.group_size >= 2 or args.group_mode == "batch" or args.objective == "supervised",
+            f"--group-size must be >= 2 with --group-mode prompt (a group of one always has advantage 0), "
+            f"got {args.group_size}",
+        ),
         (args.inner_steps >= 1, f"--inner-steps must be >= 1, got {args.inner_steps}"),
-        (args.lr > 0, f"--lr must be > 0, got {args.lr}"),
+        (args.learning_rate > 0, f"--learning-rate must be > 0, got {args.learning_rate}"),
         (0 < args.clip_eps < 1, f"--clip-eps must be in (0, 1), got {args.clip_eps}"),
         (args.beta >= 0, f"--beta must be >= 0, got {args.beta}"),
         (args.adv_eps > 0, f"--adv-eps must be > 0, got {args.adv_eps}"),
-        (args.hidden >= 1, f"--hidden must be >= 1, got {args.hidden}"),
+        (args.hidden_size >= 1, f"--hidden-size must be >= 1, got {args.hidden_size}"),
         (args.split_test_set >= 0, f"--split-test-set must be >= 0, got {args.split_test_set}"),
         (0 < args.val_size < 1, f"--val-size must be a fraction in (0, 1), got {args.val_size}"),
     ]
     for ok, message in checks:
         if not ok:
-            sys.exit(f"error: {message}")
+            raise InputError(message)
     try:  # the output folder is checked before any work: a run that cannot save its results does not start
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, ".write_test"), "w"):
             pass
         os.remove(os.path.join(args.out, ".write_test"))
     except OSError as e:
-        sys.exit(f"error: --out {args.out!r} is not a writable folder ({e.strerror or type(e).__name__})")
+        raise InputError(f"--out {args.out!r} is not a writable folder ({e.strerror or type(e).__name__})") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,10 +191,6 @@ IDX_FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
 }
-
-
-class DataError(Exception):
-    """Data that cannot be had or read; main() turns it into a one-line error."""
 
 
 class Data(NamedTuple):
@@ -177,37 +224,38 @@ def read_idx(path: str) -> np.ndarray:
         with gzip.open(path, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
-        raise DataError(f"{path} not found") from None
+        raise InputError(f"{path} not found") from None
     except (OSError, EOFError, zlib.error) as e:  # BadGzipFile, truncated stream, bad CRC
-        raise DataError(f"{path} is not a complete gzip file ({e})") from None
+        raise InputError(f"{path} is not a complete gzip file ({e})") from None
     if len(raw) < 4 or raw[:3] != b"\x00\x00\x08":
-        raise DataError(f"{path} is not an IDX file of unsigned bytes (bad magic number)")
+        raise InputError(f"{path} is not an IDX file of unsigned bytes (bad magic number)")
     ndim = raw[3]
     header = 4 + 4 * ndim
     if len(raw) < header:
-        raise DataError(f"{path} is truncated inside its IDX header")
+        raise InputError(f"{path} is truncated inside its IDX header")
     shape = struct.unpack(f">{ndim}I", raw[4:header])
     expected = math.prod(shape)
     if len(raw) - header != expected:
-        raise DataError(f"{path}: shape {shape} needs {expected} data bytes, found {len(raw) - header} "
-                        f"(truncated or corrupt)")
+        raise InputError(
+            f"{path}: shape {shape} needs {expected} data bytes, found {len(raw) - header} (truncated or corrupt)"
+        )
     return np.frombuffer(raw, np.uint8, offset=header).reshape(shape)
 
 
 def to_features(images: np.ndarray) -> np.ndarray:
     """uint8 (N, 28, 28[, 1]) → float32 (N, 784) in [0, 1]."""
-    return (images.reshape(images.shape[0], -1).astype(np.float32) / 255.0)
+    return images.reshape(images.shape[0], -1).astype(np.float32) / 255.0
 
 
 def load_idx_split(folder: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     image_file, label_file = (os.path.join(folder, name) for name in IDX_FILES[split])
     images, labels = read_idx(image_file), read_idx(label_file)
     if images.ndim != 3 or images.shape[1:] != (28, 28):
-        raise DataError(f"{image_file}: expected images of shape (N, 28, 28), got {images.shape}")
+        raise InputError(f"{image_file}: expected images of shape (N, 28, 28), got {images.shape}")
     if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
-        raise DataError(f"{label_file}: expected {images.shape[0]} labels, got shape {labels.shape}")
+        raise InputError(f"{label_file}: expected {images.shape[0]} labels, got shape {labels.shape}")
     if labels.max(initial=0) > 9:
-        raise DataError(f"{label_file}: labels must be digits 0-9, found {labels.max()}")
+        raise InputError(f"{label_file}: labels must be digits 0-9, found {labels.max()}")
     return to_features(images), labels.astype(np.int32)
 
 
@@ -216,16 +264,20 @@ def load_tfds_split(name: str, split: str, download: bool) -> tuple[np.ndarray, 
 
     The tests run it under tfds.testing.mock_data, which fakes the dataset without any files."""
     import absl.logging
+
     absl.logging.set_verbosity(absl.logging.ERROR)  # keep tfds' warnings off the error path
     import tensorflow_datasets as tfds
+
     try:
         source = tfds.data_source(name, split=split, download=download)
         examples = [source[i] for i in range(len(source))]
     except Exception as e:  # offline, not cached, tfds needs TensorFlow to prepare, ...
         reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:200]
-        raise DataError(f"could not load '{name}' split '{split}' through tensorflow-datasets ({reason}); "
-                        f"pass --data-dir DIR, a folder with the four IDX .gz files "
-                        f"({', '.join(IDX_FILES['train'] + IDX_FILES['test'])})") from None
+        raise InputError(
+            f"could not load '{name}' split '{split}' through tensorflow-datasets ({reason}); "
+            f"pass --data-dir DIR, a folder with the four IDX .gz files "
+            f"({', '.join(IDX_FILES['train'] + IDX_FILES['test'])})"
+        ) from None
     images = np.stack([np.asarray(ex["image"]) for ex in examples])
     labels = np.array([int(ex["label"]) for ex in examples], dtype=np.int32)
     return to_features(images), labels
@@ -236,6 +288,7 @@ def tfds_idx_files(name: str) -> dict[str, tuple[str, str]]:
 
     Read from the checksum list that tensorflow-datasets ships (url_checksums/<name>.txt)."""
     import tensorflow_datasets as tfds
+
     path = os.path.join(os.path.dirname(tfds.__file__), "url_checksums", f"{name}.txt")
     files = {}
     with open(path, encoding="utf-8") as fh:
@@ -265,10 +318,12 @@ def fetch_idx_files(name: str, folder: str, timeout: float = 60.0) -> str:
             with urllib.request.urlopen(url, timeout=timeout) as response:
                 blob = response.read()
         except (OSError, ValueError) as e:  # URLError, timeouts and refused connections are OSErrors
-            raise DataError(f"could not download {url} ({e}); pass --data-dir DIR, a folder with the four "
-                            f"IDX .gz files ({', '.join(IDX_FILES['train'] + IDX_FILES['test'])})") from None
+            raise InputError(
+                f"could not download {url} ({e}); pass --data-dir DIR, a folder with the four "
+                f"IDX .gz files ({', '.join(IDX_FILES['train'] + IDX_FILES['test'])})"
+            ) from None
         if hashlib.sha256(blob).hexdigest() != sha256:
-            raise DataError(f"{url} does not match the SHA-256 that tensorflow-datasets lists; not using it")
+            raise InputError(f"{url} does not match the SHA-256 that tensorflow-datasets lists; not using it")
         with open(path + ".part", "wb") as fh:
             fh.write(blob)
         os.replace(path + ".part", path)  # never leave a half-written file under the real name
@@ -295,52 +350,64 @@ def load_data(args: Args) -> Data:
             x_test, y_test = load_tfds_split(args.dataset, "test", args.download)
             if need_train:
                 x_train, y_train = load_tfds_split(args.dataset, "train", args.download)
-        except DataError as tfds_error:
+        except InputError as tfds_error:
             if not args.download:
                 raise
-            print(f"tensorflow-datasets could not provide {args.dataset}; fetching its IDX files instead "
-                  f"({str(tfds_error).split(';')[0]})", flush=True)
+            print(
+                f"tensorflow-datasets could not provide {args.dataset}; fetching its IDX files instead "
+                f"({str(tfds_error).split(';')[0]})",
+                flush=True,
+            )
             folder = fetch_idx_files(args.dataset, idx_cache_dir(args.dataset))
     if folder:
         if not os.path.isdir(folder):
-            raise DataError(f"--data-dir {folder} is not a folder")
+            raise InputError(f"--data-dir {folder} is not a folder")
         origin = f"IDX files in {folder}"
         x_test, y_test = load_idx_split(folder, "test")
         if need_train:
             if not os.path.exists(os.path.join(folder, IDX_FILES["train"][0])):
-                raise DataError(f"--data-dir {folder} has no {IDX_FILES['train'][0]}; with only the test "
-                                f"files, pass --split-test-set 8000 to train on 8,000 of them and hold out the rest")
+                raise InputError(
+                    f"--data-dir {folder} has no {IDX_FILES['train'][0]}; with only the test "
+                    f"files, pass --split-test-set 8000 to train on 8,000 of them and hold out the rest"
+                )
             x_train, y_train = load_idx_split(folder, "train")
     if need_train:
         source = f"{origin}: train split"
     else:
         n = args.split_test_set
         if n >= len(y_test):
-            raise DataError(f"--split-test-set must be below the {len(y_test)} test images, got {n}")
+            raise InputError(f"--split-test-set must be below the {len(y_test)} test images, got {n}")
         order = np.random.default_rng(SPLIT_SEED).permutation(len(y_test))  # every --seed holds out the same
         train, held = order[:n], order[n:]
         x_train, y_train, x_test, y_test = x_test[train], y_test[train], x_test[held], y_test[held]
         source = f"{origin}: test split shuffled, first {n}"
     if len(y_train) < 2:
-        raise DataError(f"need at least 2 training images to carve a validation split, got {len(y_train)}")
+        raise InputError(f"need at least 2 training images to carve a validation split, got {len(y_train)}")
     x_train, y_train, x_val, y_val = carve_validation(x_train, y_train, args.val_size)
-    return Data(x_train, y_train, x_val, y_val, x_test, y_test,
-                f"{source} -> train {len(y_train)} / val {len(y_val)}; test {len(y_test)}")
+    return Data(
+        x_train,
+        y_train,
+        x_val,
+        y_val,
+        x_test,
+        y_test,
+        f"{source} -> train {len(y_train)} / val {len(y_val)}; test {len(y_test)}",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Networks: the actor is the only one GRPO trains; the critic exists only to be counted
 # ---------------------------------------------------------------------------------------------
 class Actor(nnx.Module):
-    """π_θ(a | s): 784 → hidden → hidden → 10 logits, returned as a Categorical over the digits."""
+    """π_θ(a | s): 784 → hidden_size → hidden_size → 10 logits, returned as a Categorical over the digits."""
 
-    def __init__(self, hidden: int, *, rngs: nnx.Rngs, in_features: int = 784, n_actions: int = 10):
-        self.fc1 = nnx.Linear(in_features, hidden, rngs=rngs)
-        self.fc2 = nnx.Linear(hidden, hidden, rngs=rngs)
-        self.out = nnx.Linear(hidden, n_actions, rngs=rngs)
+    def __init__(self, hidden_size: int, *, rngs: nnx.Rngs, in_features: int = 784, n_actions: int = 10):
+        self.fc1 = nnx.Linear(in_features, hidden_size, rngs=rngs)
+        self.fc2 = nnx.Linear(hidden_size, hidden_size, rngs=rngs)
+        self.out = nnx.Linear(hidden_size, n_actions, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> tfd.Categorical:
-        h = nnx.relu(self.fc1(x))  # (B, hidden)
+        h = nnx.relu(self.fc1(x))  # (B, hidden_size)
         h = nnx.relu(self.fc2(h))
         return tfd.Categorical(logits=self.out(h))  # batch_shape (B,), 10 classes
 
@@ -349,10 +416,10 @@ class Critic(nnx.Module):
     """PPO's value network V(s) with the actor's trunk and one output. GRPO never builds or trains it;
     this script instantiates it only to count the parameters (and memory) that GRPO saves."""
 
-    def __init__(self, hidden: int, *, rngs: nnx.Rngs, in_features: int = 784):
-        self.fc1 = nnx.Linear(in_features, hidden, rngs=rngs)
-        self.fc2 = nnx.Linear(hidden, hidden, rngs=rngs)
-        self.out = nnx.Linear(hidden, 1, rngs=rngs)
+    def __init__(self, hidden_size: int, *, rngs: nnx.Rngs, in_features: int = 784):
+        self.fc1 = nnx.Linear(in_features, hidden_size, rngs=rngs)
+        self.fc2 = nnx.Linear(hidden_size, hidden_size, rngs=rngs)
+        self.out = nnx.Linear(hidden_size, 1, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.out(nnx.relu(self.fc2(nnx.relu(self.fc1(x)))))[..., 0]  # (B,)
@@ -366,18 +433,20 @@ BYTES_PER_PARAM = 2 + 2 + 2 * 2  # bf16 weight + bf16 gradient + Adam's m and v 
 LLM_ACTOR_PARAMS = 8e9  # the guide's 8B example
 
 
-def param_table(hidden: int) -> tuple[str, dict]:
+def param_table(hidden_size: int) -> tuple[str, dict]:
     """Actor-only (GRPO) vs actor + critic (PPO), counted from the models and scaled to an 8B actor."""
-    actor = count_params(Actor(hidden, rngs=nnx.Rngs(0)))
-    critic = count_params(Critic(hidden, rngs=nnx.Rngs(0)))
+    actor = count_params(Actor(hidden_size, rngs=nnx.Rngs(0)))
+    critic = count_params(Critic(hidden_size, rngs=nnx.Rngs(0)))
     scale = LLM_ACTOR_PARAMS / actor  # an 8B actor; its critic has the same trunk and a 1-unit head
     rows = [("actor only (GRPO)", actor), ("critic V(s) (PPO only)", critic), ("actor + critic (PPO)", actor + critic)]
     lines = [f"{'model':<24}{'params here':>13}{'scaled to 8B actor':>20}{'train state, 8 B/param':>25}"]
     for name, n in rows:
         lines.append(f"{name:<24}{n:>13,}{n * scale / 1e9:>19.2f}B{n * scale * BYTES_PER_PARAM / 1e9:>22.1f} GB")
     saved = critic / (actor + critic)
-    lines.append(f"GRPO drops the critic: {saved:.1%} of PPO's parameters, "
-                 f"{critic * scale * BYTES_PER_PARAM / 1e9:.1f} GB of training state at the 8B scale")
+    lines.append(
+        f"GRPO drops the critic: {saved:.1%} of PPO's parameters, "
+        f"{critic * scale * BYTES_PER_PARAM / 1e9:.1f} GB of training state at the 8B scale"
+    )
     return "\n".join(lines), {"params_actor": actor, "params_critic": critic, "critic_share": saved}
 
 
@@ -446,8 +515,10 @@ def supervised_loss(actor: Actor, x, labels):
 # ---------------------------------------------------------------------------------------------
 # One update per batch, and a whole epoch compiled as one lax.scan
 # ---------------------------------------------------------------------------------------------
-class Config(NamedTuple):
+@dataclass(frozen=True)
+class GRPOConfig:
     """The static (compile-time) part of Args that the jitted epoch needs."""
+
     objective: str
     group_mode: str
     group_size: int
@@ -458,31 +529,35 @@ class Config(NamedTuple):
     kl: str
     adv_eps: float
 
+    @classmethod
+    def from_args(cls, args: Args) -> GRPOConfig:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
-def grpo_update(actor: Actor, optimizer: nnx.Optimizer, reference: Actor, x, y, key, cfg: Config) -> dict:
+
+def grpo_update(actor: Actor, optimizer: nnx.Optimizer, reference: Actor, x, y, key, config: GRPOConfig) -> dict:
     """Rollout G answers per image from π_old, score them, then μ clipped-surrogate steps on that rollout."""
     dist_old = actor(x)  # π_old: the parameters before this rollout's μ steps
-    actions = dist_old.sample(cfg.group_size, seed=key).T  # (B, G)
+    actions = dist_old.sample(config.group_size, seed=key).T  # (B, G)
     logp_old = jax.lax.stop_gradient(dist_old.log_prob(actions.T).T)  # (B, G)
     rewards = (actions == y[:, None]).astype(jnp.float32)  # (B, G): 1 if the answer names the digit
-    if cfg.group_mode == "prompt":
-        adv = group_advantages(rewards, cfg.adv_eps)
+    if config.group_mode == "prompt":
+        adv = group_advantages(rewards, config.adv_eps)
         zero_signal = jnp.mean(rewards.std(axis=1) == 0)  # groups with all-equal rewards teach nothing
     else:
-        adv = batch_advantages(rewards, cfg.adv_eps)
+        adv = batch_advantages(rewards, config.adv_eps)
         zero_signal = (rewards.std() == 0).astype(jnp.float32)
-    if cfg.beta > 0:
+    if config.beta > 0:
         ref_logits = reference(x).logits  # (B, 10), frozen π_ref
     else:
         ref_logits = dist_old.logits  # unused: β = 0 multiplies it away; skip the extra forward pass
     grad_fn = nnx.value_and_grad(grpo_loss, has_aux=True)
     step_metrics = []
-    for _ in range(cfg.inner_steps):  # μ steps: after the first, ρ ≠ 1 and the clip can act
-        (_, aux), grads = grad_fn(actor, x, actions, logp_old, adv, ref_logits, cfg.clip_eps, cfg.beta, cfg.kl)
+    for _ in range(config.inner_steps):  # μ steps: after the first, ρ ≠ 1 and the clip can act
+        (_, aux), grads = grad_fn(actor, x, actions, logp_old, adv, ref_logits, config.clip_eps, config.beta, config.kl)
         optimizer.update(actor, grads)
         step_metrics.append(aux)
     metrics = jax.tree.map(lambda *v: jnp.mean(jnp.stack(v)), *step_metrics)
-    if cfg.beta == 0:
+    if config.beta == 0:
         del metrics["kl"]  # with β = 0 it compared π_θ with π_old, not with π_ref
     return {**metrics, "reward": rewards.mean(), "zero_signal": zero_signal}
 
@@ -495,15 +570,18 @@ def supervised_update(actor: Actor, optimizer: nnx.Optimizer, x, y, key) -> dict
     return {**aux, "reward": reward}
 
 
-def train_epoch(state, ref_state, x_all, y_all, key, *, graphdef, ref_graphdef, cfg: Config):
+def train_epoch(
+    graphdef: nnx.GraphDef, ref_graphdef: nnx.GraphDef, config: GRPOConfig, state, ref_state, x_all, y_all, key
+):
     """One pass over the shuffled training images, compiled as a single lax.scan over batches.
 
-    The NNX objects are rebuilt from `state` inside the traced function (nnx.merge), updated in place,
-    and split back out, so Python and NNX bookkeeping run once at trace time, not once per batch."""
-    n_batches = x_all.shape[0] // cfg.batch_size  # the last partial batch is dropped
+    `state` is nnx.state((actor, optimizer)), `ref_state` the frozen reference's. The NNX objects are rebuilt
+    inside the traced function (nnx.merge), updated in place, and split back out, so Python and NNX
+    bookkeeping run once at trace time, not once per batch."""
+    n_batches = x_all.shape[0] // config.batch_size  # the last partial batch is dropped
     key, perm_key = jax.random.split(key)
-    order = jax.random.permutation(perm_key, x_all.shape[0])[: n_batches * cfg.batch_size]
-    batches = order.reshape(n_batches, cfg.batch_size)  # (n_batches, B) image indices
+    order = jax.random.permutation(perm_key, x_all.shape[0])[: n_batches * config.batch_size]
+    batches = order.reshape(n_batches, config.batch_size)  # (n_batches, B) image indices
     keys = jax.random.split(key, n_batches)
     reference = nnx.merge(ref_graphdef, ref_state)
 
@@ -511,8 +589,8 @@ def train_epoch(state, ref_state, x_all, y_all, key, *, graphdef, ref_graphdef, 
         idx, batch_key = inputs
         actor, optimizer = nnx.merge(graphdef, state)
         x, y = x_all[idx], y_all[idx]  # (B, 784), (B,)
-        if cfg.objective == "grpo":
-            metrics = grpo_update(actor, optimizer, reference, x, y, batch_key, cfg)
+        if config.objective == "grpo":
+            metrics = grpo_update(actor, optimizer, reference, x, y, batch_key, config)
         else:
             metrics = supervised_update(actor, optimizer, x, y, batch_key)
         return nnx.state((actor, optimizer)), metrics
@@ -522,11 +600,11 @@ def train_epoch(state, ref_state, x_all, y_all, key, *, graphdef, ref_graphdef, 
 
 
 # ---------------------------------------------------------------------------------------------
-# Evaluation
+# Evaluation, the compiled functions, checkpoints and the curve
 # ---------------------------------------------------------------------------------------------
-@partial(jax.jit, static_argnames="graphdef")
-def evaluate(state, ref_state, x, y, *, graphdef):
-    """Greedy (argmax) accuracy on held-out images, and the exact mean KL(π_θ ‖ π_ref) over them."""
+def evaluate(graphdef: nnx.GraphDef, state, ref_state, x, y):
+    """Greedy (argmax) accuracy on held-out images, and the exact mean KL(π_θ ‖ π_ref) over them.
+    `graphdef` is the actor's; `state` and `ref_state` are the actor's and the frozen reference's."""
     actor, reference = nnx.merge(graphdef, state), nnx.merge(graphdef, ref_state)
     dist = actor(x)
     accuracy = jnp.mean(dist.mode() == y)
@@ -534,45 +612,98 @@ def evaluate(state, ref_state, x, y, *, graphdef):
     return accuracy, kl_ref
 
 
-def save_actor(actor: Actor, path: str) -> None:
-    """Write the actor's parameters to .npz, one array per '/'-joined path (no pickle)."""
-    flat = {"/".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(nnx.state(actor, nnx.Param))}
-    np.savez(path, **flat)
+def make_train_fns(graphdef: nnx.GraphDef, actor_graphdef: nnx.GraphDef, config: GRPOConfig):
+    """The two hot functions, compiled once: epoch(state, ref_state, x, y, key) -> (state, metrics), one pass
+    over the training images, and score(actor_state, ref_state, x, y) -> (accuracy, kl_ref) on held-out ones.
+    The graphdefs and the config are bound with partial, so a call only flattens the state's arrays."""
+    epoch = jax.jit(partial(train_epoch, graphdef, actor_graphdef, config))
+    score = jax.jit(partial(evaluate, actor_graphdef))
+    return epoch, score
 
 
-def load_actor(path: str, hidden: int) -> Actor:
-    """Rebuild an Actor from save_actor's .npz; a missing, corrupt or mismatched file raises DataError."""
-    actor = Actor(hidden, rngs=nnx.Rngs(0))
-    state = nnx.state(actor, nnx.Param)
+def flatten_dict(tree: dict, prefix: str) -> dict[str, np.ndarray]:
+    """{'fc1': {'kernel': a}} under prefix 'actor' -> {'actor/fc1/kernel': a}."""
+    flat = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            flat.update(flatten_dict(v, f"{prefix}/{k}"))
+        else:
+            flat[f"{prefix}/{k}"] = np.asarray(v)
+    return flat
+
+
+def fill_pure_dict(template: dict, arrays: dict, prefix: str, path: str) -> dict:
+    """`template` (a pure dict) with each leaf replaced by arrays['prefix/…/leaf'], checked for presence and shape."""
+    filled = {}
+    for k, v in template.items():
+        key = f"{prefix}/{k}"
+        if isinstance(v, dict):
+            filled[k] = fill_pure_dict(v, arrays, key, path)
+            continue
+        if key not in arrays or arrays[key].shape != v.shape:
+            found = "not in the file" if key not in arrays else f"{arrays[key].shape} in the file, {v.shape} here"
+            raise InputError(
+                f"{path}: parameter {key} is missing or of the wrong shape ({found}); "
+                f"was it saved with another --hidden-size?"
+            )
+        filled[k] = jnp.asarray(arrays[key])
+    return filled
+
+
+def save_checkpoint(path: str, parts: dict) -> None:
+    """parts: name -> nnx.Module (its nnx.Param state) or np.ndarray. One .npz, keys 'name/…/leaf', no pickle."""
+    arrays = {}
+    for name, part in parts.items():
+        if isinstance(part, nnx.Module):
+            arrays.update(flatten_dict(nnx.to_pure_dict(nnx.state(part, nnx.Param)), name))
+        else:
+            arrays[name] = np.asarray(part)
+    np.savez(path, **arrays)
+
+
+def load_checkpoint(path: str, parts: dict) -> dict:
+    """Fill every Module in `parts` in place from `path` (nnx.replace_by_pure_dict); return the arrays stored
+    for the non-Module entries. Raises InputError on a missing, corrupt or mismatched file."""
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
     except Exception as e:
-        raise DataError(f"cannot read actor file {path} ({type(e).__name__}: {e})") from None
-    for p, v in nnx.to_flat_state(state):
-        key = "/".join(map(str, p))
-        if key not in arrays or arrays[key].shape != v[...].shape:
-            raise DataError(f"{path}: parameter {key} missing or of the wrong shape for --hidden {hidden}")
-        v[...] = jnp.asarray(arrays[key])
-    nnx.update(actor, state)
-    return actor
+        raise InputError(f"cannot read checkpoint file {path} ({type(e).__name__}: {e})") from None
+    loaded = {}
+    for name, part in parts.items():
+        if not isinstance(part, nnx.Module):
+            if name not in arrays:
+                raise InputError(f"{path}: array {name} is missing")
+            loaded[name] = arrays[name]
+            continue
+        state = nnx.state(part, nnx.Param)
+        nnx.replace_by_pure_dict(state, fill_pure_dict(nnx.to_pure_dict(state), arrays, name, path))
+        nnx.update(part, state)
+    return loaded
 
 
-def plot_curves(history: list[dict], test_accuracy: float, title: str, path: str) -> None:
+def plot_curve(path: str, history: list[dict], test_accuracy: float, title: str) -> None:
+    """Left: validation accuracy, sampled train reward and the one test score; right: clip fraction,
+    zero-signal groups and KL(π ‖ π_ref), per epoch."""
     epochs = [h["epoch"] for h in history]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     left.plot(epochs, [100 * h["val_accuracy"] for h in history], "o-", label="greedy validation accuracy")
     trained = [h for h in history if h["epoch"] > 0]
-    left.plot([h["epoch"] for h in trained], [100 * h["train_reward"] for h in trained], "s--",
-              label="sampled train reward")
+    left.plot(
+        [h["epoch"] for h in trained], [100 * h["train_reward"] for h in trained], "s--", label="sampled train reward"
+    )
     left.plot([epochs[-1]], [100 * test_accuracy], "k*", ms=12, label="test accuracy (scored once, at the end)")
     left.set(xlabel="epoch", ylabel="%", title="accuracy / reward")
     left.grid(alpha=0.3)
     left.legend()
     if "clip_frac" in trained[0]:  # GRPO only; the supervised objective has neither
         right.plot([h["epoch"] for h in trained], [h["clip_frac"] for h in trained], "o-", label="clip fraction")
-        right.plot([h["epoch"] for h in trained], [h["zero_signal"] for h in trained], "s-",
-                   label="groups with all-equal rewards")
+        right.plot(
+            [h["epoch"] for h in trained],
+            [h["zero_signal"] for h in trained],
+            "s-",
+            label="groups with all-equal rewards",
+        )
     right.plot(epochs, [h["kl_ref"] for h in history], "^-", label="KL(π ‖ π_ref) on validation")
     right.set(xlabel="epoch", title="clip fraction, zero-signal groups, KL to π_ref")
     right.grid(alpha=0.3)
@@ -593,29 +724,39 @@ def run_label(args: Args) -> str:
     return f"grpo, group-mode {args.group_mode}, G={args.group_size}, μ={args.inner_steps}, {kl}"
 
 
+def print_header(args: Args, data: Data, label: str) -> dict:
+    """Print the data, the run and the parameter table (GRPO vs PPO); return the counts for metrics.json."""
+    print(f"data: {data.source}", flush=True)
+    print(
+        f"run: {label}, batch {args.batch_size}, learning rate {args.learning_rate}, {args.epochs} epochs, "
+        f"seed {args.seed}",
+        flush=True,
+    )
+    table, param_counts = param_table(args.hidden_size)
+    print(table, flush=True)
+    return param_counts
+
+
 def train(args: Args, data: Data) -> tuple[Actor, Actor, list[dict], dict]:
     """Build the actor, its frozen reference and Adam; run the epochs, scoring validation after each.
     Returns (actor, reference, history, timings). The test images are not touched here."""
     key = jax.random.key(args.seed)
-    actor = Actor(args.hidden, rngs=nnx.Rngs(args.seed))
+    actor = Actor(args.hidden_size, rngs=nnx.Rngs(args.seed))
     reference = nnx.clone(actor)  # π_ref: the frozen initial policy (see README, "KL and the reference policy")
-    optimizer = nnx.Optimizer(actor, optax.adam(args.lr), wrt=nnx.Param)
+    optimizer = nnx.Optimizer(actor, optax.adam(args.learning_rate), wrt=nnx.Param)
     graphdef, state = nnx.split((actor, optimizer))
     actor_graphdef, ref_state = nnx.split(reference)
-    cfg = Config(args.objective, args.group_mode, args.group_size, args.batch_size, args.inner_steps,
-                 args.clip_eps, args.beta, args.kl, args.adv_eps)
     x_train, y_train = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
     x_val, y_val = jnp.asarray(data.x_val), jnp.asarray(data.y_val)
 
-    def validate_actor(state):  # greedy accuracy and exact KL(π ‖ π_ref) on the validation images
-        acc, kl_ref = evaluate(nnx.state(nnx.merge(graphdef, state)[0]), ref_state, x_val, y_val,
-                               graphdef=actor_graphdef)
-        return float(acc), float(kl_ref)
-
     t0 = time.perf_counter()
-    epoch_fn = jax.jit(partial(train_epoch, graphdef=graphdef, ref_graphdef=actor_graphdef, cfg=cfg))
+    epoch_fn, score = make_train_fns(graphdef, actor_graphdef, GRPOConfig.from_args(args))
     epoch_fn = epoch_fn.lower(state, ref_state, x_train, y_train, key).compile()  # compile once, up front
     compile_seconds = time.perf_counter() - t0
+
+    def validate_actor(state):  # greedy accuracy and exact KL(π ‖ π_ref) on the validation images
+        acc, kl_ref = score(state[0], ref_state, x_val, y_val)  # state[0]: the actor's part of (actor, optimizer)
+        return float(acc), float(kl_ref)
 
     acc, kl_ref = validate_actor(state)
     history = [{"epoch": 0, "val_accuracy": acc, "kl_ref": kl_ref}]
@@ -627,16 +768,58 @@ def train(args: Args, data: Data) -> tuple[Actor, Actor, list[dict], dict]:
         jax.block_until_ready(state)
         seconds = time.perf_counter() - t_epoch
         acc, kl_ref = validate_actor(state)
-        row = {"epoch": epoch, "val_accuracy": acc, "train_reward": float(metrics["reward"]), "kl_ref": kl_ref,
-               "seconds": seconds, **{k: float(v) for k, v in metrics.items() if k != "reward"}}
+        row = {
+            "epoch": epoch,
+            "val_accuracy": acc,
+            "train_reward": float(metrics["reward"]),
+            "kl_ref": kl_ref,
+            "seconds": seconds,
+            **{k: float(v) for k, v in metrics.items() if k != "reward"},
+        }
         history.append(row)
         extra = "".join(f" {k}={row[k]:.4f}" for k in ("clip_frac", "zero_signal", "kl") if k in row)
-        print(f"epoch={epoch} val_acc={acc:.4f} train_reward={row['train_reward']:.4f} loss={row['loss']:.4f}"
-              f"{extra} kl_ref={kl_ref:.4f} sec={seconds:.2f} img/s={len(data.y_train) / seconds:.0f}", flush=True)
+        print(
+            f"epoch={epoch} val_acc={acc:.4f} train_reward={row['train_reward']:.4f} loss={row['loss']:.4f}"
+            f"{extra} kl_ref={kl_ref:.4f} sec={seconds:.2f} img/s={len(data.y_train) / seconds:.0f}",
+            flush=True,
+        )
     actor, _ = nnx.merge(graphdef, state)
-    timings = {"train_seconds": time.perf_counter() - t0, "compile_seconds": compile_seconds,
-               "seconds_per_epoch": float(np.mean([h["seconds"] for h in history[1:]]))}
+    timings = {
+        "train_seconds": time.perf_counter() - t0,
+        "compile_seconds": compile_seconds,
+        "seconds_per_epoch": float(np.mean([h["seconds"] for h in history[1:]])),
+    }
     return actor, reference, history, timings
+
+
+def score_test_set(actor: Actor, reference: Actor, data: Data) -> tuple[float, float]:
+    """Greedy accuracy and exact KL(π ‖ π_ref) on the held-out test images: called once, after training."""
+    score = jax.jit(partial(evaluate, nnx.graphdef(actor)))
+    accuracy, kl_ref = score(nnx.state(actor), nnx.state(reference), jnp.asarray(data.x_test), jnp.asarray(data.y_test))
+    return float(accuracy), float(kl_ref)
+
+
+def save_outputs(args: Args, results: dict, actor: Actor, title: str) -> None:
+    """metrics.json, learning_curve.png and the actor's checkpoint actor.npz, all in --out."""
+    with open(os.path.join(args.out, "metrics.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    plot_curve(os.path.join(args.out, "learning_curve.png"), results["history"], results["test_accuracy"], title)
+    save_checkpoint(os.path.join(args.out, "actor.npz"), {"actor": actor})
+
+
+def print_summary(args: Args, results: dict, label: str) -> None:
+    print("---- summary ----")
+    print(f"data:              {results['data']}")
+    print(f"objective:         {label}")
+    print(f"val_accuracy:      {results['val_accuracy']:.4f}  (greedy, validation split, after epoch {args.epochs})")
+    print(f"test_accuracy:     {results['test_accuracy']:.4f}  (greedy, held-out test set, scored once)")
+    print(f"train_reward:      {results['train_reward']:.4f}  (sampled, last epoch)")
+    print(
+        f"seconds_per_epoch: {results['seconds_per_epoch']:.2f}  ({results['seconds_per_epoch_at_60k']:.2f} s "
+        f"scaled to 60,000 images; compile {results['compile_seconds']:.1f} s, total "
+        f"{results['train_seconds']:.1f} s)"
+    )
+    print(f"outputs:           {args.out}/metrics.json, learning_curve.png, actor.npz", flush=True)
 
 
 def use_compile_cache(folder: str) -> None:
@@ -648,48 +831,37 @@ def use_compile_cache(folder: str) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+@reports_input_errors
 def main(args: Args) -> dict:
     validate(args)  # flag values and the output folder, before any work
     use_compile_cache(args.compile_cache)
-    try:
-        data = load_data(args)
-    except DataError as e:
-        sys.exit(f"error: {e}")
+    data = load_data(args)
     if args.batch_size > len(data.y_train):
-        sys.exit(f"error: --batch-size {args.batch_size} exceeds the {len(data.y_train)} training images")
+        raise InputError(f"--batch-size {args.batch_size} exceeds the {len(data.y_train)} training images")
     label = run_label(args)
-    print(f"data: {data.source}", flush=True)
-    print(f"run: {label}, batch {args.batch_size}, lr {args.lr}, {args.epochs} epochs, seed {args.seed}", flush=True)
-    table, param_counts = param_table(args.hidden)
-    print(table, flush=True)
+    param_counts = print_header(args, data, label)
 
     actor, reference, history, timings = train(args, data)
     # The held-out test set is scored once, here, after every choice has been made on validation.
-    test_acc, test_kl = evaluate(nnx.state(actor), nnx.state(reference), jnp.asarray(data.x_test),
-                                 jnp.asarray(data.y_test), graphdef=nnx.graphdef(actor))
+    test_accuracy, test_kl_ref = score_test_set(actor, reference, data)
     results = {
-        "val_accuracy": history[-1]["val_accuracy"], "test_accuracy": float(test_acc),
-        "test_kl_ref": float(test_kl), "train_reward": history[-1]["train_reward"], "epochs": args.epochs,
-        **timings, "train_images": len(data.y_train), "val_images": len(data.y_val),
+        "val_accuracy": history[-1]["val_accuracy"],
+        "test_accuracy": test_accuracy,
+        "test_kl_ref": test_kl_ref,
+        "train_reward": history[-1]["train_reward"],
+        "epochs": args.epochs,
+        **timings,
+        "train_images": len(data.y_train),
+        "val_images": len(data.y_val),
         "test_images": len(data.y_test),
         "seconds_per_epoch_at_60k": timings["seconds_per_epoch"] * 60_000 / len(data.y_train),
-        "data": data.source, **param_counts, "history": history, "args": asdict(args),
+        "data": data.source,
+        **param_counts,
+        "history": history,
+        "args": asdict(args),
     }
-    with open(os.path.join(args.out, "metrics.json"), "w") as f:
-        json.dump(results, f, indent=2)
-    plot_curves(history, results["test_accuracy"], f"{label} | {data.source}",
-                os.path.join(args.out, "learning_curve.png"))
-    save_actor(actor, os.path.join(args.out, "actor.npz"))
-    print("---- summary ----")
-    print(f"data:              {data.source}")
-    print(f"objective:         {label}")
-    print(f"val_accuracy:      {results['val_accuracy']:.4f}  (greedy, validation split, after epoch {args.epochs})")
-    print(f"test_accuracy:     {results['test_accuracy']:.4f}  (greedy, held-out test set, scored once)")
-    print(f"train_reward:      {results['train_reward']:.4f}  (sampled, last epoch)")
-    print(f"seconds_per_epoch: {timings['seconds_per_epoch']:.2f}  ({results['seconds_per_epoch_at_60k']:.2f} s "
-          f"scaled to 60,000 images; compile {timings['compile_seconds']:.1f} s, total "
-          f"{timings['train_seconds']:.1f} s)")
-    print(f"outputs:           {args.out}/metrics.json, learning_curve.png, actor.npz", flush=True)
+    save_outputs(args, results, actor, f"{label} | {data.source}")
+    print_summary(args, results, label)
     return results
 
 

@@ -14,9 +14,11 @@ For every rule set the script:
 Then it applies the same arithmetic to the guide's 8B example on a 4x2 mesh.
 Fake a multi-device host on a CPU with `--host-devices 8`.
 """
+
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -24,13 +26,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
-
-import numpy as np
+from typing import NamedTuple
 
 # Importing JAX does not start its backends; they start at the first jax.devices() or computation.
 # That is why `--host-devices` can still set XLA_FLAGS in `start_devices`, after argument parsing.
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.experimental import multihost_utils
@@ -65,16 +67,24 @@ def flag(default, help: str, **kw):
 @dataclass
 class Args:
     seed: int = flag(0, "seeds everything: nnx.Rngs for the weights and NumPy's Generator for the batches")
-    host_devices: int = flag(-1, "fake this many CPU devices (sets XLA_FLAGS=--xla_force_host_platform_device_count=N "
-                                 "before JAX starts); 0 = use the devices that exist; -1 = 8 when JAX would run on "
-                                 "one CPU, else the devices that exist")
+    host_devices: int = flag(
+        -1,
+        "fake this many CPU devices (sets XLA_FLAGS=--xla_force_host_platform_device_count=N "
+        "before JAX starts); 0 = use the devices that exist; -1 = 8 when JAX would run on "
+        "one CPU, else the devices that exist",
+    )
     distributed: bool = flag(False, "call jax.distributed.initialize() first: one process per host in a multi-host run")
-    coordinator_address: str = flag("", "with --distributed: host:port of process 0; empty = auto-detect "
-                                        "(Cloud TPU, SLURM, Open MPI, Kubernetes) or $JAX_COORDINATOR_ADDRESS")
+    coordinator_address: str = flag(
+        "",
+        "with --distributed: host:port of process 0; empty = auto-detect "
+        "(Cloud TPU, SLURM, Open MPI, Kubernetes) or $JAX_COORDINATOR_ADDRESS",
+    )
     num_processes: int = flag(0, "with --distributed: how many processes in all; 0 = auto-detect")
     process_id: int = flag(-1, "with --distributed: this process's rank, 0..num_processes-1; -1 = auto-detect")
-    perturb: float = flag(0.0, "add this to every value of one sharded weight before the equivalence check, to see "
-                               "the check FAIL (0 = off)")
+    perturb: float = flag(
+        0.0,
+        "add this to every value of one sharded weight before the equivalence check, to see the check FAIL (0 = off)",
+    )
     mesh: str = flag("", "device mesh as DATAxMODEL, e.g. 4x2; empty = model 2 if the device count is even, else 1")
     rules: str = flag("all", "logical-axis rule set to run", choices=(*RULE_SETS, "all"))
     steps: int = flag(40, "Adam steps per rule set")
@@ -93,6 +103,23 @@ class Args:
     out: str = flag("runs/sharding_mesh", "folder for metrics.json and loss_curve.png")
 
 
+class InputError(Exception):
+    """Bad input: a flag value, a missing or corrupt file, an unwritable folder, a mesh that does not fit."""
+
+
+def reports_input_errors(main):
+    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1."""
+
+    @functools.wraps(main)
+    def run(args):
+        try:
+            return main(args)
+        except InputError as e:
+            sys.exit(f"error: {e}")
+
+    return run
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse that reports a bad flag in one line, exit status 1, instead of dumping the usage."""
 
@@ -101,40 +128,46 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def parse_args(argv=None) -> Args:
-    p = OneLineParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in fields(Args):
         name = "--" + f.name.replace("_", "-")
         if isinstance(f.default, bool):
             p.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
         else:
-            p.add_argument(name, type=type(f.default), default=f.default, help=f.metadata["help"],
-                           choices=f.metadata.get("choices"))
+            p.add_argument(
+                name,
+                type=type(f.default),
+                default=f.default,
+                help=f.metadata["help"],
+                choices=f.metadata.get("choices"),
+            )
     return Args(**vars(p.parse_args(argv)))
 
 
 def parse_mesh(text: str) -> tuple[int, int]:
-    """'4x2' -> (4, 2); anything else exits with a one-line error."""
+    """'4x2' -> (4, 2); anything else raises InputError."""
     parts = text.lower().split("x")
     if len(parts) != 2 or not all(s.isdigit() and int(s) > 0 for s in parts):
-        sys.exit(f"error: --mesh must look like DATAxMODEL with positive integers, e.g. 4x2, got {text!r}")
+        raise InputError(f"--mesh must look like DATAxMODEL with positive integers, e.g. 4x2, got {text!r}")
     return int(parts[0]), int(parts[1])
 
 
 def validate(args: Args) -> None:
     for name in ("steps", "batch_size", "seq_len", "vocab", "embed", "heads", "head_dim", "mlp", "log_every"):
         if getattr(args, name) < 1:
-            sys.exit(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.steps < 2:
-        sys.exit(f"error: --steps must be >= 2 (the check repeats the last step from a trained state), got {args.steps}")
+        raise InputError(
+            f"--steps must be >= 2 (the check repeats the last step from a trained state), got {args.steps}"
+        )
     if args.host_devices < -1:
-        sys.exit(f"error: --host-devices must be >= 0 (or -1 for automatic), got {args.host_devices}")
+        raise InputError(f"--host-devices must be >= 0 (or -1 for automatic), got {args.host_devices}")
     if args.mesh:
         parse_mesh(args.mesh)
     if args.num_processes < 0:
-        sys.exit(f"error: --num-processes must be >= 0, got {args.num_processes}")
+        raise InputError(f"--num-processes must be >= 0, got {args.num_processes}")
     if not args.learning_rate > 0 or not args.tolerance > 0 or not args.hbm_gb > 0:
-        sys.exit("error: --learning-rate, --tolerance and --hbm-gb must be > 0")
+        raise InputError("--learning-rate, --tolerance and --hbm-gb must be > 0")
     try:  # the output folder is checked before any work: a run that cannot save its results does not start
         os.makedirs(args.out, exist_ok=True)
         probe = os.path.join(args.out, f".write_test_{os.getpid()}")
@@ -142,7 +175,7 @@ def validate(args: Args) -> None:
             pass
         os.remove(probe)
     except OSError as e:
-        sys.exit(f"error: --out {args.out!r} is not a writable folder ({e.strerror or type(e).__name__})")
+        raise InputError(f"--out {args.out!r} is not a writable folder ({e.strerror or type(e).__name__})") from e
 
 
 # ---------------------------------------------------------------- devices and mesh
@@ -172,22 +205,28 @@ def start_devices(args: Args) -> list:
     if args.distributed:
         # Every process runs this same script; the flags left empty are auto-detected (see the README).
         try:
-            jax.distributed.initialize(coordinator_address=args.coordinator_address or None,
-                                       num_processes=args.num_processes or None,
-                                       process_id=None if args.process_id < 0 else args.process_id)
+            jax.distributed.initialize(
+                coordinator_address=args.coordinator_address or None,
+                num_processes=args.num_processes or None,
+                process_id=None if args.process_id < 0 else args.process_id,
+            )
         except Exception as e:  # noqa: BLE001 - any failure to join is a one-line error
-            sys.exit(f"error: jax.distributed.initialize() failed: {str(e).splitlines()[0]}")
+            raise InputError(f"jax.distributed.initialize() failed: {str(e).splitlines()[0]}") from e
     if auto:
         devices = jax.devices()
         if devices[0].platform == "cpu":
-            log(f"devices: this host has only a CPU, so the script fakes {len(jax.local_devices())} CPU devices "
-                f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}); --host-devices 0 uses the one real device")
+            log(
+                f"devices: this host has only a CPU, so the script fakes {len(jax.local_devices())} CPU devices "
+                f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}); --host-devices 0 uses the one real device"
+            )
         return devices
-    devices = jax.devices("cpu") if args.host_devices else jax.devices()   # every process's devices
+    devices = jax.devices("cpu") if args.host_devices else jax.devices()  # every process's devices
     local = len(jax.local_devices(backend="cpu")) if args.host_devices else 0
     if args.host_devices and local != args.host_devices:
-        sys.exit(f"error: --host-devices {args.host_devices} came too late: JAX had already started with "
-                 f"{local} CPU device(s); run the script from the command line")
+        raise InputError(
+            f"--host-devices {args.host_devices} came too late: JAX had already started with "
+            f"{local} CPU device(s); run the script from the command line"
+        )
     return devices
 
 
@@ -196,8 +235,10 @@ def mesh_shape(args: Args, n_devices: int) -> tuple[int, int]:
     if args.mesh:
         d, m = parse_mesh(args.mesh)
         if d * m != n_devices:
-            sys.exit(f"error: --mesh {args.mesh} needs {d * m} devices but there are {n_devices}; "
-                     f"DATA x MODEL must equal the device count")
+            raise InputError(
+                f"--mesh {args.mesh} needs {d * m} devices but there are {n_devices}; "
+                f"DATA x MODEL must equal the device count"
+            )
         return d, m
     m = 2 if n_devices % 2 == 0 else 1
     return n_devices // m, m
@@ -209,6 +250,7 @@ def make_mesh(shape: tuple[int, int], devices: list) -> jax.sharding.Mesh:
 
 
 # ---------------------------------------------------------------- logical axes -> mesh axes
+
 
 def logical_to_mesh_axes(logical_axes, rules, mesh_axes=MESH_AXES) -> tuple:
     """Resolve one array's logical axis names into mesh axes, the way MaxText and flax.linen do.
@@ -252,80 +294,129 @@ def analytic_bytes(shape, itemsize: int, spec, mesh_sizes: dict[str, int]) -> in
     return itemsize * math.prod(shard_shape(shape, spec, mesh_sizes))
 
 
+def check_splits(args: Args, rule_sets, mesh) -> None:
+    """Every dimension a rule set splits must split into equal parts on `mesh`; else raise InputError."""
+    sizes = dict(mesh.shape)
+    for name in rule_sets:
+        for what, dim, logical in (
+            ("--batch-size", args.batch_size, "batch"),
+            ("--vocab", args.vocab, "vocab"),
+            ("--embed", args.embed, "embed"),
+            ("--heads", args.heads, "heads"),
+            ("--mlp", args.mlp, "mlp"),
+        ):
+            n = axis_size(logical_to_mesh_axes((logical,), RULE_SETS[name])[0], sizes)
+            if dim % n:
+                raise InputError(
+                    f"{what} {dim} does not split into {n} equal parts, as rule set {name!r} on mesh "
+                    f"{sizes['data']}x{sizes['model']} needs; pick a multiple of {n}"
+                )
+
+
 # ---------------------------------------------------------------- the model
 
-def with_axes(names: tuple[str, ...], init=nnx.initializers.normal(0.02)):
+
+NORMAL_INIT = nnx.initializers.normal(0.02)  # N(0, 0.02²), the usual init of a small transformer
+
+
+def with_axes(names: tuple[str, ...], init=NORMAL_INIT):
     """An initializer whose Variable carries logical axis names (metadata `out_sharding`)."""
     return nnx.with_partitioning(init, names)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model and its optimizer, fixed at trace time: what the jitted `init_state` and `abstract_state` build."""
+
+    vocab: int
+    embed: int
+    heads: int
+    head_dim: int
+    mlp: int
+    seq_len: int
+    learning_rate: float
+    seed: int
+
+    @classmethod
+    def from_args(cls, args: Args) -> ModelConfig:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
 
 class TinyLM(nnx.Module):
     """Embedding -> one pre-norm transformer block (causal attention + MLP) -> unembedding."""
 
-    def __init__(self, args: Args, rngs: nnx.Rngs):
-        V, E, H, K, F, L = args.vocab, args.embed, args.heads, args.head_dim, args.mlp, args.seq_len
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        V, E, H, K, F, L = config.vocab, config.embed, config.heads, config.head_dim, config.mlp, config.seq_len
         self.token_embed = nnx.Embed(V, E, embedding_init=with_axes(("vocab", "embed")), rngs=rngs)
         self.pos_embed = nnx.Param(with_axes(("length", "embed"))(rngs.params(), (L, E)))
         norm = partial(nnx.RMSNorm, E, scale_init=with_axes(("norm",), nnx.initializers.ones), rngs=rngs)
         self.attn_norm, self.mlp_norm, self.final_norm = norm(), norm(), norm()
-        qkv = partial(nnx.Einsum, "bld,dhk->blhk", (E, H, K), kernel_init=with_axes(("embed", "heads", "kv")),
-                      rngs=rngs)
+        qkv = partial(
+            nnx.Einsum, "bld,dhk->blhk", (E, H, K), kernel_init=with_axes(("embed", "heads", "kv")), rngs=rngs
+        )
         self.query, self.key, self.value = qkv(), qkv(), qkv()
-        self.attn_out = nnx.Einsum("blhk,hkd->bld", (H, K, E), kernel_init=with_axes(("heads", "kv", "embed")),
-                                   rngs=rngs)
+        self.attn_out = nnx.Einsum(
+            "blhk,hkd->bld", (H, K, E), kernel_init=with_axes(("heads", "kv", "embed")), rngs=rngs
+        )
         self.mlp_in = nnx.Linear(E, F, use_bias=False, kernel_init=with_axes(("embed", "mlp")), rngs=rngs)
         self.mlp_out = nnx.Linear(F, E, use_bias=False, kernel_init=with_axes(("mlp", "embed")), rngs=rngs)
         self.unembed = nnx.Linear(E, V, use_bias=False, kernel_init=with_axes(("embed", "vocab")), rngs=rngs)
 
-    def __call__(self, tokens):                                       # (B, L) int32
+    def __call__(self, tokens):  # (B, L) int32
         L = tokens.shape[1]
-        x = self.token_embed(tokens) + self.pos_embed[...][:L]           # (B, L, E)
+        x = self.token_embed(tokens) + self.pos_embed[...][:L]  # (B, L, E)
         h = self.attn_norm(x)
-        q, k, v = self.query(h), self.key(h), self.value(h)           # (B, L, H, K)
+        q, k, v = self.query(h), self.key(h), self.value(h)  # (B, L, H, K)
         scores = jnp.einsum("bqhk,bshk->bhqs", q, k) / jnp.sqrt(q.shape[-1])  # (B, H, L, L)
         causal = jnp.tril(jnp.ones((L, L), bool))
         weights = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1)
         x = x + self.attn_out(jnp.einsum("bhqs,bshk->bqhk", weights, v))  # (B, L, E)
         x = x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.mlp_norm(x))))
-        return self.unembed(self.final_norm(x))                       # (B, L, V) logits
+        return self.unembed(self.final_norm(x))  # (B, L, V) logits
 
 
-def make_model_and_optimizer(args: Args) -> tuple[TinyLM, nnx.Optimizer]:
-    model = TinyLM(args, nnx.Rngs(params=args.seed))
+def make_model_and_optimizer(config: ModelConfig) -> tuple[TinyLM, nnx.Optimizer]:
+    model = TinyLM(config, nnx.Rngs(params=config.seed))
     # Adam's m and v copy each Param's metadata, logical axis names included, so they shard like it.
-    return model, nnx.Optimizer(model, optax.adam(args.learning_rate), wrt=nnx.Param)
+    return model, nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
 
 
-def init_state(args: Args) -> nnx.State:
+def init_state(config: ModelConfig) -> nnx.State:
     """The (model, optimizer) state as a pure pytree, for a jitted init."""
     # We place the arrays ourselves (out_shardings, device_put), so switch off NNX's eager sharding,
     # which would otherwise want a mesh, and rules naming every logical axis, at construction.
     with nnx.use_eager_sharding(False):
-        return nnx.split(make_model_and_optimizer(args))[1]
+        return nnx.split(make_model_and_optimizer(config))[1]
 
 
-def abstract_state(args: Args):
+def abstract_state(config: ModelConfig):
     """graphdef + the state's shapes, dtypes and logical-axis metadata, without computing any value."""
     with nnx.use_eager_sharding(False):
-        return nnx.split(nnx.eval_shape(lambda: make_model_and_optimizer(args)))
+        return nnx.split(nnx.eval_shape(lambda: make_model_and_optimizer(config)))
+
+
+def mesh_specs(tree, rules, mesh_axes=MESH_AXES):
+    """A PartitionSpec over mesh axes for every Variable of `tree`. nnx.get_partition_spec reads each one's
+    logical names (the `out_sharding` metadata of with_axes; P() where there is none, as for Adam's step count),
+    and `rules` resolve them. Call it outside nnx.logical_axis_rules: inside, Flax would resolve the names itself."""
+    return jax.tree.map(
+        lambda logical: P(*logical_to_mesh_axes(tuple(logical), rules, mesh_axes)), nnx.get_partition_spec(tree)
+    )
 
 
 def state_shardings(abstract, mesh, rules):
-    """NamedSharding for every leaf: resolve its logical names (Variable metadata) with `rules`."""
-    def sharding(v):
-        names = v.get_metadata().get("out_sharding")
-        spec = P(*logical_to_mesh_axes(names, rules, mesh.axis_names)) if names else P()
-        return v.replace(NamedSharding(mesh, spec))
-    return jax.tree.map(sharding, abstract, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    """NamedSharding for every leaf, laid out by `rules` on `mesh` (like nnx.get_named_sharding, with our resolver)."""
+    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), mesh_specs(abstract, rules, mesh.axis_names))
 
 
-def init_sharded(args: Args, shardings) -> nnx.State:
+def init_sharded(config: ModelConfig, shardings) -> nnx.State:
     """Create model + Adam state directly in their shards: each device computes only its own pieces,
     so no device ever holds the full model (how MaxText initialises models too big for one chip)."""
-    return jax.jit(partial(init_state, args), out_shardings=shardings)()
+    return jax.jit(partial(init_state, config), out_shardings=shardings)()
 
 
 # ---------------------------------------------------------------- data, loss, jitted steps
+
 
 def make_batches(args: Args) -> np.ndarray:
     """Arithmetic sequences mod vocab, t_i = (start + stride·i) mod V with stride ∈ {1..4}: (steps, B, L+1) int32.
@@ -348,62 +439,82 @@ def place_batch(tokens: np.ndarray, mesh, rules) -> jax.Array:
 
 def loss_fn(model: TinyLM, tokens) -> jax.Array:
     """Next-token cross-entropy: predict tokens[:, 1:] from tokens[:, :-1]."""
-    logits = model(tokens[:, :-1])                                    # (B, L, V)
+    logits = model(tokens[:, :-1])  # (B, L, V)
     return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
 
 
-def loss_and_grads(graphdef, grad_shardings, state, tokens):
+@dataclass(frozen=True)
+class StepConfig:
+    """What the jitted step needs at trace time besides the graphdef."""
+
+    grad_shardings: nnx.State  # a NamedSharding per parameter: the model part of the state's shardings
+
+
+def loss_and_grads(graphdef, config: StepConfig, state, tokens):
     """Loss and gradients; each gradient is laid out like its parameter (the compiler reduce-scatters)."""
     model, _ = nnx.merge(graphdef, state)
     loss, grads = nnx.value_and_grad(loss_fn)(model, tokens)
-    return loss, jax.lax.with_sharding_constraint(grads, grad_shardings)
+    return loss, jax.lax.with_sharding_constraint(grads, config.grad_shardings)
 
 
-def train_step(graphdef, grad_shardings, state, tokens):
+def train_step(graphdef, config: StepConfig, state, tokens):
     """One Adam step on a pure pytree (split/merge pattern: jax.jit sees only arrays).
 
     It also returns the gradients, only so that the memory table can read their real shards; a production
     step would not keep them alive between steps."""
-    loss, grads = loss_and_grads(graphdef, grad_shardings, state, tokens)
+    loss, grads = loss_and_grads(graphdef, config, state, tokens)
     model, optimizer = nnx.merge(graphdef, state)
-    optimizer.update(model, grads)                                     # θ ← θ − lr·m̂/(√v̂ + ε)
+    optimizer.update(model, grads)  # θ ← θ − lr·m̂/(√v̂ + ε)
     return nnx.state((model, optimizer)), loss, grads
 
 
 def compile_step(graphdef, shardings):
+    """train_step compiled once for one layout: step(state, tokens) -> (state, loss, grads)."""
     # shardings[0] is the model part of the (model, optimizer) state: the layout for the gradients.
     # out_shardings pins the updated state to the layout the rules chose, step after step.
-    return jax.jit(partial(train_step, graphdef, shardings[0]), out_shardings=(shardings, None, shardings[0]))
+    config = StepConfig(grad_shardings=shardings[0])
+    return jax.jit(partial(train_step, graphdef, config), out_shardings=(shardings, None, config.grad_shardings))
 
 
-def train(args: Args, step, state, batches, mesh, rules, label: str):
-    """Run every batch through `step`; return the final state, the loss per step, and host copies of the
-    state after step 1 and before the last step."""
-    losses, after_first, before_last, t0 = [], None, None, time.perf_counter()
+class TrainRun(NamedTuple):
+    state: nnx.State  # after the last step
+    losses: list[float]  # one per step
+    after_step1: nnx.State  # host copy after step 1
+    before_last: nnx.State  # host copy before the last step
+
+
+def train(args: Args, step, state, batches, mesh, rules, label: str) -> TrainRun:
+    """Run every batch through `step`, printing a progress line every --log-every steps."""
+    losses, after_step1, before_last, t0 = [], None, None, time.perf_counter()
     for i, tokens in enumerate(batches, start=1):
         if i == len(batches):
             before_last = to_host(state)
         state, loss, _ = step(state, place_batch(tokens, mesh, rules))
         losses.append(float(loss))
         if i == 1:
-            after_first, t0 = to_host(state), time.perf_counter()      # steps/s excludes compilation
+            after_step1, t0 = to_host(state), time.perf_counter()  # steps/s excludes compilation
         if i % args.log_every == 0 or i == len(batches):
             log(f"rules={label} step={i} loss={losses[-1]:.4f} sps={(i - 1) / max(time.perf_counter() - t0, 1e-9):.0f}")
-    return state, losses, after_first, before_last
+    return TrainRun(state, losses, after_step1, before_last)
 
 
 # ---------------------------------------------------------------- measuring
 
+
 def to_host(tree):
     """Full NumPy copy of every leaf (gathers across hosts when the arrays span several)."""
+
     def get(x):
         return np.asarray(x) if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True)
+
     return jax.tree.map(get, tree)
 
 
 def max_abs_diff(a, b) -> float:
-    return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    return max(
+        float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
 
 
 def measured_bytes(tree) -> int:
@@ -415,41 +526,68 @@ def measured_bytes(tree) -> int:
     return max(per_device.values())
 
 
-def weight_table(graphdef, state, mesh, rules):
+class WeightRow(NamedTuple):
+    name: str  # 'mlp_in/kernel'
+    shape: tuple[int, ...]
+    logical: tuple[str, ...]  # its logical axis names
+    spec: tuple  # the PartitionSpec the rules give
+    actual_spec: tuple  # the one the placed array holds (padded with None)
+    shard_shape: tuple[int, ...]  # one device's block
+    uniform: bool  # every local shard has that shape
+    bytes: int  # measured on the fullest device
+    analytic: int  # itemsize · Π(dim / pieces)
+
+
+def weight_table(graphdef, state, mesh, rules) -> list[WeightRow]:
     """One row per parameter: shape, logical axes, spec, shard shape and bytes/device (measured + analytic)."""
     model, _ = nnx.merge(graphdef, state)
     sizes = dict(mesh.shape)
     rows = []
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        arr = var.get_value()
-        names = var.get_metadata()["out_sharding"]
+        arr, names = var[...], var.out_sharding  # the array, and with_axes' logical names
         spec = logical_to_mesh_axes(names, rules, mesh.axis_names)
         shard_shapes = {s.data.shape for s in arr.addressable_shards}
-        rows.append(dict(
-            name="/".join(map(str, path)), shape=tuple(arr.shape), logical=tuple(names), spec=spec,
-            actual_spec=tuple(arr.sharding.spec) + (None,) * (arr.ndim - len(arr.sharding.spec)),
-            shard_shape=tuple(arr.addressable_shards[0].data.shape), uniform=len(shard_shapes) == 1,
-            bytes=measured_bytes(arr), analytic=analytic_bytes(arr.shape, arr.dtype.itemsize, spec, sizes)))
+        rows.append(
+            WeightRow(
+                name="/".join(map(str, path)),
+                shape=tuple(arr.shape),
+                logical=tuple(names),
+                spec=spec,
+                actual_spec=tuple(arr.sharding.spec) + (None,) * (arr.ndim - len(arr.sharding.spec)),
+                shard_shape=tuple(arr.addressable_shards[0].data.shape),
+                uniform=len(shard_shapes) == 1,
+                bytes=measured_bytes(arr),
+                analytic=analytic_bytes(arr.shape, arr.dtype.itemsize, spec, sizes),
+            )
+        )
     return rows
 
 
-def state_bytes(graphdef, state, grads, mesh, rules) -> dict:
-    """Per-device bytes of params, grads and Adam state: measured from shards, and analytic from names."""
+class StateBytes(NamedTuple):
+    params: int
+    grads: int
+    adam: int
+    total: int
+
+    @classmethod
+    def of(cls, params: int, grads: int, adam: int) -> StateBytes:
+        return cls(params, grads, adam, params + grads + adam)
+
+
+def state_bytes(graphdef, state, grads, mesh, rules) -> tuple[StateBytes, StateBytes]:
+    """Per-device bytes of params, grads and Adam state: (measured from the shards, analytic from the names)."""
     sizes = dict(mesh.shape)
-    def analytic(tree):
-        total = 0
-        for v in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, nnx.Variable)):
-            names = v.get_metadata().get("out_sharding")
-            spec = logical_to_mesh_axes(names, rules, mesh.axis_names) if names else ()
-            total += analytic_bytes(v.shape, v.dtype.itemsize, spec, sizes)
-        return total
+
+    def analytic(tree) -> int:
+        specs = jax.tree.leaves(mesh_specs(tree, rules, mesh.axis_names))
+        return sum(
+            analytic_bytes(x.shape, x.dtype.itemsize, spec, sizes) for x, spec in zip(jax.tree.leaves(tree), specs)
+        )
+
     model, optimizer = nnx.merge(graphdef, state)
     params, opt_state = nnx.state(model, nnx.Param), nnx.state(optimizer)
-    out = dict(params=measured_bytes(params), grads=measured_bytes(grads), adam=measured_bytes(opt_state))
-    out["total"] = out["params"] + out["grads"] + out["adam"]
-    ref = dict(params=analytic(params), grads=analytic(params), adam=analytic(opt_state))
-    ref["total"] = ref["params"] + ref["grads"] + ref["adam"]
-    return dict(measured=out, analytic=ref)
+    measured = StateBytes.of(measured_bytes(params), measured_bytes(grads), measured_bytes(opt_state))
+    return measured, StateBytes.of(analytic(params), analytic(params), analytic(opt_state))
 
 
 # ---------------------------------------------------------------- the guide's 8B example
@@ -474,15 +612,45 @@ LLAMA_8B = (
 PRECISIONS = {"bf16 (guide)": (2, 2, 4), "fp32": (4, 4, 8)}
 
 
-def big_model_memory(rules, mesh_sizes: dict[str, int], precision=(2, 2, 4), weights=LLAMA_8B) -> dict:
+class MemoryGB(NamedTuple):
+    params_gb: float
+    grads_gb: float
+    adam_gb: float
+    total_gb: float
+
+
+def big_model_memory(rules, mesh_sizes: dict[str, int], precision=(2, 2, 4), weights=LLAMA_8B) -> MemoryGB:
     """GB (1e9 bytes) per device of weights, grads and Adam state, by the same rule resolution."""
-    values = sum(math.prod(shard_shape(shape, logical_to_mesh_axes(names, rules), mesh_sizes)) * n
-                 for _, shape, names, n in weights)
+    values = sum(
+        math.prod(shard_shape(shape, logical_to_mesh_axes(names, rules), mesh_sizes)) * n
+        for _, shape, names, n in weights
+    )
     w, g, a = (values * b / 1e9 for b in precision)
-    return dict(params_gb=w, grads_gb=g, adam_gb=a, total_gb=w + g + a)
+    return MemoryGB(params_gb=w, grads_gb=g, adam_gb=a, total_gb=w + g + a)
+
+
+def report_8b(hbm_gb: float) -> dict:
+    """Print and return the 8B example's memory per device on a 4x2 mesh, for every precision and rule set."""
+    big_sizes = {"data": 4, "model": 2}
+    n_big = sum(math.prod(s) * n for _, s, _, n in LLAMA_8B)
+    log(
+        f"\n=== 8B example ({n_big:,} parameters) on a 4x2 mesh, per device; fits = total <= {hbm_gb:g} GB "
+        f"(activations not counted)"
+    )
+    big: dict = {}
+    for prec, widths in PRECISIONS.items():
+        for name in RULE_SETS:
+            r = big_model_memory(RULE_SETS[name], big_sizes, widths)
+            big.setdefault(prec, {})[name] = {**r._asdict(), "fits": r.total_gb <= hbm_gb}
+            log(
+                f"  {prec:<13}{name:<7} params={r.params_gb:6.2f} grads={r.grads_gb:6.2f} "
+                f"adam={r.adam_gb:6.2f} total={r.total_gb:7.2f} GB fits={r.total_gb <= hbm_gb}"
+            )
+    return big
 
 
 # ---------------------------------------------------------------- output helpers
+
 
 def log(msg: str) -> None:
     if jax.process_index() == 0:
@@ -496,27 +664,67 @@ def fmt_spec(spec) -> str:
 def print_weight_table(rows) -> None:
     log(f"  {'weight':<22}{'shape':<14}{'logical axes':<26}{'PartitionSpec':<28}{'shard':<13}{'bytes/dev':>9}")
     for r in rows:
-        log(f"  {r['name']:<22}{str(r['shape']):<14}{str(r['logical']):<26}{fmt_spec(r['spec']):<28}"
-            f"{str(r['shard_shape']):<13}{r['bytes']:>9}")
+        log(
+            f"  {r.name:<22}{str(r.shape):<14}{str(r.logical):<26}{fmt_spec(r.spec):<28}"
+            f"{str(r.shard_shape):<13}{r.bytes:>9}"
+        )
 
 
-def save_curve(path: str, curves: dict[str, list[float]]) -> None:
+def show_layout(graphdef, state) -> None:
+    """Draw which devices hold which block of the mlp_in kernel (jax.debug.visualize_array_sharding)."""
+    kernel = nnx.merge(graphdef, state)[0].mlp_in.kernel[...]
+    log(
+        f"  mlp_in kernel {tuple(kernel.shape)}, logical ('embed', 'mlp') -> {fmt_spec(kernel.sharding.spec)}; "
+        f"one box per distinct shard, naming the devices that hold it:"
+    )
+    jax.debug.visualize_array_sharding(kernel, use_color=False, scale=0.6, max_width=100)
+
+
+def plot_curve(path: str, curves: dict[str, list[float]]) -> None:
+    """The loss curve of every rule set on top of the single-device one."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for label, losses in curves.items():
         style = dict(color="black", lw=3, alpha=0.3) if label == "single device" else dict(lw=1)
         ax.plot(range(1, len(losses) + 1), losses, label=label, **style)
-    ax.set(xlabel="Adam step", ylabel="train loss (cross-entropy)", yscale="log",
-           title="sharded runs on top of the single-device run")
+    ax.set(
+        xlabel="Adam step",
+        ylabel="train loss (cross-entropy)",
+        yscale="log",
+        title="sharded runs on top of the single-device run",
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-# ---------------------------------------------------------------- main
+# ---------------------------------------------------------------- the check against one device
+
+
+class Reference(NamedTuple):
+    """The single-device run, as host copies."""
+
+    init: nnx.State  # the initial state, which every rule set starts from too
+    losses: list[float]  # one per step
+    after_step1: nnx.State
+    before_last: nnx.State  # the state the check starts from
+    final: nnx.State  # ... and the one it must reproduce
+
+
+def train_single_device(args: Args, config: ModelConfig, graphdef, abstract, batches) -> Reference:
+    """The reference: the same init, the same batches, every step on one device."""
+    mesh, rules = make_mesh((1, 1), [jax.local_devices()[0]]), RULE_SETS["dp"]
+    shardings = state_shardings(abstract, mesh, rules)
+    state = init_sharded(config, shardings)
+    init = to_host(state)
+    run = train(args, compile_step(graphdef, shardings), state, batches, mesh, rules, "single_device")
+    return Reference(init, run.losses, run.after_step1, run.before_last, to_host(run.state))
+
 
 def perturbed(state, delta: float):
     """The state with `delta` added to every value of its first weight matrix; delta 0: unchanged."""
@@ -524,7 +732,19 @@ def perturbed(state, delta: float):
         return state
     leaves, tree = jax.tree.flatten(state)
     i = next(k for k, x in enumerate(leaves) if x.ndim >= 2)
-    return jax.tree.unflatten(tree, [*leaves[:i], leaves[i] + delta, *leaves[i + 1:]])
+    return jax.tree.unflatten(tree, [*leaves[:i], leaves[i] + delta, *leaves[i + 1 :]])
+
+
+def equivalence_check(step, shardings, ref: Reference, tokens, mesh, rules, perturb: float):
+    """The same Adam step (the last one), from the same state (the single-device run's, resharded by these rules),
+    on the same batch, must give the same loss and updated values as on one device.
+
+    Returns the largest |sharded - single device|, and the sharded step's new state and gradients."""
+    state, loss, grads = step(
+        perturbed(jax.device_put(ref.before_last, shardings), perturb), place_batch(tokens, mesh, rules)
+    )
+    diff = max(abs(float(loss) - ref.losses[-1]), max_abs_diff(to_host(state), ref.final))
+    return diff, state, grads
 
 
 def verdict(passed: bool, mesh) -> str:
@@ -534,118 +754,144 @@ def verdict(passed: bool, mesh) -> str:
     return "PASS" if passed else "FAIL"
 
 
-def main(args: Args) -> dict:
-    validate(args)
-    t_start = time.perf_counter()
-    devices = start_devices(args)
-    shape = mesh_shape(args, len(devices))
-    mesh = make_mesh(shape, devices)
-    sizes = dict(mesh.shape)
-    names = list(RULE_SETS) if args.rules == "all" else [args.rules]
-    for name in names:  # every split dimension must divide evenly
-        for what, dims, logical in (("--batch-size", (args.batch_size,), ("batch",)),
-                                    ("--vocab", (args.vocab,), ("vocab",)), ("--embed", (args.embed,), ("embed",)),
-                                    ("--heads", (args.heads,), ("heads",)), ("--mlp", (args.mlp,), ("mlp",))):
-            n = axis_size(logical_to_mesh_axes(logical, RULE_SETS[name])[0], sizes)
-            if dims[0] % n:
-                sys.exit(f"error: {what} {dims[0]} does not split into {n} equal parts, as rule set "
-                         f"{name!r} on mesh {shape[0]}x{shape[1]} needs; pick a multiple of {n}")
-    log(f"devices={len(devices)} platform={devices[0].platform} processes={jax.process_count()} "
-        f"mesh=data:{shape[0]}xmodel:{shape[1]} rules={','.join(names)}")
+class RuleSetResult(NamedTuple):
+    rules: tuple
+    bytes_per_device: StateBytes  # measured from the shards
+    analytic_bytes_per_device: StateBytes  # counted from the names
+    bytes_match_analytic: bool  # ... for the totals and every weight, with the specs as intended
+    max_abs_diff_vs_single_device: float  # the check
+    fresh_adam_step1_max_abs_diff: float  # reported, not checked
+    loss_curve_max_abs_diff: float  # reported, not checked
+    losses: list[float]
+    weights: list[WeightRow]
+    passed: bool  # the check is within --tolerance
 
-    # The single-device reference: the same init, the same batches, every step on one device.
-    batches = make_batches(args)
-    graphdef, abstract = abstract_state(args)
-    ref_mesh, ref_rules = make_mesh((1, 1), [jax.local_devices()[0]]), RULE_SETS["dp"]
-    ref_shardings = state_shardings(abstract, ref_mesh, ref_rules)
-    ref_state = init_sharded(args, ref_shardings)
-    init_host = to_host(ref_state)
-    ref_state, ref_losses, ref_first, ref_before_last = train(
-        args, compile_step(graphdef, ref_shardings), ref_state, batches, ref_mesh, ref_rules, "single_device")
-    ref_final = to_host(ref_state)
-    curves = {"single device": ref_losses}
+    def to_json(self) -> dict:
+        return dict(
+            rules=[list(r) for r in self.rules],
+            bytes_per_device=self.bytes_per_device._asdict(),
+            analytic_bytes_per_device=self.analytic_bytes_per_device._asdict(),
+            bytes_match_analytic=self.bytes_match_analytic,
+            max_abs_diff_vs_single_device=self.max_abs_diff_vs_single_device,
+            fresh_adam_step1_max_abs_diff=self.fresh_adam_step1_max_abs_diff,
+            loss_curve_max_abs_diff=self.loss_curve_max_abs_diff,
+            first_loss=self.losses[0],
+            final_loss=self.losses[-1],
+            weights={
+                w.name: dict(
+                    shape=w.shape,
+                    logical_axes=w.logical,
+                    partition_spec=w.spec,
+                    shard_shape=w.shard_shape,
+                    bytes_per_device=w.bytes,
+                )
+                for w in self.weights
+            },
+        )
 
-    results, ok = {}, True
-    for name in names:
-        rules = RULE_SETS[name]
-        log(f"\n=== rule set {name}: {rules}")
-        t0 = time.perf_counter()
-        shardings = state_shardings(abstract, mesh, rules)
-        # Each device receives only its shards of the initial values. init_sharded(args, shardings) gives the
-        # same values without a host copy, but compiles once per layout (about 4 s of CPU here).
-        state = jax.device_put(init_host, shardings)
-        rows = weight_table(graphdef, state, mesh, rules)
-        print_weight_table(rows)
-        if args.visualize and jax.process_index() == 0:
-            kernel = nnx.merge(graphdef, state)[0].mlp_in.kernel.get_value()
-            log(f"  mlp_in kernel {tuple(kernel.shape)}, logical ('embed', 'mlp') -> {fmt_spec(kernel.sharding.spec)}; "
-                f"one box per distinct shard, naming the devices that hold it:")
-            jax.debug.visualize_array_sharding(kernel, use_color=False, scale=0.6, max_width=100)
-        step = compile_step(graphdef, shardings)
-        state, losses, first, _ = train(args, step, state, batches, mesh, rules, name)
-        # The check: the same Adam step (the last one), from the same state (the single-device run's, resharded
-        # by these rules), on the same batch, must give the same loss and updated values as on one device.
-        check_in = perturbed(jax.device_put(ref_before_last, shardings), args.perturb)
-        check_state, check_loss, grads = step(check_in, place_batch(batches[-1], mesh, rules))
-        diff = max(abs(float(check_loss) - ref_losses[-1]), max_abs_diff(to_host(check_state), ref_final))
-        mem = state_bytes(graphdef, check_state, grads, mesh, rules)
-        exact = (mem["measured"] == mem["analytic"] and all(r["bytes"] == r["analytic"] for r in rows)
-                 and all(r["uniform"] and r["actual_spec"] == r["spec"] for r in rows))
-        m = mem["measured"]
-        log(f"  bytes/device: params={m['params']} grads={m['grads']} adam={m['adam']} total={m['total']} "
-            f"(analytic {mem['analytic']['total']}) analytic_match={exact}")
-        # Not the check, but reported: step 1 from a fresh Adam state, and the two whole loss curves.
-        diff_first = max(abs(losses[0] - ref_losses[0]), max_abs_diff(first, ref_first))
-        diff_curve = max(abs(a - b) for a, b in zip(losses, ref_losses))
-        passed = diff <= args.tolerance
-        ok &= passed and exact
-        log(f"check rules={name} step_max_abs_diff={diff:.2e} tol={args.tolerance:.0e} "
-            f"{verdict(passed, mesh)} (fresh_adam_step1_diff={diff_first:.2e} "
-            f"loss_curve_diff={diff_curve:.2e}) seconds={time.perf_counter() - t0:.1f}")
-        curves[name] = losses
-        results[name] = dict(
-            rules=[list(r) for r in rules], bytes_per_device=m, analytic_bytes_per_device=mem["analytic"],
-            bytes_match_analytic=exact, max_abs_diff_vs_single_device=diff, fresh_adam_step1_max_abs_diff=diff_first,
-            loss_curve_max_abs_diff=diff_curve, first_loss=losses[0], final_loss=losses[-1],
-            weights={r["name"]: dict(shape=r["shape"], logical_axes=r["logical"], partition_spec=r["spec"],
-                                     shard_shape=r["shard_shape"], bytes_per_device=r["bytes"]) for r in rows})
 
-    # The same arithmetic for the guide's 8B example on a 4x2 mesh.
-    big_sizes = {"data": 4, "model": 2}
-    n_big = sum(math.prod(s) * n for _, s, _, n in LLAMA_8B)
-    log(f"\n=== 8B example ({n_big:,} parameters) on a 4x2 mesh, per device; fits = total <= {args.hbm_gb:g} GB "
-        f"(activations not counted)")
-    big = {}
-    for prec, widths in PRECISIONS.items():
-        for name in RULE_SETS:
-            r = big_model_memory(RULE_SETS[name], big_sizes, widths)
-            r["fits"] = r["total_gb"] <= args.hbm_gb
-            big.setdefault(prec, {})[name] = r
-            log(f"  {prec:<13}{name:<7} params={r['params_gb']:6.2f} grads={r['grads_gb']:6.2f} "
-                f"adam={r['adam_gb']:6.2f} total={r['total_gb']:7.2f} GB fits={r['fits']}")
+# ---------------------------------------------------------------- one rule set, and main
 
-    max_diff = max(r["max_abs_diff_vs_single_device"] for r in results.values())
-    metrics = dict(
-        devices=len(devices), platform=devices[0].platform, processes=jax.process_count(),
-        mesh={"data": shape[0], "model": shape[1]}, rules=names, tolerance=args.tolerance,
-        max_abs_diff_vs_single_device=max_diff, check_passed=bool(ok) if mesh.devices.size > 1 else None,
-        bytes_per_device={n: r["bytes_per_device"]["total"] for n, r in results.items()},
-        rule_sets=results, single_device_losses=ref_losses, llama_8b_4x2=big,
-        seconds=round(time.perf_counter() - t_start, 2), args=asdict(args))
+
+def run_rule_set(args: Args, name: str, mesh, graphdef, abstract, batches, ref: Reference) -> RuleSetResult:
+    """Place the model by one rule set, print its weight table, train it, count its bytes and check it."""
+    rules = RULE_SETS[name]
+    log(f"\n=== rule set {name}: {rules}")
+    t0 = time.perf_counter()
+    shardings = state_shardings(abstract, mesh, rules)
+    # Each device receives only its shards of the initial values. init_sharded(config, shardings) gives the
+    # same values without a host copy, but compiles once per layout (about 4 s of CPU here).
+    state = jax.device_put(ref.init, shardings)
+    rows = weight_table(graphdef, state, mesh, rules)
+    print_weight_table(rows)
+    if args.visualize and jax.process_index() == 0:
+        show_layout(graphdef, state)
+    step = compile_step(graphdef, shardings)
+    run = train(args, step, state, batches, mesh, rules, name)
+    diff, check_state, grads = equivalence_check(step, shardings, ref, batches[-1], mesh, rules, args.perturb)
+    measured, analytic = state_bytes(graphdef, check_state, grads, mesh, rules)
+    exact = measured == analytic and all(r.bytes == r.analytic and r.uniform and r.actual_spec == r.spec for r in rows)
+    log(
+        f"  bytes/device: params={measured.params} grads={measured.grads} adam={measured.adam} "
+        f"total={measured.total} (analytic {analytic.total}) analytic_match={exact}"
+    )
+    # Not the check, but reported: step 1 from a fresh Adam state, and the two whole loss curves.
+    diff_first = max(abs(run.losses[0] - ref.losses[0]), max_abs_diff(run.after_step1, ref.after_step1))
+    diff_curve = max(abs(a - b) for a, b in zip(run.losses, ref.losses))
+    passed = diff <= args.tolerance
+    log(
+        f"check rules={name} step_max_abs_diff={diff:.2e} tol={args.tolerance:.0e} "
+        f"{verdict(passed, mesh)} (fresh_adam_step1_diff={diff_first:.2e} "
+        f"loss_curve_diff={diff_curve:.2e}) seconds={time.perf_counter() - t0:.1f}"
+    )
+    return RuleSetResult(rules, measured, analytic, exact, diff, diff_first, diff_curve, run.losses, rows, passed)
+
+
+def save_results(args: Args, metrics: dict, curves: dict[str, list[float]]) -> None:
+    """Process 0 writes metrics.json and loss_curve.png into --out."""
     if jax.process_index() == 0:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "metrics.json"), "w") as f:
             json.dump(metrics, f, indent=1)
-        save_curve(os.path.join(args.out, "loss_curve.png"), curves)
+        plot_curve(os.path.join(args.out, "loss_curve.png"), curves)
+
+
+def print_summary(args: Args, results: dict[str, RuleSetResult], metrics: dict, ok: bool, mesh) -> None:
     log("\n=== summary")
     for n, r in results.items():
-        log(f"rules={n} bytes_per_device={r['bytes_per_device']['total']} final_loss={r['final_loss']:.4f} "
-            f"max_abs_diff_vs_single_device={r['max_abs_diff_vs_single_device']:.2e}")
-    log(f"max_abs_diff_vs_single_device={max_diff:.2e} tol={args.tolerance:.0e} check={verdict(ok, mesh)} "
-        f"seconds={metrics['seconds']} out={args.out}")
+        log(
+            f"rules={n} bytes_per_device={r.bytes_per_device.total} final_loss={r.losses[-1]:.4f} "
+            f"max_abs_diff_vs_single_device={r.max_abs_diff_vs_single_device:.2e}"
+        )
+    log(
+        f"max_abs_diff_vs_single_device={metrics['max_abs_diff_vs_single_device']:.2e} tol={args.tolerance:.0e} "
+        f"check={verdict(ok, mesh)} seconds={metrics['seconds']} out={args.out}"
+    )
+
+
+@reports_input_errors
+def main(args: Args) -> dict:
+    validate(args)
+    t_start = time.perf_counter()
+    devices = start_devices(args)
+    mesh = make_mesh(mesh_shape(args, len(devices)), devices)
+    names = list(RULE_SETS) if args.rules == "all" else [args.rules]
+    check_splits(args, names, mesh)
+    log(
+        f"devices={len(devices)} platform={devices[0].platform} processes={jax.process_count()} "
+        f"mesh=data:{mesh.shape['data']}xmodel:{mesh.shape['model']} rules={','.join(names)}"
+    )
+
+    batches, config = make_batches(args), ModelConfig.from_args(args)
+    graphdef, abstract = abstract_state(config)
+    ref = train_single_device(args, config, graphdef, abstract, batches)
+    results = {name: run_rule_set(args, name, mesh, graphdef, abstract, batches, ref) for name in names}
+    big = report_8b(args.hbm_gb)
+
+    ok = all(r.passed and r.bytes_match_analytic for r in results.values())
+    metrics = dict(
+        devices=len(devices),
+        platform=devices[0].platform,
+        processes=jax.process_count(),
+        mesh=dict(mesh.shape),
+        rules=names,
+        tolerance=args.tolerance,
+        max_abs_diff_vs_single_device=max(r.max_abs_diff_vs_single_device for r in results.values()),
+        check_passed=ok if mesh.devices.size > 1 else None,
+        bytes_per_device={n: r.bytes_per_device.total for n, r in results.items()},
+        rule_sets={n: r.to_json() for n, r in results.items()},
+        single_device_losses=ref.losses,
+        llama_8b_4x2=big,
+        seconds=round(time.perf_counter() - t_start, 2),
+        args=asdict(args),
+    )
+    save_results(args, metrics, {"single device": ref.losses, **{n: r.losses for n, r in results.items()}})
+    print_summary(args, results, metrics, ok, mesh)
     if not ok:
-        sys.exit(f"error: a sharded run differs from the single-device run by more than {args.tolerance:g}, "
-                 f"or its bytes differ from the analytic count")
+        raise InputError(
+            f"a sharded run differs from the single-device run by more than {args.tolerance:g}, "
+            f"or its bytes differ from the analytic count"
+        )
     return metrics
 
 

@@ -10,6 +10,7 @@ math functions directly, e.g.::
 
 ``run_script`` runs a script's CLI in a subprocess, the way a user does.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -47,5 +48,9 @@ def run_script(relpath: str, *args: str, cwd: Path, timeout: float = 300, env: d
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, str(REPO / relpath), *args],
-        cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )

@@ -1,9 +1,9 @@
 """Every script, run as a user runs it: --help works, and a malformed flag or an output folder that cannot be
 written is one line on stderr, not a usage dump or a traceback, before any work."""
+
 from __future__ import annotations
 
 import pytest
-
 from conftest import REPO, run_script
 
 pytestmark = pytest.mark.smoke
@@ -60,3 +60,56 @@ def test_deprecations_from_course_code_fail_the_tests():
         _warn_from("course_cart_pole_dqn")
     with pytest.warns(DeprecationWarning):  # from a library it is reported, not fatal
         _warn_from("some_library")
+
+
+SHARED_BLOCK = ("flag", "InputError", "reports_input_errors", "OneLineParser", "parse_args")
+PRESET_LINES = (
+    "    first, _ = p.parse_known_args(argv)\n",
+    '    if first.preset == "spec":  # the preset changes the defaults; explicit flags are parsed on top\n',
+    "        p.set_defaults(**SPEC_PRESET)\n",
+)
+
+
+def _shared_block(script: str) -> dict[str, str]:
+    """The source text of each shared CLI definition in `script` (3_Pendulum's --preset lines left out)."""
+    import ast
+
+    source = (REPO / script).read_text()
+    lines = source.splitlines(keepends=True)
+    found = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in SHARED_BLOCK:
+            text = "".join(lines[node.lineno - 1 : node.end_lineno])
+            if script.startswith("3_Pendulum") and node.name == "parse_args":
+                for line in PRESET_LINES:
+                    assert line in text, f"{script}: parse_args lost its preset line {line!r}"
+                    text = text.replace(line, "")
+            found[node.name] = text
+    return found
+
+
+def test_the_shared_cli_block_is_identical_in_every_script():
+    blocks = {script: _shared_block(script) for script in SCRIPTS}
+    reference = blocks[SCRIPTS[0]]
+    assert sorted(reference) == sorted(SHARED_BLOCK), reference.keys()
+    for script, block in blocks.items():
+        for name in SHARED_BLOCK:
+            assert block.get(name) == reference[name], f"{script}: {name} differs from {SCRIPTS[0]}'s"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_main_reports_input_errors_and_nothing_else_exits(script):
+    """One error style: helpers raise InputError; only the shared block calls sys.exit; main is decorated."""
+    import ast
+
+    tree = ast.parse((REPO / script).read_text())
+    exits = [
+        f"{node.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+        for sub in ast.walk(node)
+        if isinstance(sub, ast.Call) and ast.unparse(sub.func) == "sys.exit"
+    ]
+    assert set(exits) <= {"reports_input_errors", "run", "OneLineParser", "error"}, (script, exits)
+    main = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"][0]
+    assert [ast.unparse(d) for d in main.decorator_list] == ["reports_input_errors"], script

@@ -15,12 +15,13 @@ The checks read the scripts with ``ast`` (no imports, no jax), so they run in mi
 Each check is a plain function that returns a list of problems, so the last tests can run it on a
 deliberately broken copy and prove that it fails.
 """
+
 from __future__ import annotations
 
 import ast
 import re
 import shutil
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,7 @@ def split_markdown(text: str) -> tuple[list[str], list[str]]:
     return prose, code
 
 
-@lru_cache(maxsize=None)
+@cache
 def script_flags(script: Path) -> frozenset[str]:
     """The CLI flags of a script: one ``--kebab-name`` (and ``--no-kebab-name``) per ``Args`` field."""
     tree = ast.parse(script.read_text(encoding="utf-8"))
@@ -75,7 +76,7 @@ def script_flags(script: Path) -> frozenset[str]:
     return frozenset(flags)
 
 
-@lru_cache(maxsize=None)
+@cache
 def script_words(script: Path) -> frozenset[str]:
     """The names a script's code defines or uses, read from its syntax tree: functions, classes, arguments,
     variables, attributes, imports, keyword arguments, and identifier-like string constants (dict keys,
@@ -171,10 +172,13 @@ NOT_OUR_CODE = {
     "pytest": "the test runner",
     "rich": "the terminal library behind jax.debug.visualize_array_sharding",
     "grep": "the shell command",
-    "unit": "a pytest marker (pytest.ini)", "smoke": "a pytest marker (pytest.ini)",
+    "unit": "a pytest marker (pytest.ini)",
+    "smoke": "a pytest marker (pytest.ini)",
     "learning": "a pytest marker (pytest.ini)",
-    "ici_data_parallelism": "a MaxText config key", "ici_fsdp_parallelism": "a MaxText config key",
-    "ici_tensor_parallelism": "a MaxText config key", "activation_batch": "a MaxText logical axis",
+    "ici_data_parallelism": "a MaxText config key",
+    "ici_fsdp_parallelism": "a MaxText config key",
+    "ici_tensor_parallelism": "a MaxText config key",
+    "activation_batch": "a MaxText logical axis",
     "tensor": "a MaxText mesh axis",
     "null": "JSON's None in metrics.json",
     "deque": "the original guide's replay buffer (collections.deque)",
@@ -243,6 +247,7 @@ def test_backticked_code_exists(readme):
 
 # ------------------------------------------------------------------------------------------------
 # The checks fail on a deliberately broken copy
+
 
 @pytest.fixture
 def broken_repo(tmp_path):
@@ -363,10 +368,11 @@ RETIRED_TERMS = {
     "截斷的 ε": "裁剪的 ε (clip ε)",
 }
 RETIRED_PATTERNS = [
-    (re.compile(r"截斷[^。；，]{0,12}clip|clip[^。；，]{0,12}截斷", re.IGNORECASE),
-     "裁剪 near clip (截斷 is only truncation)"),
-    (re.compile(r"機率比[^。；]{0,10}截斷|截斷[^。；]{0,4}機率比"),
-     "裁剪 near the ratio (截斷 is only truncation)"),
+    (
+        re.compile(r"截斷[^。；，]{0,12}clip|clip[^。；，]{0,12}截斷", re.IGNORECASE),
+        "裁剪 near clip (截斷 is only truncation)",
+    ),
+    (re.compile(r"機率比[^。；]{0,10}截斷|截斷[^。；]{0,4}機率比"), "裁剪 near the ratio (截斷 is only truncation)"),
     (re.compile(r"Adam\W{0,2}(?:的)?(?:兩個)?動量"), "動差 for Adam's moments (動量 is momentum)"),
     (re.compile(r"^\|\s*參數\s*\|\s*預設"), "旗標 as the header of a table of flags"),
 ]
@@ -380,13 +386,35 @@ LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
 GLOSSARY_HEADING = re.compile(r"^##\s+詞彙表")
 # English term (matched as words in the table's first column) → the Chinese term its row must give
 GLOSSARY_REQUIRED = {
-    "agent": "智慧體", "environment": "環境", "state": "狀態", "action": "動作", "reward": "獎勵",
-    "return": "回報", "episode": "回合", "truncation": "截斷", "termination": "終止", "clip": "裁剪",
-    "policy": "策略", "value function": "價值函數", "replay buffer": "回放緩衝區",
-    "target network": "目標網路", "discount factor": "折扣因子", "advantage": "優勢",
-    "baseline": "基線", "actor": "演員", "critic": "評論家", "bootstrap": "自舉", "seed": "種子",
-    "learning rate": "學習率", "gradient": "梯度", "regression": "迴歸", "unbiased": "不偏",
-    "flag": "旗標", "hyperparameter": "超參數", "moment": "一階動差", "sharding": "分片",
+    "agent": "智慧體",
+    "environment": "環境",
+    "state": "狀態",
+    "action": "動作",
+    "reward": "獎勵",
+    "return": "回報",
+    "episode": "回合",
+    "truncation": "截斷",
+    "termination": "終止",
+    "clip": "裁剪",
+    "policy": "策略",
+    "value function": "價值函數",
+    "replay buffer": "回放緩衝區",
+    "target network": "目標網路",
+    "discount factor": "折扣因子",
+    "advantage": "優勢",
+    "baseline": "基線",
+    "actor": "演員",
+    "critic": "評論家",
+    "bootstrap": "自舉",
+    "seed": "種子",
+    "learning rate": "學習率",
+    "gradient": "梯度",
+    "regression": "迴歸",
+    "unbiased": "不偏",
+    "flag": "旗標",
+    "hyperparameter": "超參數",
+    "moment": "一階動差",
+    "sharding": "分片",
     "mesh": "網格",
 }
 
@@ -489,9 +517,14 @@ def test_chinese_uses_one_term_per_concept(readme):
 @pytest.mark.parametrize(
     "readme",
     [
-        pytest.param(p, marks=pytest.mark.xfail(
-            strict=True, reason="still hard-wrapped: rewrap it, then remove it from HARD_WRAP_PENDING"))
-        if str(p.relative_to(REPO)) in HARD_WRAP_PENDING else p
+        pytest.param(
+            p,
+            marks=pytest.mark.xfail(
+                strict=True, reason="still hard-wrapped: rewrap it, then remove it from HARD_WRAP_PENDING"
+            ),
+        )
+        if str(p.relative_to(REPO)) in HARD_WRAP_PENDING
+        else p
         for p in CHINESE
     ],
     ids=CHINESE_IDS,
@@ -561,17 +594,21 @@ def check_spec_wording(readme: Path) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("readme", [p for p in readmes() if p.name == "README.md"],
-                         ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize(
+    "readme", [p for p in readmes() if p.name == "README.md"], ids=lambda p: str(p.relative_to(REPO))
+)
 def test_english_readmes_say_the_original_guide(readme):
     assert check_spec_wording(readme) == []
 
 
 def test_spec_wording_check_fails_on_the_spec(tmp_path):
     readme = tmp_path / "README.md"
-    readme.write_text("# T\n\nThe original guide says so; `--preset spec` is a flag.\n\n"
-                      "```bash\npython x.py --preset spec  # the spec's settings\n```\n\n"
-                      "As the spec's table shows, the spec is wrong.\n", encoding="utf-8")
+    readme.write_text(
+        "# T\n\nThe original guide says so; `--preset spec` is a flag.\n\n"
+        "```bash\npython x.py --preset spec  # the spec's settings\n```\n\n"
+        "As the spec's table shows, the spec is wrong.\n",
+        encoding="utf-8",
+    )
     problems = check_spec_wording(readme)
     assert len(problems) == 1 and ":9:" in problems[0]
 
@@ -581,12 +618,15 @@ def test_a_name_only_in_a_comment_or_docstring_fails(broken_repo):
     # plain name without an underscore, is caught.
     root, module = broken_repo
     script = module / "demo.py"
-    script.write_text('"""Docstring that mentions evaluate_policy."""\n' + script.read_text()
-                      + "# train_loop used to live here\n", encoding="utf-8")
+    script.write_text(
+        '"""Docstring that mentions evaluate_policy."""\n' + script.read_text() + "# train_loop used to live here\n",
+        encoding="utf-8",
+    )
     script_words.cache_clear()
     readme = module / "README.md"
-    readme.write_text(readme.read_text() + "\nSee `evaluate_policy`, `train_loop` and `rollout`; `gamma` is fine.\n",
-                      encoding="utf-8")
+    readme.write_text(
+        readme.read_text() + "\nSee `evaluate_policy`, `train_loop` and `rollout`; `gamma` is fine.\n", encoding="utf-8"
+    )
     problems = " ".join(check_code_names(readme, root))
     assert "`evaluate_policy`" in problems and "`train_loop`" in problems and "`rollout`" in problems
     assert "`gamma`" not in problems and "`compute_target`" not in problems

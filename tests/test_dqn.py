@@ -1,4 +1,5 @@
 """Tests for 2_Cart_Pole_DQN/cart_pole_dqn.py: the math (unit), the CLI (smoke) and a short real run (learning)."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
 from conftest import load_script, run_script
 
 SCRIPT = "2_Cart_Pole_DQN/cart_pole_dqn.py"
@@ -19,9 +19,28 @@ dqn = load_script(SCRIPT)
 HELD_OUT_SEEDS = [60, 61, 62]
 
 # Tiny settings: a few hundred env steps and a 16-unit network, seconds end to end.
-TINY = ["--total-timesteps", "600", "--learning-starts", "200", "--train-frequency", "50", "--gradient-steps", "4",
-        "--target-network-frequency", "100", "--eval-frequency", "300", "--periodic-eval-episodes", "2",
-        "--eval-episodes", "3", "--hidden-size", "16", "--batch-size", "32"]
+TINY = [
+    "--total-timesteps",
+    "600",
+    "--learning-starts",
+    "200",
+    "--train-frequency",
+    "50",
+    "--gradient-steps",
+    "4",
+    "--target-network-frequency",
+    "100",
+    "--eval-frequency",
+    "300",
+    "--periodic-eval-episodes",
+    "2",
+    "--eval-episodes",
+    "3",
+    "--hidden-size",
+    "16",
+    "--batch-size",
+    "32",
+]
 
 
 def _agent(hidden_size=16, seed=0, **kw):
@@ -34,10 +53,19 @@ def _agent(hidden_size=16, seed=0, **kw):
 
 def _fixed_batch(n=32, seed=0):
     rng = np.random.default_rng(seed)
-    return dict(obs=rng.normal(size=(n, 4)).astype(np.float32), actions=rng.integers(0, 2, n).astype(np.int32),
-                rewards=np.ones(n, np.float32), next_obs=rng.normal(size=(n, 4)).astype(np.float32),
-                terminated=(rng.random(n) < 0.2).astype(np.float32),
-                truncated=(rng.random(n) < 0.1).astype(np.float32))
+    return dqn.Batch(
+        obs=rng.normal(size=(n, 4)).astype(np.float32),
+        actions=rng.integers(0, 2, n).astype(np.int32),
+        rewards=np.ones(n, np.float32),
+        next_obs=rng.normal(size=(n, 4)).astype(np.float32),
+        terminated=(rng.random(n) < 0.2).astype(np.float32),
+        truncated=(rng.random(n) < 0.1).astype(np.float32),
+    )
+
+
+def _stacked(*batches):
+    """Minibatches for one train_block call: each field gets a leading axis, one entry per gradient step."""
+    return jax.tree.map(lambda *fields: np.stack(fields), *batches)
 
 
 def _leaves_equal(a, b):
@@ -47,11 +75,18 @@ def _leaves_equal(a, b):
 
 # ----------------------------------------------------------------------------- unit
 
+
 def _add(buf, values, terminated, truncated):
     """Add one transition per value v (s = v, a = v % 2, r = v, s' = v + 0.5) in a single batched call."""
     v = np.asarray(values, dtype=np.float32)
-    buf.add(np.repeat(v[:, None], 4, axis=1), v.astype(np.int32) % 2, v, np.repeat(v[:, None] + 0.5, 4, axis=1),
-            np.asarray(terminated, np.float32), np.asarray(truncated, np.float32))
+    buf.add(
+        np.repeat(v[:, None], 4, axis=1),
+        v.astype(np.int32) % 2,
+        v,
+        np.repeat(v[:, None] + 0.5, 4, axis=1),
+        np.asarray(terminated, np.float32),
+        np.asarray(truncated, np.float32),
+    )
 
 
 @pytest.mark.unit
@@ -87,6 +122,7 @@ def test_evaluation_tells_how_episodes_ended():
 
     def lean(offset):  # a PD balance of the pole around θ = −offset: the larger the lean, the faster the drift
         return lambda params, obs: ((obs[:, 2] + 0.5 * obs[:, 3] + offset) > 0).astype(np.int32)
+
     returns, ends = dqn.evaluate(lean(0.01), None, n_episodes=8, seed=0)  # upright enough: all reach the limit
     assert ends == {"time_limit": 8, "cart_left_track": 0, "pole_fell": 0} and (returns == 500).all()
     returns, ends = dqn.evaluate(lean(0.05), None, n_episodes=8, seed=0)  # the cart slides off the track
@@ -100,10 +136,18 @@ def test_replay_buffer_wraps_around_and_samples_shapes():
     _add(buf, [0, 1, 2], [0, 0, 0], [0, 0, 1])  # one call, three envs
     assert (buf.pos, buf.size) == (3, 3)
     batch = buf.sample(np.random.default_rng(0), batch_size=8, n_batches=6)
-    assert batch["obs"].shape == (6, 8, 4) and batch["next_obs"].shape == (6, 8, 4)
-    for key in ("actions", "rewards", "terminated", "truncated"):
-        assert batch[key].shape == (6, 8)
-    assert set(np.unique(batch["obs"][..., 0])) <= {0.0, 1.0, 2.0}  # only filled rows are drawn
+    assert isinstance(batch, dqn.Batch) and batch._fields == (
+        "obs",
+        "actions",
+        "rewards",
+        "next_obs",
+        "terminated",
+        "truncated",
+    )
+    assert batch.obs.shape == (6, 8, 4) and batch.next_obs.shape == (6, 8, 4)
+    for field in (batch.actions, batch.rewards, batch.terminated, batch.truncated):
+        assert field.shape == (6, 8)
+    assert set(np.unique(batch.obs[..., 0])) <= {0.0, 1.0, 2.0}  # only filled rows are drawn
 
     _add(buf, [3, 4, 5, 6], [0, 0, 0, 1], [0, 0, 0, 0])  # 7 transitions into 5 slots: 5 and 6 overwrite rows 0, 1
     assert (buf.pos, buf.size) == (2, 5)
@@ -115,10 +159,10 @@ def test_replay_buffer_wraps_around_and_samples_shapes():
     _add(buf, [], [], [])  # an iteration where every env was only resetting adds nothing
     assert (buf.pos, buf.size) == (2, 5)
     batch = buf.sample(np.random.default_rng(1), batch_size=200, n_batches=1)
-    assert set(np.unique(batch["obs"][..., 0])) == {2.0, 3.0, 4.0, 5.0, 6.0}
+    assert set(np.unique(batch.obs[..., 0])) == {2.0, 3.0, 4.0, 5.0, 6.0}
     # every sampled row stays a consistent transition: reward i goes with s = i and s' = i + 0.5
-    np.testing.assert_array_equal(batch["rewards"], batch["obs"][..., 0])
-    np.testing.assert_array_equal(batch["next_obs"][..., 0], batch["obs"][..., 0] + 0.5)
+    np.testing.assert_array_equal(batch.rewards, batch.obs[..., 0])
+    np.testing.assert_array_equal(batch.next_obs[..., 0], batch.obs[..., 0] + 0.5)
 
 
 @pytest.mark.unit
@@ -143,15 +187,15 @@ def test_td_target_matches_hand_computed_numbers():
 def test_loss_fn_huber_and_mse_match_hand_computed_numbers():
     _, graphdef, params, _, _ = _agent()
     q_network = dqn.nnx.merge(graphdef, params)
-    batch = {k: jnp.asarray(v) for k, v in _fixed_batch(8).items()}
-    q = np.asarray(q_network(batch["obs"]))[np.arange(8), np.asarray(batch["actions"])]
-    next_max = np.asarray(q_network(batch["next_obs"])).max(-1)
-    y = np.asarray(batch["rewards"]) + 0.99 * (1 - np.asarray(batch["terminated"])) * next_max
+    batch = jax.tree.map(jnp.asarray, _fixed_batch(8))
+    q = np.asarray(q_network(batch.obs))[np.arange(8), np.asarray(batch.actions)]
+    next_max = np.asarray(q_network(batch.next_obs)).max(-1)
+    y = np.asarray(batch.rewards) + 0.99 * (1 - np.asarray(batch.terminated)) * next_max
     err = y - q
-    mse = dqn.loss_fn(q_network, q_network, batch, 0.99, loss="mse")
-    huber = dqn.loss_fn(q_network, q_network, batch, 0.99, loss="huber")
-    np.testing.assert_allclose(mse, np.mean(0.5 * err ** 2), rtol=1e-5)
-    h = np.where(np.abs(err) <= 1, 0.5 * err ** 2, np.abs(err) - 0.5)
+    mse = dqn.loss_fn(q_network, q_network, batch, dqn.TrainConfig(0.99, loss="mse", double_dqn=False))
+    huber = dqn.loss_fn(q_network, q_network, batch, dqn.TrainConfig(0.99, loss="huber", double_dqn=False))
+    np.testing.assert_allclose(mse, np.mean(0.5 * err**2), rtol=1e-5)
+    h = np.where(np.abs(err) <= 1, 0.5 * err**2, np.abs(err) - 0.5)
     np.testing.assert_allclose(huber, np.mean(h), rtol=1e-5)
 
 
@@ -160,7 +204,7 @@ def test_polyak_sync_averages_and_hard_sync_is_the_online_network():
     args, graphdef, params, opt_graphdef, opt_state = _agent()
     target = params
     _, train = dqn.make_step_fns(args, graphdef, opt_graphdef)
-    params, opt_state, _ = train(params, opt_state, target, {k: np.stack([v] * 3) for k, v in _fixed_batch().items()})
+    params, opt_state, _ = train(params, opt_state, target, _stacked(*[_fixed_batch()] * 3))
     assert not _leaves_equal(params, target)  # training moved the online network
     # Polyak: θ⁻ ← τ·θ + (1 − τ)·θ⁻
     soft = dqn.sync_target(params, target, tau=0.25)
@@ -184,18 +228,21 @@ def test_train_block_really_uses_the_target_network(double):
     # A broken train_block that bootstrapped from the online network would ignore target_params entirely.
     args, graphdef, params, opt_graphdef, opt_state = _agent(double_dqn=double)
     _, train = dqn.make_step_fns(args, graphdef, opt_graphdef)
-    batches = {k: np.stack([v]) for k, v in _fixed_batch().items()}
+    batches = _stacked(_fixed_batch())
     other_target = _perturbed(params)
     a, _, loss_a = train(params, opt_state, params, batches)
     b, _, loss_b = train(params, opt_state, other_target, batches)
     assert float(loss_a) != pytest.approx(float(loss_b), rel=1e-3)  # other TD targets, other loss
     assert not _leaves_equal(a, b)  # and other gradients, so other updated parameters
     # The TD targets themselves: y = r + γ(1 − terminated)·Q⁻(s', a*) moves with the target network.
-    batch = {k: jnp.asarray(v) for k, v in _fixed_batch().items()}
+    batch = jax.tree.map(jnp.asarray, _fixed_batch())
+    config = dqn.TrainConfig(0.99, double_dqn=double)
 
     def grads(target):
-        return jax.grad(lambda p: dqn.loss_fn(dqn.nnx.merge(graphdef, p), dqn.nnx.merge(graphdef, target), batch,
-                                              0.99, double_dqn=double))(params)
+        return jax.grad(
+            lambda p: dqn.loss_fn(dqn.nnx.merge(graphdef, p), dqn.nnx.merge(graphdef, target), batch, config)
+        )(params)
+
     assert not _leaves_equal(grads(params), grads(other_target))
 
 
@@ -206,15 +253,16 @@ def test_scan_over_two_batches_equals_two_single_steps():
     _, train = dqn.make_step_fns(args, graphdef, opt_graphdef)
     b1, b2 = _fixed_batch(seed=1), _fixed_batch(seed=2)
     target = _perturbed(params, scale=0.1)
-    both, opt_both, loss_both = train(params, opt_state, target, {k: np.stack([b1[k], b2[k]]) for k in b1})
-    p1, o1, l1 = train(params, opt_state, target, {k: v[None] for k, v in b1.items()})
-    p2, o2, l2 = train(p1, o1, target, {k: v[None] for k, v in b2.items()})
+    both, opt_both, loss_both = train(params, opt_state, target, _stacked(b1, b2))
+    p1, o1, l1 = train(params, opt_state, target, _stacked(b1))
+    p2, o2, l2 = train(p1, o1, target, _stacked(b2))
     for x, y in zip(jax.tree.leaves(both), jax.tree.leaves(p2)):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(loss_both, (l1 + l2) / 2, rtol=1e-5)
-    swapped, _, _ = train(params, opt_state, target, {k: np.stack([b2[k], b1[k]]) for k in b1})
-    assert not all(np.allclose(x, y, rtol=1e-5, atol=1e-6) for x, y in zip(jax.tree.leaves(swapped),
-                                                                           jax.tree.leaves(both)))
+    swapped, _, _ = train(params, opt_state, target, _stacked(b2, b1))
+    assert not all(
+        np.allclose(x, y, rtol=1e-5, atol=1e-6) for x, y in zip(jax.tree.leaves(swapped), jax.tree.leaves(both))
+    )
 
 
 @pytest.mark.unit
@@ -224,20 +272,21 @@ def test_loss_fn_with_two_different_networks(double):
     _, graphdef, params, _, _ = _agent(seed=0)
     _, _, target_params, _, _ = _agent(seed=1)
     online, target = dqn.nnx.merge(graphdef, params), dqn.nnx.merge(graphdef, target_params)
-    batch = {k: jnp.asarray(v) for k, v in _fixed_batch(8).items()}
-    a = np.asarray(batch["actions"])
-    q = np.asarray(online(batch["obs"]))[np.arange(8), a]                  # Q_θ(s, a)
-    next_target = np.asarray(target(batch["next_obs"]))                     # Q⁻(s', ·)
+    batch = jax.tree.map(jnp.asarray, _fixed_batch(8))
+    a = np.asarray(batch.actions)
+    q = np.asarray(online(batch.obs))[np.arange(8), a]  # Q_θ(s, a)
+    next_target = np.asarray(target(batch.next_obs))  # Q⁻(s', ·)
     if double:
-        a_star = np.asarray(online(batch["next_obs"])).argmax(-1)            # argmax_a' Q_θ(s', a')
+        a_star = np.asarray(online(batch.next_obs)).argmax(-1)  # argmax_a' Q_θ(s', a')
         next_v = next_target[np.arange(8), a_star]
     else:
         next_v = next_target.max(-1)
-    y = np.asarray(batch["rewards"]) + 0.99 * (1 - np.asarray(batch["terminated"])) * next_v
+    y = np.asarray(batch.rewards) + 0.99 * (1 - np.asarray(batch.terminated)) * next_v
     expected = np.mean(0.5 * (y - q) ** 2)
-    got = dqn.loss_fn(online, target, batch, 0.99, loss="mse", double_dqn=double)
+    config = dqn.TrainConfig(0.99, loss="mse", double_dqn=double)
+    got = dqn.loss_fn(online, target, batch, config)
     np.testing.assert_allclose(got, expected, rtol=1e-5)
-    swapped = dqn.loss_fn(target, online, batch, 0.99, loss="mse", double_dqn=double)
+    swapped = dqn.loss_fn(target, online, batch, config)
     assert not np.isclose(float(swapped), expected, rtol=1e-3)
 
 
@@ -261,11 +310,17 @@ def test_a_few_updates_on_a_fixed_batch_lower_the_loss(loss, double):
     target = params
 
     def current_loss(p):
-        return float(dqn.loss_fn(dqn.nnx.merge(graphdef, p), dqn.nnx.merge(graphdef, target),
-                                 {k: jnp.asarray(v) for k, v in batch.items()}, args.gamma, loss, double))
+        return float(
+            dqn.loss_fn(
+                dqn.nnx.merge(graphdef, p),
+                dqn.nnx.merge(graphdef, target),
+                jax.tree.map(jnp.asarray, batch),
+                dqn.TrainConfig(args.gamma, loss, double),
+            )
+        )
 
     before = current_loss(params)
-    params, opt_state, _ = train(params, opt_state, target, {k: np.stack([v] * 20) for k, v in batch.items()})
+    params, opt_state, _ = train(params, opt_state, target, _stacked(*[batch] * 20))
     after = current_loss(params)
     assert after < 0.7 * before, (before, after)
 
@@ -282,23 +337,47 @@ def test_linear_epsilon_schedule():
 def test_checkpoint_round_trip_is_exact(tmp_path):
     _, graphdef, params, _, _ = _agent(seed=3)
     path = tmp_path / "q.npz"
-    dqn.save_params(params, str(path))
-    _, _, fresh, _, _ = _agent(seed=4)
-    assert not _leaves_equal(fresh, params)
-    assert _leaves_equal(dqn.load_params(fresh, str(path)), params)
+    dqn.save_checkpoint(str(path), {"q_network": dqn.nnx.merge(graphdef, params), "step": np.array(7)})
+    _, _, fresh_params, _, _ = _agent(seed=4)
+    fresh = dqn.nnx.merge(graphdef, fresh_params)
+    assert not _leaves_equal(dqn.nnx.state(fresh), params)
+    others = dqn.load_checkpoint(str(path), {"q_network": fresh, "step": np.array(0)})  # fills `fresh` in place
+    assert _leaves_equal(dqn.nnx.state(fresh), params) and list(others) == ["step"] and int(others["step"]) == 7
     with np.load(path, allow_pickle=False) as f:  # plain arrays, no pickle
-        assert sorted(f.files) == sorted(["hidden1/kernel", "hidden1/bias", "hidden2/kernel", "hidden2/bias",
-                                          "head/kernel", "head/bias"])
+        assert sorted(f.files) == sorted(
+            [
+                "q_network/hidden1/kernel",
+                "q_network/hidden1/bias",
+                "q_network/hidden2/kernel",
+                "q_network/hidden2/bias",
+                "q_network/head/kernel",
+                "q_network/head/bias",
+                "step",
+            ]
+        )
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("flags,message", [
-    (["--total-timesteps", "0"], "--total-timesteps"),
-    (["--batch-size", "200", "--buffer-size", "100"], "--batch-size"),
-    (["--learning-rate", "-0.001"], "--learning-rate"),
-    (["--tau", "0"], "--tau"),
-    (["--load", "/nonexistent/q_network.npz"], "--load"),
-])
+def test_validate_raises_input_error(tmp_path):
+    with pytest.raises(dqn.InputError, match="--tau"):
+        dqn.validate(dqn.Args(tau=0.0, out=str(tmp_path)))
+    with pytest.raises(dqn.InputError, match="--eps-end"):
+        dqn.validate(dqn.Args(eps_start=0.1, eps_end=0.5, out=str(tmp_path)))
+    dqn.validate(dqn.Args(out=str(tmp_path)))  # the defaults pass
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--total-timesteps", "0"], "--total-timesteps"),
+        (["--batch-size", "200", "--buffer-size", "100"], "--batch-size"),
+        (["--learning-rate", "-0.001"], "--learning-rate"),
+        (["--tau", "0"], "--tau"),
+        (["--eps-start", "0.1", "--eps-end", "0.5"], "--eps-end"),
+        (["--load", "/nonexistent/q_network.npz"], "--load"),
+    ],
+)
 def test_bad_flag_values_exit_with_one_line(flags, message, tmp_path):
     with pytest.raises(SystemExit) as e:
         dqn.main(dqn.parse_args(flags + ["--out", str(tmp_path)]))
@@ -309,16 +388,24 @@ def test_bad_flag_values_exit_with_one_line(flags, message, tmp_path):
 def test_load_rejects_a_corrupt_or_mismatched_checkpoint(tmp_path):
     corrupt = tmp_path / "corrupt.npz"
     corrupt.write_bytes(b"this is not a zip file")
-    _, _, params, _, _ = _agent()
-    with pytest.raises(SystemExit, match="not a readable .npz"):
-        dqn.load_params(params, str(corrupt))
+    _, graphdef, params, _, _ = _agent()
+    parts = {"q_network": dqn.nnx.merge(graphdef, params)}
+    with pytest.raises(dqn.InputError, match="not a readable .npz"):
+        dqn.load_checkpoint(str(corrupt), parts)
     other = tmp_path / "other.npz"
-    dqn.save_params(_agent(hidden_size=8)[2], str(other))
-    with pytest.raises(SystemExit, match="--hidden-size"):
-        dqn.load_params(params, str(other))
+    _, small_graphdef, small, _, _ = _agent(hidden_size=8)
+    dqn.save_checkpoint(str(other), {"q_network": dqn.nnx.merge(small_graphdef, small)})
+    with pytest.raises(dqn.InputError, match="--hidden-size"):
+        dqn.load_checkpoint(str(other), parts)
+    old_format = tmp_path / "old.npz"  # keys without the part's name, as written before save_checkpoint
+    np.savez(old_format, **{"hidden1/kernel": np.zeros((4, 16), np.float32)})
+    with pytest.raises(dqn.InputError, match="missing"):
+        dqn.load_checkpoint(str(old_format), parts)
+    assert _leaves_equal(dqn.nnx.state(parts["q_network"]), params)  # a refused file changes nothing
 
 
 # ----------------------------------------------------------------------------- smoke
+
 
 @pytest.mark.smoke
 def test_cli_trains_saves_and_load_round_trip(tmp_path):
@@ -342,8 +429,20 @@ def test_cli_trains_saves_and_load_round_trip(tmp_path):
 
     # --load evaluates the saved agent without training, on the same fixed evaluation seeds, into <out>/eval/
     before = (out / "metrics.json").read_bytes()
-    proc = run_script(SCRIPT, "--load", str(out / "q_network.npz"), "--eval-episodes", "3", "--hidden-size", "16",
-                      "--out", str(out), "--video", cwd=tmp_path, timeout=120)
+    proc = run_script(
+        SCRIPT,
+        "--load",
+        str(out / "q_network.npz"),
+        "--eval-episodes",
+        "3",
+        "--hidden-size",
+        "16",
+        "--out",
+        str(out),
+        "--video",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert (out / "metrics.json").read_bytes() == before  # the training run's files are untouched
     loaded = json.loads((out / "eval" / "metrics.json").read_text())
@@ -377,6 +476,7 @@ def test_same_seed_same_run(tmp_path):
 
 # ----------------------------------------------------------------------------- learning
 
+
 @pytest.mark.learning
 def test_short_run_clearly_beats_a_random_policy(tmp_path):
     # A random policy averages about 22. Measured: this 10k-step run of the default configuration scores
@@ -401,8 +501,9 @@ def test_compile_cache_is_written_then_reused_without_changing_the_run(tmp_path)
     cache = tmp_path / "cache"
     runs = []
     for name in ("cold", "warm"):
-        proc = run_script(SCRIPT, *TINY, "--compile-cache", str(cache), "--out", str(tmp_path / name),
-                          cwd=tmp_path, timeout=120)
+        proc = run_script(
+            SCRIPT, *TINY, "--compile-cache", str(cache), "--out", str(tmp_path / name), cwd=tmp_path, timeout=120
+        )
         assert proc.returncode == 0, proc.stderr
         runs.append(json.loads((tmp_path / name / "metrics.json").read_text()))
         if name == "cold":

@@ -1,4 +1,5 @@
 """Tests for 4_GRPO_MNIST/grpo_mnist.py: the math (unit), the CLI (smoke) and short real runs (learning)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -17,9 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import nnx
-
 from conftest import load_script, run_script
+from flax import nnx
 
 SCRIPT = "4_GRPO_MNIST/grpo_mnist.py"
 g = load_script(SCRIPT)
@@ -60,16 +60,24 @@ def synthetic_digits(folder, n_train=2000, n_test=500, seed=0, splits=("train", 
 # ------------------------------------------------------------------ unit: advantages, clip, KL
 @pytest.mark.unit
 def test_group_advantages_hand_computed_g4():
-    rewards = jnp.array([[1.0, 0, 0, 0],  # mean 1/4, std √3/4
-                         [1.0, 1, 0, 0],  # mean 1/2, std 1/2
-                         [1.0, 1, 1, 1],  # all right: no signal
-                         [0.0, 0, 0, 0]])  # all wrong: no signal
+    rewards = jnp.array(
+        [
+            [1.0, 0, 0, 0],  # mean 1/4, std √3/4
+            [1.0, 1, 0, 0],  # mean 1/2, std 1/2
+            [1.0, 1, 1, 1],  # all right: no signal
+            [0.0, 0, 0, 0],
+        ]
+    )  # all wrong: no signal
     eps = 1e-4
     s = np.sqrt(3) / 4
-    expected = np.array([[0.75 / (s + eps), -0.25 / (s + eps), -0.25 / (s + eps), -0.25 / (s + eps)],
-                         [0.5 / (0.5 + eps), 0.5 / (0.5 + eps), -0.5 / (0.5 + eps), -0.5 / (0.5 + eps)],
-                         [0, 0, 0, 0],
-                         [0, 0, 0, 0]])
+    expected = np.array(
+        [
+            [0.75 / (s + eps), -0.25 / (s + eps), -0.25 / (s + eps), -0.25 / (s + eps)],
+            [0.5 / (0.5 + eps), 0.5 / (0.5 + eps), -0.5 / (0.5 + eps), -0.5 / (0.5 + eps)],
+            [0, 0, 0, 0],
+            [0, 0, 0, 0],
+        ]
+    )
     adv = np.asarray(g.group_advantages(rewards, eps))
     np.testing.assert_allclose(adv, expected, rtol=1e-6, atol=0)
     assert (adv[2:] == 0).all()  # exactly zero, not just small
@@ -91,7 +99,8 @@ def test_clipped_surrogate_value_clip_fraction_and_gradient():
     adv = jnp.array([1.0, 1.0, -1.0, -1.0])
     logp_old = jnp.array([-1.0, -2.0, -0.5, -3.0])
     logp = logp_old + jnp.log(ratio)
-    # min(ρA, clip(ρ, 0.8, 1.2)A): min(1.5, 1.2) = 1.2, min(0.5, 0.8) = 0.5, min(-1.1, -1.1) = -1.1, min(-0.7, -0.8) = -0.8
+    # min(ρA, clip(ρ, 0.8, 1.2)A): min(1.5, 1.2) = 1.2, min(0.5, 0.8) = 0.5,
+    #                             min(-1.1, -1.1) = -1.1, min(-0.7, -0.8) = -0.8
     objective, clip_frac = g.clipped_surrogate(logp, logp_old, adv, 0.2)
     np.testing.assert_allclose(objective, (1.2 + 0.5 - 1.1 - 0.8) / 4, rtol=1e-6)
     np.testing.assert_allclose(clip_frac, 0.75, rtol=1e-6)  # |ρ − 1| > 0.2 for 1.5, 0.5, 0.7
@@ -162,7 +171,8 @@ def test_grpo_loss_kl_term_has_the_stated_gradient(kl):
     logp = jax.nn.log_softmax(logits)
     beta = 0.5
     grads = nnx.grad(lambda a: g.grpo_loss(a, x, actions, logp, jnp.zeros((1, 10)), ref_logits, 0.2, beta, kl)[0])(
-        actor)
+        actor
+    )
     p, q = jax.nn.softmax(logits[0]), jax.nn.softmax(ref_logits[0])
     if kl == "exact":  # ∂/∂logits of KL(π ‖ π_ref), as above
         d_logits = p * (jnp.log(p) - jnp.log(q) - jnp.sum(p * jnp.log(p / q)))
@@ -176,15 +186,31 @@ def test_grpo_loss_kl_term_has_the_stated_gradient(kl):
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-6)
 
 
-def _one_update(inner_steps: int, lr: float):
+def grpo_config(**changes) -> g.GRPOConfig:
+    """GRPOConfig for the unit tests: G = 8, β = 0, everything else as the keyword arguments say."""
+    base = dict(
+        objective="grpo",
+        group_mode="prompt",
+        group_size=8,
+        batch_size=64,
+        inner_steps=1,
+        clip_eps=0.2,
+        beta=0.0,
+        kl="exact",
+        adv_eps=1e-4,
+    )
+    return g.GRPOConfig(**{**base, **changes})
+
+
+def _one_update(inner_steps: int, learning_rate: float):
     actor = g.Actor(32, rngs=nnx.Rngs(0))
     reference = nnx.clone(actor)
-    optimizer = nnx.Optimizer(actor, optax.adam(lr), wrt=nnx.Param)
+    optimizer = nnx.Optimizer(actor, optax.adam(learning_rate), wrt=nnx.Param)
     x = jax.random.uniform(jax.random.key(1), (64, 784))
     y = jnp.arange(64) % 10
-    cfg = g.Config("grpo", "prompt", 8, 64, inner_steps, 0.2, 0.0, "exact", 1e-4)
-    update = nnx.jit(g.grpo_update, static_argnames="cfg")  # compiled: eager tfp ops are slow
-    return update(actor, optimizer, reference, x, y, jax.random.key(2), cfg=cfg)
+    config = grpo_config(inner_steps=inner_steps)
+    update = nnx.jit(g.grpo_update, static_argnames="config")  # compiled: eager tfp ops are slow
+    return update(actor, optimizer, reference, x, y, jax.random.key(2), config=config)
 
 
 class FixedActor(nnx.Module):
@@ -210,8 +236,8 @@ def test_groups_are_rows_of_one_image(group_mode):
     actor = FixedActor()
     optimizer = nnx.Optimizer(actor, optax.adam(1e-2), wrt=nnx.Param)
     before = np.asarray(actor.w[...]).copy()
-    cfg = g.Config("grpo", group_mode, G, B, 2, 0.2, 0.0, "exact", 1e-4)
-    metrics = g.grpo_update(actor, optimizer, FixedActor(), x, y, jax.random.key(0), cfg)
+    config = grpo_config(group_mode=group_mode, group_size=G, batch_size=B, inner_steps=2)
+    metrics = g.grpo_update(actor, optimizer, FixedActor(), x, y, jax.random.key(0), config)
     assert float(metrics["reward"]) == 0.5
     moved = np.abs(np.asarray(actor.w[...]) - before).max()
     if group_mode == "prompt":
@@ -225,9 +251,9 @@ def test_groups_are_rows_of_one_image(group_mode):
 @pytest.mark.unit
 def test_one_inner_step_never_clips_but_several_do():
     # μ = 1 (the spec): the loss is evaluated at π_old itself, so ρ = 1 and the clip cannot act
-    assert float(_one_update(inner_steps=1, lr=1e-2)["clip_frac"]) == 0.0
+    assert float(_one_update(inner_steps=1, learning_rate=1e-2)["clip_frac"]) == 0.0
     # μ = 2 with a large step: the second step sees ρ ≠ 1 and some samples leave [0.8, 1.2]
-    assert float(_one_update(inner_steps=2, lr=1e-2)["clip_frac"]) > 0.0
+    assert float(_one_update(inner_steps=2, learning_rate=1e-2)["clip_frac"]) > 0.0
 
 
 @pytest.mark.unit
@@ -238,17 +264,42 @@ def test_param_table_counts_the_models():
 
 
 @pytest.mark.unit
-def test_saved_actor_round_trips_and_bad_file_is_an_error(tmp_path):
+def test_grpo_config_takes_its_fields_from_args():
+    config = g.GRPOConfig.from_args(g.Args(group_size=4, beta=0.5, kl="k3"))
+    assert (config.group_size, config.beta, config.kl, config.batch_size) == (4, 0.5, "k3", 64)
+    with pytest.raises(AttributeError):  # frozen: the jitted epoch's static configuration cannot change
+        config.beta = 1.0
+
+
+@pytest.mark.unit
+def test_checkpoint_round_trips_and_bad_file_is_an_error(tmp_path):
     actor = g.Actor(16, rngs=nnx.Rngs(3))
-    g.save_actor(actor, str(tmp_path / "a.npz"))
-    loaded = g.load_actor(str(tmp_path / "a.npz"), 16)
+    path = str(tmp_path / "a.npz")
+    g.save_checkpoint(path, {"actor": actor, "step": np.array(7)})
+    with np.load(path, allow_pickle=False) as f:
+        assert sorted(f.files) == [
+            "actor/fc1/bias",
+            "actor/fc1/kernel",
+            "actor/fc2/bias",
+            "actor/fc2/kernel",
+            "actor/out/bias",
+            "actor/out/kernel",
+            "step",
+        ]
+    loaded = g.Actor(16, rngs=nnx.Rngs(0))  # other weights, filled in place
+    arrays = g.load_checkpoint(path, {"actor": loaded, "step": None})
     x = jnp.ones((2, 784))
     np.testing.assert_array_equal(actor(x).logits, loaded(x).logits)
-    with pytest.raises(g.DataError, match="wrong shape"):
-        g.load_actor(str(tmp_path / "a.npz"), 32)
+    assert int(arrays["step"]) == 7
+    with pytest.raises(g.InputError, match="wrong shape.*--hidden-size"):
+        g.load_checkpoint(path, {"actor": g.Actor(32, rngs=nnx.Rngs(0))})
+    with pytest.raises(g.InputError, match="critic/fc1/.* missing"):
+        g.load_checkpoint(path, {"critic": g.Actor(16, rngs=nnx.Rngs(0))})
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
-    with pytest.raises(g.DataError, match="cannot read"):
-        g.load_actor(str(tmp_path / "bad.npz"), 16)
+    with pytest.raises(g.InputError, match="cannot read"):
+        g.load_checkpoint(str(tmp_path / "bad.npz"), {"actor": loaded})
+    with pytest.raises(g.InputError, match="cannot read"):
+        g.load_checkpoint(str(tmp_path / "gone.npz"), {"actor": loaded})
 
 
 # ------------------------------------------------------------------ unit: data
@@ -262,24 +313,26 @@ def test_idx_reader_on_bytes_written_here(tmp_path):
     np.testing.assert_array_equal(g.read_idx(str(tmp_path / "lab.gz")), labels)
 
     write_gz(tmp_path / "short.gz", idx_bytes(images)[:-10])  # IDX payload truncated
-    with pytest.raises(g.DataError, match="truncated or corrupt"):
+    with pytest.raises(g.InputError, match="truncated or corrupt"):
         g.read_idx(str(tmp_path / "short.gz"))
     write_gz(tmp_path / "magic.gz", b"\x00\x00\x0d\x01" + idx_bytes(labels)[4:])  # float type code
-    with pytest.raises(g.DataError, match="magic"):
+    with pytest.raises(g.InputError, match="magic"):
         g.read_idx(str(tmp_path / "magic.gz"))
     whole = (tmp_path / "img.gz").read_bytes()
     (tmp_path / "cut.gz").write_bytes(whole[: len(whole) // 2])  # the gzip stream itself cut short
-    with pytest.raises(g.DataError, match="not a complete gzip"):
+    with pytest.raises(g.InputError, match="not a complete gzip"):
         g.read_idx(str(tmp_path / "cut.gz"))
-    with pytest.raises(g.DataError, match="not found"):
+    with pytest.raises(g.InputError, match="not found"):
         g.read_idx(str(tmp_path / "missing.gz"))
 
 
 @pytest.mark.unit
 @real_digits
 def test_idx_reader_on_the_real_mnist_test_set():
-    md5 = {"t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
-           "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c"}
+    md5 = {
+        "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+        "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+    }
     for name, digest in md5.items():
         assert hashlib.md5((REAL_MNIST / name).read_bytes()).hexdigest() == digest
     x, y = g.load_idx_split(str(REAL_MNIST), "test")
@@ -337,7 +390,8 @@ def test_fallback_fetches_checked_idx_files_when_tfds_cannot(tmp_path, monkeypat
         monkeypatch.setattr(g, "tfds_idx_files", lambda name: table)
 
         def tfds_fails(name, split, download):  # what tfds does without TensorFlow: it cannot prepare
-            raise g.DataError("tfds needs TensorFlow to prepare")
+            raise g.InputError("tfds needs TensorFlow to prepare")
+
         monkeypatch.setattr(g, "load_tfds_split", tfds_fails)
         monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
 
@@ -347,17 +401,17 @@ def test_fallback_fetches_checked_idx_files_when_tfds_cannot(tmp_path, monkeypat
         assert sorted(p.name for p in cache.iterdir()) == sorted(table)
 
         monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds2"))
-        with pytest.raises(g.DataError, match="needs TensorFlow"):  # --no-download: tfds's error, no fetch
+        with pytest.raises(g.InputError, match="needs TensorFlow"):  # --no-download: tfds's error, no fetch
             g.load_data(g.Args(download=False))
         assert not (tmp_path / "tfds2").exists()
 
         first = table["t10k-labels-idx1-ubyte.gz"]
         table["t10k-labels-idx1-ubyte.gz"] = (first[0], "0" * 64)  # a file that does not match its checksum
-        with pytest.raises(g.DataError, match="SHA-256"):
+        with pytest.raises(g.InputError, match="SHA-256"):
             g.fetch_idx_files("mnist", str(tmp_path / "other"))
         assert not (tmp_path / "other" / "t10k-labels-idx1-ubyte.gz").exists()
 
-    with pytest.raises(g.DataError, match="could not download .*--data-dir"):  # server gone: offline
+    with pytest.raises(g.InputError, match="could not download .*--data-dir"):  # server gone: offline
         g.fetch_idx_files("mnist", str(tmp_path / "offline"), timeout=5)
 
 
@@ -394,11 +448,17 @@ def test_bad_input_exits_with_one_line(tmp_path):
         g.main(g.Args(clip_eps=0.0, out=str(tmp_path)))
     with pytest.raises(SystemExit, match="--val-size must be a fraction"):
         g.main(g.Args(val_size=1.0, out=str(tmp_path)))
+    with pytest.raises(SystemExit, match="^error: --learning-rate must be > 0"):
+        g.main(g.Args(learning_rate=0.0, out=str(tmp_path)))
+    with pytest.raises(g.InputError, match="--hidden-size must be >= 1"):  # validate() itself raises; main reports
+        g.validate(g.Args(hidden_size=0, out=str(tmp_path)))
     only_test = synthetic_digits(tmp_path / "t", splits=("t10k",))
     with pytest.raises(SystemExit, match="--split-test-set 8000"):
         g.main(g.Args(data_dir=str(only_test), out=str(tmp_path)))
     with pytest.raises(SystemExit, match="below the 500 test images"):
         g.main(g.Args(data_dir=str(only_test), split_test_set=500, out=str(tmp_path)))
+    with pytest.raises(SystemExit, match="--batch-size 128 exceeds the 90 training images"):
+        g.main(g.Args(data_dir=str(only_test), split_test_set=100, batch_size=128, out=str(tmp_path)))
 
 
 # ------------------------------------------------------------------ smoke: the CLI
@@ -406,14 +466,33 @@ def test_bad_input_exits_with_one_line(tmp_path):
 def test_cli_runs_and_writes_outputs(tmp_path):
     data = synthetic_digits(tmp_path / "data", n_train=512, n_test=128)
     out = tmp_path / "out"
-    r = run_script(SCRIPT, "--data-dir", str(data), "--epochs", "2", "--batch-size", "32", "--group-size", "4",
-                   "--beta", "0.04", "--out", str(out), cwd=tmp_path, timeout=240)
+    r = run_script(
+        SCRIPT,
+        "--data-dir",
+        str(data),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "32",
+        "--group-size",
+        "4",
+        "--beta",
+        "0.04",
+        "--hidden-size",
+        "64",
+        "--learning-rate",
+        "2e-3",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+        timeout=240,
+    )
     assert r.returncode == 0, r.stderr
     assert "actor only (GRPO)" in r.stdout and "actor + critic (PPO)" in r.stdout
     lines = [line for line in r.stdout.splitlines() if line.startswith("epoch=")]
     assert len(lines) == 3 and "clip_frac=" in lines[-1] and " kl=" in lines[-1] and "val_acc=" in lines[-1]
     assert "test_acc" not in " ".join(lines)  # the test set is scored once, after training, not per epoch
-    assert "kl exact" in r.stdout
+    assert "kl exact" in r.stdout and "learning rate 0.002" in r.stdout
     metrics = json.loads((out / "metrics.json").read_text())
     for key in ("val_accuracy", "test_accuracy", "train_reward", "epochs", "train_seconds", "seconds_per_epoch"):
         assert key in metrics
@@ -421,13 +500,22 @@ def test_cli_runs_and_writes_outputs(tmp_path):
     assert all("test_accuracy" not in row for row in metrics["history"])
     assert (metrics["train_images"], metrics["val_images"]) == (461, 51)  # 10 % of 512 carved for validation
     assert (out / "learning_curve.png").stat().st_size > 1000
-    assert (out / "actor.npz").exists()
+    with np.load(out / "actor.npz", allow_pickle=False) as f:  # save_checkpoint's keys, at --hidden-size 64
+        assert f["actor/fc2/kernel"].shape == (64, 64)
+    assert metrics["args"]["hidden_size"] == 64 and metrics["args"]["learning_rate"] == 2e-3
 
 
 @pytest.mark.smoke
 def test_cli_without_data_names_data_dir(tmp_path):
-    r = run_script(SCRIPT, "--no-download", "--out", str(tmp_path / "o"), cwd=tmp_path, timeout=120,
-                   env={"TFDS_DATA_DIR": str(tmp_path / "empty_tfds")})
+    r = run_script(
+        SCRIPT,
+        "--no-download",
+        "--out",
+        str(tmp_path / "o"),
+        cwd=tmp_path,
+        timeout=120,
+        env={"TFDS_DATA_DIR": str(tmp_path / "empty_tfds")},
+    )
     assert r.returncode != 0
     assert "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "--data-dir" in r.stderr

@@ -2,18 +2,21 @@
 
 unit: GAE with a termination and a truncation, the true final observation at an autoreset, the
 clipped loss and its zero gradient, the Normal log-probability of the unclipped sample, the value-loss
-shapes, the preset and the input checks; ppo_update on a fixed rollout (GAE targets, the clip); the JAX
+shapes, the preset and the input checks (InputError), save_checkpoint / load_checkpoint and normalize_obs;
+ppo_update (compiled by make_step_fns) on a fixed Rollout (GAE targets, the clip); the JAX
 port of Pendulum-v1 against gymnasium step for step, its in-scan autoreset, a seed inside the vmap against
 the same seed alone; Monte-Carlo returns, the REINFORCE loss and each rung's steps. smoke: the CLI with
 tiny flags, a --load round trip, a GIF, --norm-obs, --preset spec, --backend jax with several seeds, and
 bad input. learning: a short fixed-seed run reaches −300 with live PPO statistics; four vmapped JAX seeds
 each reach −200.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -23,8 +26,20 @@ from conftest import load_script, run_script
 
 SCRIPT = "3_Pendulum/pendulum.py"
 RANDOM_RETURN = -1182.0  # uniform-random actions on the 20 evaluation seeds, measured (README)
-TINY = ["--total-timesteps", "512", "--num-envs", "4", "--num-steps", "64", "--minibatch-size", "64",
-        "--update-epochs", "2", "--eval-episodes", "2"]
+TINY = [
+    "--total-timesteps",
+    "512",
+    "--num-envs",
+    "4",
+    "--num-steps",
+    "64",
+    "--minibatch-size",
+    "64",
+    "--update-epochs",
+    "2",
+    "--eval-episodes",
+    "2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +74,9 @@ def test_gae_hand_computed_with_termination_and_truncation(pen):
     np.testing.assert_allclose(np.asarray(ret), np.asarray(adv) + values, rtol=1e-6)
     assert adv.shape == (5, 2)
     # Treating the truncation as a termination (the spec's version) changes A3 to 4 − 2 = 2.0.
-    adv_cut, _ = pen.compute_gae(rewards, values, next_values, np.maximum(terminated, truncated),
-                                 np.zeros_like(truncated), gamma, lam)
+    adv_cut, _ = pen.compute_gae(
+        rewards, values, next_values, np.maximum(terminated, truncated), np.zeros_like(truncated), gamma, lam
+    )
     assert float(adv_cut[3, 0]) == pytest.approx(2.0)
 
 
@@ -139,37 +155,48 @@ def test_value_loss_shapes(pen):
 @pytest.mark.unit
 def test_spec_preset_sets_defaults_and_explicit_flags_win(pen, tmp_path):
     a = pen.parse_args(["--preset", "spec"])
-    assert (a.gamma, a.num_envs, a.num_steps, a.minibatch_size, a.actor_lr, a.critic_lr, a.sigma) == \
-        (0.99, 1, 2048, 64, 3e-4, 1e-3, "state")
+    assert (
+        a.gamma,
+        a.num_envs,
+        a.num_steps,
+        a.minibatch_size,
+        a.actor_learning_rate,
+        a.critic_learning_rate,
+        a.sigma,
+    ) == (0.99, 1, 2048, 64, 3e-4, 1e-3, "state")
     b = pen.parse_args(["--preset", "spec", "--gamma", "0.9"])
     assert b.gamma == 0.9 and b.num_steps == 2048
     c = pen.parse_args([])
     assert c.gamma == 0.99 and c.sigma == "param" and c.total_timesteps == 100_000
     pen.validate(dataclasses.replace(a, out=str(tmp_path)))  # the parsed preset is valid ...
     pen.validate(pen.Args(preset="spec", out=str(tmp_path), **pen.SPEC_PRESET))  # ... and so is the same in Python
-    with pytest.raises(SystemExit, match="applied by parse_args"):  # but not a preset that was never applied
+    with pytest.raises(pen.InputError, match="applied by parse_args"):  # but not a preset that was never applied
         pen.validate(pen.Args(preset="spec"))
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("argv, msg", [
-    (["--total-timesteps", "0"], "--total-timesteps must be positive"),
-    (["--num-steps", "-5"], "--num-steps must be positive"),
-    (["--minibatch-size", "5000"], "larger than the rollout"),
-    (["--actor-lr", "nan"], "--actor-lr"),
-    (["--critic-lr", "-0.001"], "--critic-lr"),
-    (["--ent-coef", "-1"], "--ent-coef"),
-    (["--gamma", "nan"], "--gamma"),
-    (["--load", "/nonexistent/params.npz"], "no such file"),
-    (["--num-seeds", "0"], "--num-seeds must be positive"),
-    (["--num-seeds", "2"], "needs --backend jax"),
-    (["--backend", "jax", "--norm-obs"], "--norm-obs is implemented for --backend gymnasium only"),
-    (["--algo", "reinforce"], "--num-steps must be a multiple of 200"),
-    (["--algo", "reinforce-baseline", "--backend", "jax", "--num-steps", "300"], "multiple of 200"),
-    (["--backend", "jax", "--host-devices", "0"], "--host-devices must be a positive device count or -1"),
-    (["--backend", "jax", "--num-seeds", "4", "--host-devices", "3"], "a --num-seeds that it divides"),
-    (["--host-devices", "2"], "needs --backend jax"),
-])
+@pytest.mark.parametrize(
+    "argv, msg",
+    [
+        (["--total-timesteps", "0"], "--total-timesteps must be positive"),
+        (["--num-steps", "-5"], "--num-steps must be positive"),
+        (["--minibatch-size", "5000"], "larger than the rollout"),
+        (["--actor-learning-rate", "nan"], "--actor-learning-rate"),
+        (["--critic-learning-rate", "-0.001"], "--critic-learning-rate"),
+        (["--hidden-size", "0"], "--hidden-size must be positive"),
+        (["--ent-coef", "-1"], "--ent-coef"),
+        (["--gamma", "nan"], "--gamma"),
+        (["--load", "/nonexistent/params.npz"], "no such file"),
+        (["--num-seeds", "0"], "--num-seeds must be positive"),
+        (["--num-seeds", "2"], "needs --backend jax"),
+        (["--backend", "jax", "--norm-obs"], "--norm-obs is implemented for --backend gymnasium only"),
+        (["--algo", "reinforce"], "--num-steps must be a multiple of 200"),
+        (["--algo", "reinforce-baseline", "--backend", "jax", "--num-steps", "300"], "multiple of 200"),
+        (["--backend", "jax", "--host-devices", "0"], "--host-devices must be a positive device count or -1"),
+        (["--backend", "jax", "--num-seeds", "4", "--host-devices", "3"], "a --num-seeds that it divides"),
+        (["--host-devices", "2"], "needs --backend jax"),
+    ],
+)
 def test_validate_rejects_bad_input(pen, argv, msg, tmp_path):
     with pytest.raises(SystemExit) as e:
         pen.main(pen.parse_args(argv + ["--out", str(tmp_path)]))
@@ -204,8 +231,19 @@ def test_cli_tiny_run_then_load_round_trip_and_video(tmp_path):
 
     gif = tmp_path / "ep.gif"
     before = (out / "metrics.json").read_bytes()
-    q = run_script(SCRIPT, "--load", str(params), "--eval-episodes", "2", "--video", str(gif),
-                   "--out", str(out), cwd=tmp_path, timeout=120)
+    q = run_script(
+        SCRIPT,
+        "--load",
+        str(params),
+        "--eval-episodes",
+        "2",
+        "--video",
+        str(gif),
+        "--out",
+        str(out),
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert q.returncode == 0, q.stderr
     assert (out / "metrics.json").read_bytes() == before  # a --load run writes into <out>/eval/, never over training
     m2 = json.loads((out / "eval" / "metrics.json").read_text())
@@ -215,9 +253,17 @@ def test_cli_tiny_run_then_load_round_trip_and_video(tmp_path):
 
 
 @pytest.mark.smoke
-@pytest.mark.parametrize("argv", [["--minibatch-size", "99999"], ["--load", "missing.npz"], ["--algo", "sarsa"],
-                                  ["--backend", "jax", "--num-seeds", "0"], ["--num-seeds", "2"],
-                                  ["--backend", "jax", "--algo", "reinforce"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--minibatch-size", "99999"],
+        ["--load", "missing.npz"],
+        ["--algo", "sarsa"],
+        ["--backend", "jax", "--num-seeds", "0"],
+        ["--num-seeds", "2"],
+        ["--backend", "jax", "--algo", "reinforce"],
+    ],
+)
 def test_cli_bad_input_is_one_line_error(tmp_path, argv):
     p = run_script(SCRIPT, *argv, "--out", str(tmp_path), cwd=tmp_path, timeout=60)
     assert p.returncode != 0
@@ -230,12 +276,69 @@ def test_load_with_other_architecture_is_one_line_error(pen, tmp_path):
     from flax import nnx
 
     path = str(tmp_path / "params.npz")
-    pen.save_params(path, pen.Actor(3, 1, 64, "param", "tanh", 0.0, rngs=nnx.Rngs(0)),
-                    pen.Critic(3, 64, "tanh", rngs=nnx.Rngs(1)), None)
+    pen.save_checkpoint(
+        path,
+        {
+            "actor": pen.Actor(3, 1, 64, "param", "tanh", 0.0, rngs=nnx.Rngs(0)),
+            "critic": pen.Critic(3, 64, "tanh", rngs=nnx.Rngs(1)),
+        },
+    )
     with pytest.raises(SystemExit, match="error: --load .*missing 'actor/sigma_head"):
         pen.main(pen.parse_args(["--load", path, "--sigma", "state", "--out", str(tmp_path / "e")]))
-    with pytest.raises(SystemExit, match="error: --load .*shape"):
-        pen.main(pen.parse_args(["--load", path, "--hidden", "32", "--out", str(tmp_path / "e")]))
+    with pytest.raises(SystemExit, match="error: --load .*shape.*--hidden-size"):
+        pen.main(pen.parse_args(["--load", path, "--hidden-size", "32", "--out", str(tmp_path / "e")]))
+    with pytest.raises(SystemExit, match="error: --load .*saved without --norm-obs; pass the same flag"):
+        pen.main(pen.parse_args(["--load", path, "--norm-obs", "--out", str(tmp_path / "e")]))
+
+
+@pytest.mark.unit
+def test_checkpoint_round_trip_fills_modules_and_returns_the_arrays(pen, tmp_path):
+    """save_checkpoint / load_checkpoint: every nnx.Param back in place, the statistics back as arrays, and an
+    InputError (no exit) from the loader itself on a mismatch."""
+    from flax import nnx
+    from gymnasium.wrappers.utils import RunningMeanStd
+
+    path = str(tmp_path / "params.npz")
+    actor = pen.Actor(3, 1, 16, "state", "relu", 0.0, rngs=nnx.Rngs(0))
+    critic = pen.Critic(3, 16, "relu", rngs=nnx.Rngs(1))
+    rms = RunningMeanStd(shape=(3,))
+    rms.update(np.random.default_rng(0).normal(size=(50, 3)))
+    pen.save_checkpoint(path, {"actor": actor, "critic": critic, **pen.obs_norm_parts(rms)})
+    assert sorted(np.load(path, allow_pickle=False).files) == sorted(
+        [f"actor/{m}/{p}" for m in ("fc1", "fc2", "mu", "sigma_head") for p in ("bias", "kernel")]
+        + [f"critic/{m}/{p}" for m in ("fc1", "fc2", "out") for p in ("bias", "kernel")]
+        + ["obs_norm/mean", "obs_norm/var"]
+    )
+    actor2 = pen.Actor(3, 1, 16, "state", "relu", 0.0, rngs=nnx.Rngs(5))
+    critic2 = pen.Critic(3, 16, "relu", rngs=nnx.Rngs(6))
+    fresh = RunningMeanStd(shape=(3,))
+    arrays = pen.load_checkpoint(path, {"actor": actor2, "critic": critic2, **pen.obs_norm_parts(fresh)})
+    for a, b in ((actor, actor2), (critic, critic2)):
+        for x, y in zip(jax.tree.leaves(nnx.state(a, nnx.Param)), jax.tree.leaves(nnx.state(b, nnx.Param))):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    np.testing.assert_array_equal(arrays["obs_norm/mean"], rms.mean)
+    np.testing.assert_array_equal(arrays["obs_norm/var"], rms.var)
+    with pytest.raises(pen.InputError, match="saved with --norm-obs"):
+        pen.load_checkpoint(path, {"actor": actor2, "critic": critic2})
+    with pytest.raises(pen.InputError, match="missing 'actor/log_std'"):
+        pen.load_checkpoint(
+            path, {"actor": pen.Actor(3, 1, 16, "param", "relu", 0.0, rngs=nnx.Rngs(0)), **pen.obs_norm_parts(fresh)}
+        )
+
+
+@pytest.mark.unit
+def test_normalize_obs_uses_the_running_statistics_with_clip_and_epsilon(pen):
+    from gymnasium.wrappers.utils import RunningMeanStd
+
+    obs = np.array([[1.0, -2.0, 8.0], [0.5, 0.0, -8.0]], np.float32)
+    assert pen.normalize_obs(obs, None).dtype == np.float32
+    np.testing.assert_array_equal(pen.normalize_obs(obs, None), obs)
+    rms = RunningMeanStd(shape=(3,))
+    rms.mean, rms.var = np.array([0.0, 0.0, 0.0]), np.array([1.0, 4.0, 0.0])  # θ̇'s variance 0: only 1e-8 is left
+    x = pen.normalize_obs(obs, rms)
+    assert x.dtype == np.float32
+    np.testing.assert_allclose(x[:, :2], [[1.0, -1.0], [0.5, 0.0]], rtol=1e-6)
+    np.testing.assert_array_equal(x[:, 2], [10.0, -10.0])  # 8 / √1e-8 is clipped to ±10
 
 
 @pytest.mark.smoke
@@ -252,15 +355,29 @@ def test_norm_obs_run_saves_its_statistics_and_loads_back(pen, tmp_path):
     data = np.load(tmp_path / "run" / "params.npz", allow_pickle=False)
     # the running statistics were updated from the rollouts: θ̇'s variance is no longer the initial 1
     assert data["obs_norm/mean"].shape == (3,) and not np.allclose(data["obs_norm/var"], 1.0)
-    e = pen.main(pen.parse_args(["--load", str(tmp_path / "run" / "params.npz"), "--norm-obs", "--eval-episodes", "2",
-                                 "--out", str(tmp_path / "eval")]))
+    e = pen.main(
+        pen.parse_args(
+            [
+                "--load",
+                str(tmp_path / "run" / "params.npz"),
+                "--norm-obs",
+                "--eval-episodes",
+                "2",
+                "--out",
+                str(tmp_path / "eval"),
+            ]
+        )
+    )
     assert e["eval_return_mean"] == pytest.approx(m["eval_return_mean"], abs=1e-3)  # same normalisation on load
 
 
 @pytest.mark.smoke
 def test_spec_preset_tiny_run(pen, tmp_path):
-    m = pen.main(pen.parse_args(["--preset", "spec", "--total-timesteps", "2048", "--eval-episodes", "2",
-                                 "--out", str(tmp_path)]))
+    m = pen.main(
+        pen.parse_args(
+            ["--preset", "spec", "--total-timesteps", "2048", "--eval-episodes", "2", "--out", str(tmp_path)]
+        )
+    )
     assert m["env_steps"] == 2048 and m["preset"] == "spec"  # one rollout of 1 env × 2,048 steps
     assert "actor/sigma_head/kernel" in np.load(tmp_path / "params.npz", allow_pickle=False).files  # the σ(s) head
     assert math.isfinite(m["last_update"]["v_loss"]) and m["last_update"]["approx_kl"] > 0
@@ -268,27 +385,47 @@ def test_spec_preset_tiny_run(pen, tmp_path):
 
 @pytest.mark.smoke
 def test_gymnasium_backend_runs_a_lower_rung(pen, tmp_path):
-    m = pen.main(pen.parse_args(["--algo", "reinforce", "--num-envs", "2", "--num-steps", "200", "--minibatch-size",
-                                 "100", "--total-timesteps", "800", "--eval-episodes", "2", "--out", str(tmp_path)]))
+    m = pen.main(
+        pen.parse_args(
+            [
+                "--algo",
+                "reinforce",
+                "--num-envs",
+                "2",
+                "--num-steps",
+                "200",
+                "--minibatch-size",
+                "100",
+                "--total-timesteps",
+                "800",
+                "--eval-episodes",
+                "2",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+    )
     assert m["algo"] == "reinforce" and m["backend"] == "gymnasium" and m["env_steps"] == 800
     assert math.isnan(m["last_update"]["v_loss"])  # REINFORCE has no critic
 
 
 # ---------------------------------------------------------------------------------------------- ppo_update
 def _jax_batch(pen, seed=3, **kw):
-    """A fixed rollout of 4 JAX pendulums × 200 steps (every episode ends in a truncation) and the state it came from."""
+    """A fixed rollout of 4 JAX pendulums × 200 steps (every episode ends in a truncation), the state it came from,
+    and the compiled update of make_step_fns."""
     args = pen.Args(backend="jax", num_envs=4, num_steps=200, minibatch_size=100, **kw)
     d, cfg, rcfg, graphdef, actor_def = pen.jax_setup(args)
     runner = pen.jax_init(args, d, seed)
-    _, rollout = jax.jit(pen.jax_rollout, static_argnums=(0, 1))(actor_def, rcfg, runner["state"][0], runner)
-    return args, cfg, graphdef, runner["state"], rollout
+    _, rollout = jax.jit(partial(pen.jax_rollout, actor_def, rcfg))(runner.state[0], runner)
+    update = pen.make_step_fns(graphdef, actor_def, cfg, rcfg).update  # jax.jit(partial(ppo_update, graphdef, cfg))
+    return args, cfg, graphdef, runner.state, rollout, update
 
 
 def _kl_old_new(pen, graphdef, old_state, new_state, rollout):
     """Mean KL(π_old ‖ π_new) over the rollout's observations (closed form for two Normals)."""
     from flax import nnx
 
-    obs = rollout["obs"].reshape(-1, 3)
+    obs = rollout.obs.reshape(-1, 3)
     p, q = nnx.merge(graphdef, old_state)[0](obs), nnx.merge(graphdef, new_state)[0](obs)
     return float(p.kl_divergence(q).mean())
 
@@ -297,9 +434,10 @@ def _kl_old_new(pen, graphdef, old_state, new_state, rollout):
 def test_ppo_update_on_a_fixed_rollout(pen):
     from flax import nnx
 
-    args, cfg, graphdef, state, rollout = _jax_batch(pen)
-    assert float(rollout["truncated"][-1].min()) == 1.0 and float(rollout["truncated"][:-1].max()) == 0.0
-    new_state, stats = pen.ppo_update(graphdef, cfg, state, rollout, jax.random.key(0))
+    args, cfg, graphdef, state, rollout, update = _jax_batch(pen)
+    assert isinstance(rollout, pen.Rollout) and rollout.obs.shape == (200, 4, 3) and rollout.logp.shape == (200, 4)
+    assert float(rollout.truncated[-1].min()) == 1.0 and float(rollout.truncated[:-1].max()) == 0.0
+    new_state, stats = update(state, rollout, jax.random.key(0))
     assert set(stats) == {"pg_loss", "v_loss", "entropy", "approx_kl", "clip_frac", "explained_var"}
     assert all(np.shape(v) == () and np.isfinite(v) for v in stats.values())
     assert float(stats["approx_kl"]) > 0 and float(stats["clip_frac"]) > 0  # later epochs left π_old behind
@@ -307,19 +445,20 @@ def test_ppo_update_on_a_fixed_rollout(pen):
     # The critic's targets are GAE(λ) returns from V(true next obs) with truncation kept apart:
     # explained_var is reported against them, so recompute them here from the PRE-update critic.
     _, critic, _, _ = nnx.merge(graphdef, state)
-    values, next_values = critic(rollout["obs"]), critic(rollout["next_obs"])
-    adv, returns = pen.compute_gae(rollout["rewards"], values, next_values, rollout["terminated"],
-                                   rollout["truncated"], cfg.gamma, cfg.gae_lambda)
+    values, next_values = critic(rollout.obs), critic(rollout.next_obs)
+    adv, returns = pen.compute_gae(
+        rollout.rewards, values, next_values, rollout.terminated, rollout.truncated, cfg.gamma, cfg.gae_lambda
+    )
     ev = 1.0 - np.var(np.asarray(returns - values)) / np.var(np.asarray(returns))
     assert float(stats["explained_var"]) == pytest.approx(ev, rel=1e-4, abs=1e-5)
     # ... and the update fits V to them: the squared error to these targets falls.
     _, new_critic, _, _ = nnx.merge(graphdef, new_state)
     before = float(jnp.mean((values - returns) ** 2))
-    after = float(jnp.mean((new_critic(rollout["obs"]) - returns) ** 2))
+    after = float(jnp.mean((new_critic(rollout.obs) - returns) ** 2))
     assert after < 0.8 * before, (before, after)
     # The actor moved in the direction of the surrogate: the (unclipped) advantage-weighted ratio rose above 1.
     old_actor, new_actor = nnx.merge(graphdef, state)[0], nnx.merge(graphdef, new_state)[0]
-    obs, act = rollout["obs"].reshape(-1, 3), rollout["actions"].reshape(-1, 1)
+    obs, act = rollout.obs.reshape(-1, 3), rollout.actions.reshape(-1, 1)
     a = np.asarray(adv).reshape(-1)
     a = (a - a.mean()) / a.std()
     ratio = np.exp(np.asarray(new_actor(obs).log_prob(act).sum(-1) - old_actor(obs).log_prob(act).sum(-1)))
@@ -332,8 +471,8 @@ def test_ppo_clip_keeps_the_new_policy_close(pen):
     update with the clip switched off (ε huge). A clip that did nothing would make the two equal."""
     kls = {}
     for eps in (0.2, 1e6):
-        _, cfg, graphdef, state, rollout = _jax_batch(pen, actor_lr=1e-2, clip_eps=eps)
-        new_state, _ = pen.ppo_update(graphdef, cfg, state, rollout, jax.random.key(0))
+        _, cfg, graphdef, state, rollout, update = _jax_batch(pen, actor_learning_rate=1e-2, clip_eps=eps)
+        new_state, _ = update(state, rollout, jax.random.key(0))
         kls[eps] = _kl_old_new(pen, graphdef, state, new_state, rollout)
     assert kls[0.2] < 0.5 * kls[1e6], kls
 
@@ -389,40 +528,42 @@ def test_jax_rollout_autoresets_and_keeps_the_true_final_obs(pen):
     args = pen.Args(backend="jax", num_envs=3, num_steps=400, minibatch_size=100)
     d, cfg, rcfg, graphdef, actor_def = pen.jax_setup(args)
     runner = pen.jax_init(args, d, 0)
-    new_runner, ro = jax.jit(pen.jax_rollout, static_argnums=(0, 1))(actor_def, rcfg, runner["state"][0], runner)
-    obs, nxt, trunc = np.asarray(ro["obs"]), np.asarray(ro["next_obs"]), np.asarray(ro["truncated"])
-    assert trunc[199].all() and trunc[399].all() and trunc.sum() == 6 and np.asarray(ro["terminated"]).sum() == 0
+    new_runner, ro = jax.jit(partial(pen.jax_rollout, actor_def, rcfg))(runner.state[0], runner)
+    obs, nxt, trunc = np.asarray(ro.obs), np.asarray(ro.next_obs), np.asarray(ro.truncated)
+    assert trunc[199].all() and trunc[399].all() and trunc.sum() == 6 and np.asarray(ro.terminated).sum() == 0
     inside = np.ones(400, bool)
     inside[[199, 399]] = False
     np.testing.assert_array_equal(nxt[:-1][inside[:-1]], obs[1:][inside[:-1]])  # continuity inside an episode
     # at the truncation: next_obs follows the dynamics from obs[199] with the torque taken ...
-    u = np.clip(np.asarray(ro["actions"])[199, :, 0], -2, 2)
+    u = np.clip(np.asarray(ro.actions)[199, :, 0], -2, 2)
     th = np.arctan2(obs[199, :, 1], obs[199, :, 0])
     thdot = np.clip(obs[199, :, 2] + (15.0 * np.sin(th) + 3.0 * u) * 0.05, -8, 8)
     np.testing.assert_allclose(nxt[199, :, 2], thdot, atol=1e-4)
     assert not np.allclose(obs[200, :, 2], thdot, atol=1e-2)  # ... while obs[200] is the next episode's reset
-    assert np.abs(obs[200, :, 2]).max() <= 1.0 and int(np.asarray(new_runner["env"].t).max()) == 0
+    assert np.abs(obs[200, :, 2]).max() <= 1.0 and int(np.asarray(new_runner.env.t).max()) == 0
     # the finished episodes' returns are recorded
-    assert np.isfinite(np.asarray(new_runner["last_ret"])).all()
+    assert np.isfinite(np.asarray(new_runner.last_ret)).all()
 
 
 @pytest.mark.unit
 def test_a_seed_in_the_vmap_is_the_same_as_that_seed_alone(pen):
-    args = pen.Args(backend="jax", num_envs=4, num_steps=64, minibatch_size=64, update_epochs=2,
-                    total_timesteps=3 * 256)
+    args = pen.Args(
+        backend="jax", num_envs=4, num_steps=64, minibatch_size=64, update_epochs=2, total_timesteps=3 * 256
+    )
     d, cfg, rcfg, graphdef, actor_def = pen.jax_setup(args)
+    iteration = pen.make_step_fns(graphdef, actor_def, cfg, rcfg).iteration
     stack = lambda rs: jax.tree.map(lambda *x: jnp.stack(x), *rs)  # noqa: E731
     together, alone = stack([pen.jax_init(args, d, s) for s in (5, 6, 7)]), stack([pen.jax_init(args, d, 6)])
     for _ in range(3):
-        together, _ = pen.jax_iteration(graphdef, actor_def, cfg, rcfg, together)
-        alone, _ = pen.jax_iteration(graphdef, actor_def, cfg, rcfg, alone)
+        together, _ = iteration(together)
+        alone, _ = iteration(alone)
     from flax import nnx
 
     leaves = lambda st, i: [np.asarray(x)[i] for x in jax.tree.leaves(nnx.state(st, nnx.Param))]  # noqa: E731
-    for a, b in zip(leaves(together["state"], 1), leaves(alone["state"], 0)):
+    for a, b in zip(leaves(together.state, 1), leaves(alone.state, 0)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     # the seeds are not copies of each other
-    assert not np.allclose(leaves(together["state"], 0)[0], leaves(together["state"], 1)[0])
+    assert not np.allclose(leaves(together.state, 0)[0], leaves(together.state, 1)[0])
 
 
 @pytest.mark.smoke
@@ -430,8 +571,22 @@ def test_jax_backend_cli_many_seeds_metrics(tmp_path):
     """Four seeds vmapped and sharded over two CPU devices (seeds 4, 5 on one, 6, 7 on the other); a seed on
     the second device matches that seed trained alone, on one device, up to float rounding."""
     out = tmp_path / "run"
-    p = run_script(SCRIPT, "--backend", "jax", "--num-seeds", "4", "--seed", "4", "--host-devices", "2", *TINY,
-                   "--out", str(out), cwd=tmp_path, timeout=180)
+    p = run_script(
+        SCRIPT,
+        "--backend",
+        "jax",
+        "--num-seeds",
+        "4",
+        "--seed",
+        "4",
+        "--host-devices",
+        "2",
+        *TINY,
+        "--out",
+        str(out),
+        cwd=tmp_path,
+        timeout=180,
+    )
     assert p.returncode == 0, p.stderr
     assert "4 seed(s) vmapped, split across 2 device(s)" in p.stdout
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("update=")]
@@ -444,8 +599,9 @@ def test_jax_backend_cli_many_seeds_metrics(tmp_path):
     assert a["n"] == 4 and a["iqm_ci"][0] <= a["iqm"] <= a["iqm_ci"][1]
     assert a["min"] == pytest.approx(min(m["eval_return_per_seed"]), abs=0.01)
     assert len(m["last_update_per_seed"]["approx_kl"]) == 4
-    q = run_script(SCRIPT, "--backend", "jax", "--seed", "6", *TINY, "--out", str(tmp_path / "alone"),
-                   cwd=tmp_path, timeout=180)
+    q = run_script(
+        SCRIPT, "--backend", "jax", "--seed", "6", *TINY, "--out", str(tmp_path / "alone"), cwd=tmp_path, timeout=180
+    )
     assert q.returncode == 0, q.stderr
     assert "1 seed(s) vmapped, split across 1 device(s)" in q.stdout
     alone = json.loads((tmp_path / "alone" / "metrics.json").read_text())
@@ -456,8 +612,19 @@ def test_jax_backend_cli_many_seeds_metrics(tmp_path):
 @pytest.mark.smoke
 def test_pg_tools_write_their_tables_and_figures(tmp_path):
     """tools/pg_variance.py (tiny: θ at initialisation, 4 batches) and tools/pg_ladder.py on two 2-seed runs."""
-    p = run_script("tools/pg_variance.py", "--checkpoints", "0", "--batches", "4", "--num-envs", "2",
-                   "--out", str(tmp_path / "var"), cwd=tmp_path, timeout=300)
+    p = run_script(
+        "tools/pg_variance.py",
+        "--checkpoints",
+        "0",
+        "--batches",
+        "4",
+        "--num-envs",
+        "2",
+        "--out",
+        str(tmp_path / "var"),
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     res = json.loads((tmp_path / "var" / "pg_variance.json").read_text())["results"][0]
     assert res["batches"] == 4 and len(res["rows"]) == 3
@@ -465,13 +632,41 @@ def test_pg_tools_write_their_tables_and_figures(tmp_path):
         assert row["total_variance"] > 0 and row["total_variance_ci"][0] <= row["total_variance_ci"][1]
     assert (tmp_path / "var" / "pg_variance.png").stat().st_size > 0
     for algo in ("reinforce", "ppo"):
-        q = run_script(SCRIPT, "--backend", "jax", "--num-seeds", "2", "--algo", algo, "--num-envs", "2",
-                       "--num-steps", "200", "--minibatch-size", "100", "--update-epochs", "1",
-                       "--total-timesteps", "400", "--eval-episodes", "2", "--out", str(tmp_path / algo),
-                       cwd=tmp_path, timeout=300)
+        q = run_script(
+            SCRIPT,
+            "--backend",
+            "jax",
+            "--num-seeds",
+            "2",
+            "--algo",
+            algo,
+            "--num-envs",
+            "2",
+            "--num-steps",
+            "200",
+            "--minibatch-size",
+            "100",
+            "--update-epochs",
+            "1",
+            "--total-timesteps",
+            "400",
+            "--eval-episodes",
+            "2",
+            "--out",
+            str(tmp_path / algo),
+            cwd=tmp_path,
+            timeout=300,
+        )
         assert q.returncode == 0, q.stderr
-    r = run_script("tools/pg_ladder.py", str(tmp_path / "ppo"), str(tmp_path / "reinforce"),
-                   "--out", str(tmp_path / "ladder"), cwd=tmp_path, timeout=120)
+    r = run_script(
+        "tools/pg_ladder.py",
+        str(tmp_path / "ppo"),
+        str(tmp_path / "reinforce"),
+        "--out",
+        str(tmp_path / "ladder"),
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     rows = (tmp_path / "ladder" / "ladder.md").read_text().splitlines()[2:]
     assert [row.split("|")[1].strip() for row in rows] == ["`reinforce`", "`ppo`"]  # ladder order, not argv order
@@ -502,19 +697,24 @@ def test_reinforce_loss_and_its_gradient_hand_computed(pen):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("algo, actor_steps, critic_steps", [
-    ("reinforce", 1, 0), ("reinforce-baseline", 1, 80), ("a2c", 8, 80), ("ppo", 80, 80)])
+@pytest.mark.parametrize(
+    "algo, actor_steps, critic_steps",
+    [("reinforce", 1, 0), ("reinforce-baseline", 1, 80), ("a2c", 8, 80), ("ppo", 80, 80)],
+)
 def test_ladder_rungs_take_the_right_steps(pen, algo, actor_steps, critic_steps):
     """Each rung's Adam step counts on a 4 × 200 rollout (8 minibatches of 100, 10 epochs)."""
     from flax import nnx
 
-    _, cfg, graphdef, state, rollout = _jax_batch(pen, algo=algo)
-    new_state, stats = pen.ppo_update(graphdef, cfg, state, rollout, jax.random.key(0))
+    _, cfg, graphdef, state, rollout, update = _jax_batch(pen, algo=algo)
+    new_state, stats = update(state, rollout, jax.random.key(0))
     actor, critic, actor_opt, critic_opt = nnx.merge(graphdef, new_state)
     assert (int(actor_opt.step[...]), int(critic_opt.step[...])) == (actor_steps, critic_steps)
-    moved = lambda i: any(not np.allclose(a, b) for a, b in zip(  # noqa: E731
-        jax.tree.leaves(nnx.state(nnx.merge(graphdef, state)[i], nnx.Param)),
-        jax.tree.leaves(nnx.state(nnx.merge(graphdef, new_state)[i], nnx.Param))))
+
+    def moved(i: int) -> bool:  # did network i (0 actor, 1 critic) change?
+        before = jax.tree.leaves(nnx.state(nnx.merge(graphdef, state)[i], nnx.Param))
+        after = jax.tree.leaves(nnx.state(nnx.merge(graphdef, new_state)[i], nnx.Param))
+        return any(not np.allclose(a, b) for a, b in zip(before, after))
+
     assert moved(0) and moved(1) == (algo != "reinforce")
     assert np.isnan(float(stats["v_loss"])) == (algo == "reinforce")
 
@@ -526,23 +726,26 @@ def test_reinforce_step_follows_the_monte_carlo_gradient(pen, algo):
     Ψ = G_t (or G_t − V(s_t)) computed here by hand: Adam's first step is −lr·g/(|g| + ε) ≈ −lr·sign(g)."""
     from flax import nnx
 
-    args, cfg, graphdef, state, rollout = _jax_batch(pen, algo=algo)
-    new_state, _ = pen.ppo_update(graphdef, cfg, state, rollout, jax.random.key(0))
+    args, cfg, graphdef, state, rollout, update = _jax_batch(pen, algo=algo)
+    new_state, _ = update(state, rollout, jax.random.key(0))
     actor, critic, _, _ = nnx.merge(graphdef, state)
-    r = np.asarray(rollout["rewards"])
+    r = np.asarray(rollout.rewards)
     g = np.zeros_like(r)
     for t in reversed(range(r.shape[0])):  # whole 200-step episodes: the return restarts at every truncation
-        g[t] = r[t] + (cfg.gamma * g[t + 1] if t + 1 < r.shape[0] and not rollout["truncated"][t, 0] else 0.0)
-    psi = g - np.asarray(critic(rollout["obs"])) if algo == "reinforce-baseline" else g
-    obs, act = rollout["obs"].reshape(-1, 3), rollout["actions"].reshape(-1, 1)
+        g[t] = r[t] + (cfg.gamma * g[t + 1] if t + 1 < r.shape[0] and not rollout.truncated[t, 0] else 0.0)
+    psi = g - np.asarray(critic(rollout.obs)) if algo == "reinforce-baseline" else g
+    obs, act = rollout.obs.reshape(-1, 3), rollout.actions.reshape(-1, 1)
     grads = nnx.grad(lambda a: pen.reinforce_loss(a(obs).log_prob(act).sum(-1), jnp.asarray(psi.reshape(-1))))(actor)
     new_actor = nnx.merge(graphdef, new_state)[0]
-    for gr, old, new in zip(jax.tree.leaves(nnx.state(grads, nnx.Param)),
-                            jax.tree.leaves(nnx.state(actor, nnx.Param)), jax.tree.leaves(nnx.state(new_actor, nnx.Param))):
+    for gr, old, new in zip(
+        jax.tree.leaves(nnx.state(grads, nnx.Param)),
+        jax.tree.leaves(nnx.state(actor, nnx.Param)),
+        jax.tree.leaves(nnx.state(new_actor, nnx.Param)),
+    ):
         gr, step = np.asarray(gr).ravel(), (np.asarray(new) - np.asarray(old)).ravel()
         big = np.abs(gr) > 1e-3 * np.abs(gr).max()
         np.testing.assert_array_equal(np.sign(step[big]), -np.sign(gr[big]))
-        assert np.abs(step).max() <= args.actor_lr * 1.001  # one Adam step, not several
+        assert np.abs(step).max() <= args.actor_learning_rate * 1.001  # one Adam step, not several
 
 
 # ---------------------------------------------------------------------------------------------- learning

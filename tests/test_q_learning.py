@@ -1,11 +1,12 @@
 """Module 1: tabular Q-learning (1_Q_Learning/Q_Learning.py).
 
 unit:     the TD update, the ε schedule, value iteration and finite-horizon evaluation against hand-computed
-          numbers; bad settings exit with one line.
+          numbers; the training loop's typed records; bad settings raise InputError, and main turns it into one line.
 smoke:    the CLI in a subprocess, on the grid and on FrozenLake, writes metrics.json and the PNG.
 learning: the default grid run is optimal on seeds 0–4 in well under a second of training; slippery
           FrozenLake lands within 0.02 of the best success rate reachable in 100 steps.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,6 +21,7 @@ ql = load_script(SCRIPT)
 
 # ------------------------------------------------------------------------------------------------
 # unit
+
 
 def three_state_mdp():
     """States 0, 1 and the terminal goal 2. Actions: 0 = forward, 1 = the other choice.
@@ -156,14 +158,80 @@ def test_frozenlake_horizon_optimum():
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("bad, message", [
-    (dict(episodes=-5), "--episodes"),
-    (dict(alpha=0.0), "--alpha"),
-    (dict(alpha=1.5), "--alpha"),
-    (dict(gamma=-0.1), "--gamma"),
-    (dict(gamma=1.01), "--gamma"),
-    (dict(env="cliff"), "--env"),
-])
+def test_episodes_to_optimal_is_the_start_of_the_last_optimal_stretch():
+    E = ql.Evaluation
+    evals = [E(10, 0.0, False), E(20, 1.0, True), E(30, 0.5, False), E(40, 1.0, True), E(50, 1.0, True)]
+    assert ql.episodes_to_optimal(evals) == 40  # optimal at 20 too, but it did not stay optimal
+    assert ql.episodes_to_optimal(evals[:2]) == 20
+    assert ql.episodes_to_optimal(evals[:3]) is None  # the last evaluation is not optimal
+    assert ql.episodes_to_optimal([E(5, 1.0, True), E(10, 1.0, True)]) == 5
+    assert ql.episodes_to_optimal([]) is None
+
+
+@pytest.mark.unit
+def test_train_and_evaluate_return_typed_records(capsys):
+    args = ql.Args(episodes=40, evals=4)
+    env = ql.make_env(args)
+    model = ql.env_model(env)
+    reference = ql.solve_reference(model, args)
+    assert (reference.optimal_return, reference.optimal_success) == (95.0, 1.0)
+    assert reference.value_start == reference.v_star[model.start]
+    q, log = ql.train(env, model, reference, args, np.random.default_rng(0))
+    assert q.shape == (16, 4) and isinstance(log, ql.TrainLog)
+    assert len(log.returns) == 40 and log.env_steps >= 40 * 6 and log.train_seconds > 0
+    assert [e.episode for e in log.evals] == [10, 20, 30, 40]
+    assert all(isinstance(e, ql.Evaluation) and 0.0 <= e.success <= 1.0 for e in log.evals)
+    assert capsys.readouterr().out.count("episode=") == 4  # one progress line per evaluation
+    final = ql.evaluate_final(env, model, q, reference, args)
+    assert final.rollouts == 1  # the grid is deterministic
+    assert final.policy.tolist() == ql.greedy_policy(q).tolist()
+    assert final.optimal == log.evals[-1].optimal and final.exact_success == log.evals[-1].success
+    assert (
+        ql.env_name(args) == "grid" and ql.env_name(ql.Args(env="frozenlake", slippery=True)) == "frozenlake-slippery"
+    )
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"episodes": -5}, "--episodes"),
+        ({"alpha": 0.0}, "--alpha"),
+        ({"alpha": 1.5}, "--alpha"),
+        ({"gamma": -0.1}, "--gamma"),
+        ({"gamma": 1.01}, "--gamma"),
+        ({"env": "cliff"}, "--env"),
+        ({"slippery": True}, "--slippery"),
+        ({"evals": 0}, "--evals"),
+    ],
+)
+def test_validate_raises_input_error(bad, message, tmp_path):
+    with pytest.raises(ql.InputError) as exc:
+        ql.validate(ql.Args(out=str(tmp_path), **bad))
+    text = str(exc.value)
+    assert message in text and not text.startswith("error:") and "\n" not in text
+
+
+@pytest.mark.unit
+def test_validate_rejects_an_unwritable_output_folder(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ql.InputError, match="--out .* is not a writable folder"):
+        ql.validate(ql.Args(out=str(blocker / "run")))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"episodes": -5}, "--episodes"),
+        ({"alpha": 0.0}, "--alpha"),
+        ({"alpha": 1.5}, "--alpha"),
+        ({"gamma": -0.1}, "--gamma"),
+        ({"gamma": 1.01}, "--gamma"),
+        ({"env": "cliff"}, "--env"),
+    ],
+)
 def test_bad_settings_exit_with_one_line(bad, message, tmp_path):
     with pytest.raises(SystemExit) as exc:
         ql.main(ql.Args(out=str(tmp_path), **bad))
@@ -175,6 +243,7 @@ def test_bad_settings_exit_with_one_line(bad, message, tmp_path):
 # ------------------------------------------------------------------------------------------------
 # smoke
 
+
 @pytest.mark.smoke
 def test_cli_grid_writes_metrics_and_curve(tmp_path):
     out = tmp_path / "run"
@@ -182,8 +251,15 @@ def test_cli_grid_writes_metrics_and_curve(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("episode=") == 4 and "summary:" in proc.stdout
     metrics = json.loads((out / "metrics.json").read_text())
-    for key in ("greedy_return", "optimal_return", "greedy_success_rate", "optimal_success_rate",
-                "policy_is_optimal", "episodes_to_optimal", "train_seconds"):
+    for key in (
+        "greedy_return",
+        "optimal_return",
+        "greedy_success_rate",
+        "optimal_success_rate",
+        "policy_is_optimal",
+        "episodes_to_optimal",
+        "train_seconds",
+    ):
         assert key in metrics
     assert metrics["optimal_return"] == 95.0 and metrics["args"]["episodes"] == 40
     assert (out / "learning_curve.png").stat().st_size > 10_000
@@ -191,8 +267,20 @@ def test_cli_grid_writes_metrics_and_curve(tmp_path):
 
 @pytest.mark.smoke
 def test_cli_frozenlake_runs(tmp_path):
-    proc = run_script(SCRIPT, "--env", "frozenlake", "--slippery", "--episodes", "50", "--eval-episodes", "200",
-                      "--out", str(tmp_path), cwd=tmp_path, timeout=60)
+    proc = run_script(
+        SCRIPT,
+        "--env",
+        "frozenlake",
+        "--slippery",
+        "--episodes",
+        "50",
+        "--eval-episodes",
+        "200",
+        "--out",
+        str(tmp_path),
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["env"] == "frozenlake-slippery" and metrics["eval_episodes"] == 200
@@ -201,9 +289,16 @@ def test_cli_frozenlake_runs(tmp_path):
 
 
 @pytest.mark.smoke
-@pytest.mark.parametrize("argv", [
-    ["--episodes", "-1"], ["--alpha", "2"], ["--gamma", "1.5"], ["--env", "cliff"], ["--episodes", "ten"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--episodes", "-1"],
+        ["--alpha", "2"],
+        ["--gamma", "1.5"],
+        ["--env", "cliff"],
+        ["--episodes", "ten"],
+    ],
+)
 def test_cli_bad_input_is_one_line(argv, tmp_path):
     proc = run_script(SCRIPT, *argv, "--out", str(tmp_path), cwd=tmp_path, timeout=60)
     assert proc.returncode != 0
@@ -213,6 +308,7 @@ def test_cli_bad_input_is_one_line(argv, tmp_path):
 
 # ------------------------------------------------------------------------------------------------
 # learning
+
 
 @pytest.mark.learning
 def test_default_grid_is_optimal_on_seeds_0_to_4(tmp_path):
@@ -239,4 +335,3 @@ def test_slippery_frozenlake_reaches_the_100_step_optimum(tmp_path):
     assert 0.74 < m["optimal_success_rate"] < 0.75
     assert abs(m["optimal_success_rate"] - m["greedy_success_rate"]) <= 0.02  # 10,000 rollouts in the real env
     assert abs(m["optimal_success_rate"] - m["greedy_success_rate_exact"]) <= 0.02
-

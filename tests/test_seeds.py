@@ -1,4 +1,5 @@
 """tools/seeds.py: the seed parser and statistics against hand-computed numbers, and the CLI on tiny runs."""
+
 from __future__ import annotations
 
 import json
@@ -7,24 +8,31 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import REPO, load_script
 
 seeds = load_script("tools/seeds.py")
 
 
 def run_tool(*args: str, cwd=REPO, timeout: float = 300):
-    return subprocess.run([sys.executable, str(REPO / "tools/seeds.py"), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(REPO / "tools/seeds.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 # ----------------------------------------------------------------------------- unit
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("text, expected", [
-    ("0-4", [0, 1, 2, 3, 4]), ("3", [3]), ("0,5,7-9", [0, 5, 7, 8, 9]), (" 2 - 3 ", [2, 3]), ("10-10", [10]),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("0-4", [0, 1, 2, 3, 4]),
+        ("3", [3]),
+        ("0,5,7-9", [0, 5, 7, 8, 9]),
+        (" 2 - 3 ", [2, 3]),
+        ("10-10", [10]),
+    ],
+)
 def test_parse_seeds(text, expected):
     assert seeds.parse_seeds(text) == expected
 
@@ -58,8 +66,11 @@ def test_iqm_ci_brackets_the_iqm_and_is_reproducible():
 
 @pytest.mark.unit
 def test_summary_counts_the_bar_and_takes_the_median_time():
-    s = seeds.summarise({0: 500.0, 1: 474.9, 2: 475.0, 3: 120.0}, {0: 7.0, 1: 9.0, 2: 8.0, 3: 100.0},
-                        seeds.Headline("eval_return_mean", 475.0))
+    s = seeds.summarise(
+        {0: 500.0, 1: 474.9, 2: 475.0, 3: 120.0},
+        {0: 7.0, 1: 9.0, 2: 8.0, 3: 100.0},
+        seeds.Headline("eval_return_mean", 475.0),
+    )
     assert s["solved"] == 2  # 500 and 475 reach the bar; 474.9 does not
     assert s["mean"] == pytest.approx((500 + 474.9 + 475 + 120) / 4)
     assert s["median"] == pytest.approx((474.9 + 475) / 2)
@@ -85,8 +96,20 @@ def test_known_headlines():
 
 @pytest.mark.smoke
 def test_sweep_runs_each_seed_and_writes_the_table(tmp_path):
-    r = run_tool("1_Q_Learning/Q_Learning.py", "--seeds", "0-2", "--out", str(tmp_path), "--metric", "greedy_return",
-                 "--bar", "95", "--", "--episodes", "3")
+    r = run_tool(
+        "1_Q_Learning/Q_Learning.py",
+        "--seeds",
+        "0-2",
+        "--out",
+        str(tmp_path),
+        "--metric",
+        "greedy_return",
+        "--bar",
+        "95",
+        "--",
+        "--episodes",
+        "3",
+    )
     assert r.returncode == 0, r.stderr
     folder = tmp_path / "q_learning" / "episodes_3_seeds-0-2"
     summary = json.loads((folder / "summary.json").read_text())
@@ -105,14 +128,20 @@ def test_sweep_runs_each_seed_and_writes_the_table(tmp_path):
 
 
 @pytest.mark.smoke
-@pytest.mark.parametrize("argv, message", [
-    (["no/such_script.py", "--seeds", "0-2"], "no such script"),
-    (["1_Q_Learning/Q_Learning.py", "--seeds", "4-2"], "empty range"),
-    (["1_Q_Learning/Q_Learning.py", "--seeds", "x"], "cannot read"),
-    (["1_Q_Learning/Q_Learning.py"], "--seeds"),
-    (["1_Q_Learning/Q_Learning.py", "--seeds", "0", "--", "--seed", "3"], "set by the sweep"),
-    (["1_Q_Learning/Q_Learning.py", "--seeds", "0", "--metric", "no_such_key", "--", "--episodes", "2"], "no_such_key"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["no/such_script.py", "--seeds", "0-2"], "no such script"),
+        (["1_Q_Learning/Q_Learning.py", "--seeds", "4-2"], "empty range"),
+        (["1_Q_Learning/Q_Learning.py", "--seeds", "x"], "cannot read"),
+        (["1_Q_Learning/Q_Learning.py"], "--seeds"),
+        (["1_Q_Learning/Q_Learning.py", "--seeds", "0", "--", "--seed", "3"], "set by the sweep"),
+        (
+            ["1_Q_Learning/Q_Learning.py", "--seeds", "0", "--metric", "no_such_key", "--", "--episodes", "2"],
+            "no_such_key",
+        ),
+    ],
+)
 def test_bad_input_is_one_line(argv, message, tmp_path):
     r = run_tool("--out", str(tmp_path), *argv, cwd=REPO)
     assert r.returncode != 0

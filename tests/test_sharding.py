@@ -1,16 +1,17 @@
 """Tests for 5_Sharding_Mesh/sharding_mesh.py: rule resolution, byte counts, the CLI on faked 8- and 4-device hosts."""
+
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
-
 from conftest import REPO, load_script, run_script
 
 SCRIPT = "5_Sharding_Mesh/sharding_mesh.py"
@@ -30,16 +31,36 @@ WEIGHT_AXES = {
 
 # Hand-written expected PartitionSpecs for named weights (and the batch) under every rule set.
 EXPECTED = {
-    "dp": {"mlp_in/kernel": (None, None), "token_embed/embedding": (None, None), "attn_norm/scale": (None,),
-           "batch": ("data", None)},
-    "tp": {"mlp_in/kernel": (None, "model"), "mlp_out/kernel": ("model", None),
-           "token_embed/embedding": ("model", None), "attn_out/kernel": ("model", None, None),
-           "query/kernel": (None, "model", None), "attn_norm/scale": (None,), "batch": (None, None)},
-    "dp_tp": {"mlp_in/kernel": (None, "model"), "unembed/kernel": (None, "model"), "pos_embed": (None, None),
-              "batch": ("data", None)},
-    "fsdp": {"mlp_in/kernel": ("data", "model"), "mlp_out/kernel": ("model", "data"),
-             "token_embed/embedding": ("model", "data"), "query/kernel": ("data", "model", None),
-             "pos_embed": (None, "data"), "attn_norm/scale": (None,), "batch": ("data", None)},
+    "dp": {
+        "mlp_in/kernel": (None, None),
+        "token_embed/embedding": (None, None),
+        "attn_norm/scale": (None,),
+        "batch": ("data", None),
+    },
+    "tp": {
+        "mlp_in/kernel": (None, "model"),
+        "mlp_out/kernel": ("model", None),
+        "token_embed/embedding": ("model", None),
+        "attn_out/kernel": ("model", None, None),
+        "query/kernel": (None, "model", None),
+        "attn_norm/scale": (None,),
+        "batch": (None, None),
+    },
+    "dp_tp": {
+        "mlp_in/kernel": (None, "model"),
+        "unembed/kernel": (None, "model"),
+        "pos_embed": (None, None),
+        "batch": ("data", None),
+    },
+    "fsdp": {
+        "mlp_in/kernel": ("data", "model"),
+        "mlp_out/kernel": ("model", "data"),
+        "token_embed/embedding": ("model", "data"),
+        "query/kernel": ("data", "model", None),
+        "pos_embed": (None, "data"),
+        "attn_norm/scale": (None,),
+        "batch": ("data", None),
+    },
 }
 
 
@@ -48,6 +69,7 @@ def _axes(name):
 
 
 # ---------------------------------------------------------------- unit: rule resolution
+
 
 @pytest.mark.unit
 @pytest.mark.parametrize("rule_set", list(EXPECTED))
@@ -76,9 +98,13 @@ def test_resolution_order_fallback_and_unmentioned_names():
 @pytest.mark.unit
 def test_resolver_agrees_with_flax_linen():
     import flax.linen as nn
+
     cases = [*WEIGHT_AXES.values(), ("batch", "length"), ("embed", "heads", "kv"), ("norm",)]
-    extra = [(("mlp", "model"), ("embed", "model"), ("embed", "data")), (("batch", ("data", "model")),),
-             (("embed", None), ("embed", "data"), ("mlp", "data"))]
+    extra = [
+        (("mlp", "model"), ("embed", "model"), ("embed", "data")),
+        (("batch", ("data", "model")),),
+        (("embed", None), ("embed", "data"), ("mlp", "data")),
+    ]
     for rules in [*sm.RULE_SETS.values(), *extra]:
         for axes in cases:
             assert tuple(nn.logical_to_mesh_axes(axes, rules)) == sm.logical_to_mesh_axes(axes, rules), (rules, axes)
@@ -89,6 +115,7 @@ def test_nnx_eager_sharding_needs_every_logical_name_in_the_rules():
     """Flax NNX 0.12.8's own path passes an unmentioned name through unchanged, so it must be listed (→ None)."""
     import jax
     from flax import nnx
+
     mesh = sm.make_mesh((1, 1), jax.devices()[:1])
     init = nnx.with_partitioning(nnx.initializers.normal(0.02), ("embed", "mlp"))
     with jax.set_mesh(mesh), nnx.logical_axis_rules(sm.RULE_SETS["tp"]):
@@ -97,11 +124,12 @@ def test_nnx_eager_sharding_needs_every_logical_name_in_the_rules():
     completed = (*sm.RULE_SETS["tp"], ("embed", None))
     with jax.set_mesh(mesh), nnx.logical_axis_rules(completed):
         layer = nnx.Linear(8, 16, use_bias=False, kernel_init=init, rngs=nnx.Rngs(0))
-        nnx_spec = tuple(nnx.get_partition_spec(nnx.state(layer))["kernel"].get_value())
+        nnx_spec = tuple(nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(layer)))["kernel"])
     assert nnx_spec == sm.logical_to_mesh_axes(("embed", "mlp"), sm.RULE_SETS["tp"]) == (None, "model")
 
 
 # ---------------------------------------------------------------- unit: bytes
+
 
 @pytest.mark.unit
 def test_shard_shape_and_analytic_bytes():
@@ -118,56 +146,133 @@ def test_shard_shape_and_analytic_bytes():
 def test_8b_example_arithmetic():
     n = sum(math.prod(shape) * k for _, shape, _, k in sm.LLAMA_8B)
     assert n == 8_030_261_248
-    norms = 4096 * (2 * 32 + 1)                     # replicated under every rule set
+    norms = 4096 * (2 * 32 + 1)  # replicated under every rule set
     sizes = {"data": 4, "model": 2}
     dp = sm.big_model_memory(sm.RULE_SETS["dp"], sizes, (2, 2, 4))
-    assert dp["params_gb"] == pytest.approx(n * 2 / 1e9) and dp["adam_gb"] == pytest.approx(n * 4 / 1e9)
-    assert dp["total_gb"] == pytest.approx(64.24, abs=0.01)          # the guide's 16 + 16 + 32 GB
-    tp = sm.big_model_memory(sm.RULE_SETS["tp"], sizes, (2, 2, 4))    # every non-norm weight has vocab/heads/mlp
-    assert tp["total_gb"] == pytest.approx(((n - norms) / 2 + norms) * 8 / 1e9)
+    assert dp.params_gb == pytest.approx(n * 2 / 1e9) and dp.adam_gb == pytest.approx(n * 4 / 1e9)
+    assert dp.total_gb == pytest.approx(64.24, abs=0.01)  # the guide's 16 + 16 + 32 GB
+    tp = sm.big_model_memory(sm.RULE_SETS["tp"], sizes, (2, 2, 4))  # every non-norm weight has vocab/heads/mlp
+    assert tp.total_gb == pytest.approx(((n - norms) / 2 + norms) * 8 / 1e9)
     fsdp = sm.big_model_memory(sm.RULE_SETS["fsdp"], sizes, (2, 2, 4))
-    assert fsdp["total_gb"] == pytest.approx(((n - norms) / 8 + norms) * 8 / 1e9)
+    assert fsdp.total_gb == pytest.approx(((n - norms) / 8 + norms) * 8 / 1e9)
     # fp32 weights, grads and Adam: plain data parallelism no longer fits an 80 GB chip, tensor parallelism does
-    assert sm.big_model_memory(sm.RULE_SETS["dp"], sizes, (4, 4, 8))["total_gb"] == pytest.approx(128.48, abs=0.01)
-    assert sm.big_model_memory(sm.RULE_SETS["tp"], sizes, (4, 4, 8))["total_gb"] < 80
+    assert sm.big_model_memory(sm.RULE_SETS["dp"], sizes, (4, 4, 8)).total_gb == pytest.approx(128.48, abs=0.01)
+    assert sm.big_model_memory(sm.RULE_SETS["tp"], sizes, (4, 4, 8)).total_gb < 80
+
+
+@pytest.mark.unit
+def test_report_8b_flags_what_fits():
+    big = sm.report_8b(80.0)
+    assert list(big) == list(sm.PRECISIONS) and all(list(r) == list(sm.RULE_SETS) for r in big.values())
+    assert big["fp32"]["dp"]["fits"] is False and big["fp32"]["tp"]["fits"] is True
+    assert big["bf16 (guide)"]["dp"]["total_gb"] == pytest.approx(64.24, abs=0.01)
+    assert list(big["fp32"]["fsdp"]) == ["params_gb", "grads_gb", "adam_gb", "total_gb", "fits"]
+
+
+# ---------------------------------------------------------------- unit: shardings of the whole state
+
+
+@pytest.mark.unit
+def test_state_shardings_follow_the_logical_names_for_params_and_adam():
+    """state_shardings reads each Variable's names with nnx.get_partition_spec; Adam's m and v shard like their
+    parameter, Adam's step count (no names) is replicated."""
+    from flax import nnx
+    from jax.sharding import PartitionSpec as P
+
+    config = sm.ModelConfig.from_args(sm.Args())
+    _, abstract = sm.abstract_state(config)
+    mesh = sm.make_mesh((1, 1), jax.devices()[:1])
+    shardings = sm.state_shardings(abstract, mesh, sm.RULE_SETS["fsdp"])
+    pure = nnx.to_pure_dict(shardings)
+    model, opt = pure[0], pure[1]
+    assert model["mlp_in"]["kernel"].spec == P("data", "model")
+    assert model["token_embed"]["embedding"].spec == P("model", "data")
+    assert model["attn_norm"]["scale"].spec == P(None)
+    assert opt["opt_state"][0]["mu"]["mlp_in"]["kernel"].spec == P("data", "model")
+    assert opt["opt_state"][0]["count"].spec == P() and opt["step"].spec == P()
+    assert all(s.mesh == mesh for s in jax.tree.leaves(shardings))
+
+
+@pytest.mark.unit
+def test_configs_are_frozen():
+    import dataclasses
+
+    config = sm.ModelConfig.from_args(sm.Args(vocab=32, seed=3))
+    assert (config.vocab, config.seed, config.embed) == (32, 3, 64)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.vocab = 16
+    assert dataclasses.is_dataclass(sm.StepConfig) and sm.StepConfig.__dataclass_params__.frozen
 
 
 # ---------------------------------------------------------------- unit: mesh and input errors
+
 
 @pytest.mark.unit
 def test_default_mesh_fits_the_device_count():
     args = sm.Args()
     assert [sm.mesh_shape(args, n) for n in (1, 2, 4, 6, 8)] == [(1, 1), (1, 2), (2, 2), (3, 2), (4, 2)]
     assert sm.mesh_shape(sm.Args(mesh="8x1"), 8) == (8, 1)
-    with pytest.raises(SystemExit, match="needs 16 devices"):
+    with pytest.raises(sm.InputError, match="needs 16 devices"):
         sm.mesh_shape(sm.Args(mesh="4x4"), 8)
-    with pytest.raises(SystemExit, match="DATAxMODEL"):
+    with pytest.raises(sm.InputError, match="^--mesh must look like DATAxMODEL"):
         sm.parse_mesh("4by2")
 
 
 @pytest.mark.unit
-def test_bad_flags_exit_with_one_line():
-    for bad in (dict(steps=1), dict(host_devices=-2), dict(mesh="0x2"), dict(tolerance=0.0)):
-        with pytest.raises(SystemExit):
-            sm.validate(sm.Args(**bad))
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(steps=1), "--steps must be >= 2"),
+        (dict(host_devices=-2), "--host-devices must be >= 0"),
+        (dict(mesh="0x2"), "--mesh must look like DATAxMODEL"),
+        (dict(tolerance=0.0), "--learning-rate, --tolerance and --hbm-gb must be > 0"),
+    ],
+)
+def test_bad_flags_raise_input_error(bad, message, tmp_path):
+    with pytest.raises(sm.InputError, match="^" + re.escape(message)) as e:
+        sm.validate(sm.Args(**bad, out=str(tmp_path)))
+    assert not str(e.value).startswith("error:")  # reports_input_errors adds the prefix, once
+
+
+@pytest.mark.unit
+def test_a_dimension_that_does_not_split_is_an_input_error():
+    mesh = sm.make_mesh((1, 1), jax.devices()[:1])
+    sm.check_splits(sm.Args(batch_size=3, vocab=7), list(sm.RULE_SETS), mesh)  # a 1x1 mesh splits nothing
+
+    class Mesh3x2:  # check_splits only reads the mesh's axis sizes
+        shape = {"data": 3, "model": 2}
+
+    with pytest.raises(sm.InputError, match="--batch-size 32 does not split into 3 equal parts, as rule set 'dp'"):
+        sm.check_splits(sm.Args(), ["dp"], Mesh3x2())
+    with pytest.raises(sm.InputError, match="--vocab 63 does not split into 2 equal parts, as rule set 'tp'"):
+        sm.check_splits(sm.Args(vocab=63), ["tp"], Mesh3x2())
 
 
 @pytest.mark.unit
 def test_host_devices_too_late_is_a_clean_error(monkeypatch, tmp_path):
     import jax
-    jax.devices()                                    # this process's JAX has started with its 1 CPU device
-    monkeypatch.setenv("XLA_FLAGS", "")              # start_devices edits XLA_FLAGS; restore it afterwards
+
+    jax.devices()  # this process's JAX has started with its 1 CPU device
+    monkeypatch.setenv("XLA_FLAGS", "")  # start_devices edits XLA_FLAGS; restore it afterwards
     with pytest.raises(SystemExit, match="came too late"):
         sm.main(sm.Args(host_devices=3, out=str(tmp_path)))
 
 
 # ---------------------------------------------------------------- smoke: the CLI on faked devices
 
+
 def _param_values():
     """Parameter count per weight of the default TinyLM, computed here from its shapes."""
     V, E, H, K, F, L = 64, 64, 8, 8, 256, 16
-    return {"token_embed": V * E, "pos_embed": L * E, "norms": 3 * E, "qkv": 3 * E * H * K, "attn_out": H * K * E,
-            "mlp": 2 * E * F, "unembed": E * V}
+    return {
+        "token_embed": V * E,
+        "pos_embed": L * E,
+        "norms": 3 * E,
+        "qkv": 3 * E * H * K,
+        "attn_out": H * K * E,
+        "mlp": 2 * E * F,
+        "unembed": E * V,
+    }
 
 
 @pytest.mark.smoke
@@ -186,25 +291,39 @@ def test_cli_8_devices_every_rule_set(tmp_path):
     # measured bytes per device == analytic, and == the count done here by hand (float32, 4 bytes)
     v = _param_values()
     total = sum(v.values())
-    split_model = total - v["pos_embed"] - v["norms"]                   # every other weight has vocab/heads/mlp
-    per_device_values = {"dp": total, "tp": split_model / 2 + v["pos_embed"] + v["norms"],
-                         "dp_tp": split_model / 2 + v["pos_embed"] + v["norms"],
-                         "fsdp": split_model / 8 + v["pos_embed"] / 4 + v["norms"]}
+    split_model = total - v["pos_embed"] - v["norms"]  # every other weight has vocab/heads/mlp
+    per_device_values = {
+        "dp": total,
+        "tp": split_model / 2 + v["pos_embed"] + v["norms"],
+        "dp_tp": split_model / 2 + v["pos_embed"] + v["norms"],
+        "fsdp": split_model / 8 + v["pos_embed"] / 4 + v["norms"],
+    }
     for rule_set, values in per_device_values.items():
         r = m["rule_sets"][rule_set]
         params = int(values) * 4
         assert r["bytes_per_device"] == r["analytic_bytes_per_device"]
         assert r["bytes_per_device"]["params"] == params == r["bytes_per_device"]["grads"]
-        assert r["bytes_per_device"]["adam"] == 2 * params + 8         # m and v, plus two 4-byte step counters
+        assert r["bytes_per_device"]["adam"] == 2 * params + 8  # m and v, plus two 4-byte step counters
         assert m["bytes_per_device"][rule_set] == 4 * params + 8
-    assert "CPU 0,2,4,6" in res.stdout                                  # visualize_array_sharding under tp
+    assert "CPU 0,2,4,6" in res.stdout  # visualize_array_sharding under tp
     assert (tmp_path / "loss_curve.png").stat().st_size > 0
 
 
 @pytest.mark.smoke
 def test_cli_4_devices_fsdp(tmp_path):
-    res = run_script(SCRIPT, "--host-devices", "4", "--rules", "fsdp", "--steps", "3", "--no-visualize",
-                     "--out", str(tmp_path), cwd=tmp_path)
+    res = run_script(
+        SCRIPT,
+        "--host-devices",
+        "4",
+        "--rules",
+        "fsdp",
+        "--steps",
+        "3",
+        "--no-visualize",
+        "--out",
+        str(tmp_path),
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["devices"] == 4 and m["mesh"] == {"data": 2, "model": 2} and m["rules"] == ["fsdp"]
@@ -216,10 +335,13 @@ def test_cli_4_devices_fsdp(tmp_path):
 
 
 @pytest.mark.smoke
-@pytest.mark.parametrize("flags, message", [
-    (("--host-devices", "4", "--mesh", "4x2"), "needs 8 devices but there are 4"),
-    (("--host-devices", "6", "--mesh", "3x2"), "does not split into 3 equal parts"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (("--host-devices", "4", "--mesh", "4x2"), "needs 8 devices but there are 4"),
+        (("--host-devices", "6", "--mesh", "3x2"), "does not split into 3 equal parts"),
+    ],
+)
 def test_cli_mesh_that_does_not_fit(tmp_path, flags, message):
     res = run_script(SCRIPT, *flags, "--out", str(tmp_path), cwd=tmp_path)
     assert res.returncode != 0
@@ -232,9 +354,26 @@ def test_cli_default_fakes_8_devices_and_a_perturbed_state_fails_the_check(tmp_p
     # No --host-devices on a CPU-only host: 8 faked devices, said in the first line. --perturb adds 0.001 to one
     # sharded weight before the equivalence check, which must then FAIL with a one-line error.
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    res = subprocess.run([sys.executable, str(REPO / SCRIPT), "--rules", "fsdp", "--steps", "3", "--no-visualize",
-                          "--perturb", "0.001", "--out", str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / SCRIPT),
+            "--rules",
+            "fsdp",
+            "--steps",
+            "3",
+            "--no-visualize",
+            "--perturb",
+            "0.001",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     first = res.stdout.splitlines()[0]
     assert "fakes 8 CPU devices" in first, res.stdout[:500]
     assert res.returncode != 0 and "Traceback" not in res.stderr
@@ -246,8 +385,19 @@ def test_cli_default_fakes_8_devices_and_a_perturbed_state_fails_the_check(tmp_p
 
 @pytest.mark.smoke
 def test_cli_one_device_says_nothing_is_sharded(tmp_path):
-    res = run_script(SCRIPT, "--host-devices", "1", "--rules", "dp", "--steps", "3", "--no-visualize",
-                     "--out", str(tmp_path), cwd=tmp_path)
+    res = run_script(
+        SCRIPT,
+        "--host-devices",
+        "1",
+        "--rules",
+        "dp",
+        "--steps",
+        "3",
+        "--no-visualize",
+        "--out",
+        str(tmp_path),
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "n/a (nothing is sharded" in res.stdout and "PASS" not in res.stdout
     assert json.loads((tmp_path / "metrics.json").read_text())["check_passed"] is None
@@ -260,25 +410,51 @@ def test_cli_two_processes_with_distributed(tmp_path):
     import socket
     import subprocess
     import sys
+
     from conftest import REPO
-    with socket.socket() as s:                       # a free port for the coordinator
+
+    with socket.socket() as s:  # a free port for the coordinator
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
-    common = [sys.executable, str(REPO / SCRIPT), "--distributed", "--coordinator-address", f"localhost:{port}",
-              "--num-processes", "2", "--host-devices", "2", "--rules", "fsdp", "--steps", "2", "--no-visualize"]
+    common = [
+        sys.executable,
+        str(REPO / SCRIPT),
+        "--distributed",
+        "--coordinator-address",
+        f"localhost:{port}",
+        "--num-processes",
+        "2",
+        "--host-devices",
+        "2",
+        "--rules",
+        "fsdp",
+        "--steps",
+        "2",
+        "--no-visualize",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    procs = [subprocess.Popen([*common, "--process-id", str(i), "--out", str(tmp_path / f"p{i}")], cwd=tmp_path,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in (1, 0)]
+    procs = [
+        subprocess.Popen(
+            [*common, "--process-id", str(i), "--out", str(tmp_path / f"p{i}")],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in (1, 0)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-1500:] for _, err in outs]
     m = json.loads((tmp_path / "p0" / "metrics.json").read_text())
     assert m["processes"] == 2 and m["devices"] == 4 and m["mesh"] == {"data": 2, "model": 2}
     assert m["check_passed"] and m["max_abs_diff_vs_single_device"] <= 1e-5
     assert m["rule_sets"]["fsdp"]["bytes_match_analytic"]
-    assert not (tmp_path / "p1" / "metrics.json").exists()               # only process 0 writes
+    assert not (tmp_path / "p1" / "metrics.json").exists()  # only process 0 writes
 
 
 # ---------------------------------------------------------------- learning: a short real run
+
 
 @pytest.mark.learning
 def test_training_lowers_the_loss(tmp_path):
@@ -286,7 +462,7 @@ def test_training_lowers_the_loss(tmp_path):
     # equivalence check must say n/a rather than PASS; the sharded checks run in the subprocess tests above.
     m = sm.main(sm.Args(rules="dp", steps=40, visualize=False, host_devices=0, out=str(tmp_path)))
     losses = m["single_device_losses"]
-    assert losses[0] > 3.5                                              # ≈ ln(64) = 4.16 at the start
+    assert losses[0] > 3.5  # ≈ ln(64) = 4.16 at the start
     assert m["rule_sets"]["dp"]["final_loss"] < 0.25 * losses[0]
     assert np.mean(losses[-5:]) < np.mean(losses[:5])
     saved = json.loads((tmp_path / "metrics.json").read_text())

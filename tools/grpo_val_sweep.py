@@ -13,6 +13,7 @@ afterwards, once, with `tools/seeds.py` (see 4_GRPO_MNIST/README.md, "Results").
 
 Writes `<out>/summary.md` (the table for the README, with this command) and `<out>/summary.json`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,25 +26,53 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import seeds  # noqa: E402  (tools/seeds.py, beside this file)
 
 SCRIPT = "4_GRPO_MNIST/grpo_mnist.py"
-GRPO_BASE = ["--objective", "grpo", "--lr", "1e-3", "--group-size", "16", "--inner-steps", "2", "--beta", "0.1"]
+GRPO_BASE = [
+    "--objective",
+    "grpo",
+    "--learning-rate",
+    "1e-3",
+    "--group-size",
+    "16",
+    "--inner-steps",
+    "2",
+    "--beta",
+    "0.1",
+]
 GRPO_STAGE1 = [  # the KL term at the base learning rate, G and μ; [] is the base itself
-    ["--beta", "0"], ["--beta", "0.01"], [], ["--beta", "0.3"], ["--beta", "1"], ["--beta", "3"],
-    ["--kl", "k3"], ["--kl", "k3", "--beta", "0.3"], ["--kl", "k3", "--beta", "1"],
+    ["--beta", "0"],
+    ["--beta", "0.01"],
+    [],
+    ["--beta", "0.3"],
+    ["--beta", "1"],
+    ["--beta", "3"],
+    ["--kl", "k3"],
+    ["--kl", "k3", "--beta", "0.3"],
+    ["--kl", "k3", "--beta", "1"],
 ]
 GRPO_STAGE2 = [  # one knob at a time away from the best configuration of stage 1
-    ["--lr", "3e-4"], ["--lr", "3e-3"], ["--group-size", "8"], ["--group-size", "32"],
-    ["--inner-steps", "1"], ["--inner-steps", "4"],
+    ["--learning-rate", "3e-4"],
+    ["--learning-rate", "3e-3"],
+    ["--group-size", "8"],
+    ["--group-size", "32"],
+    ["--inner-steps", "1"],
+    ["--inner-steps", "4"],
 ]
-SUPERVISED = ([["--objective", "supervised", "--lr", lr, "--batch-size", b]  # the learning rate × the batch size
-               for b in ("32", "64") for lr in ("1e-4", "3e-4", "1e-3", "3e-3", "1e-2")]
-              + [["--objective", "supervised", "--lr", lr, "--batch-size", "128"] for lr in ("1e-3", "3e-3", "1e-2")]
-              + [["--objective", "supervised", "--lr", lr, "--batch-size", "64"] for lr in ("5e-4", "2e-3")])
+SUPERVISED = (
+    [
+        ["--objective", "supervised", "--learning-rate", lr, "--batch-size", b]  # the learning rate × the batch
+        for b in ("32", "64")
+        for lr in ("1e-4", "3e-4", "1e-3", "3e-3", "1e-2")
+    ]  # size, then a few more
+    + [["--objective", "supervised", "--learning-rate", lr, "--batch-size", "128"] for lr in ("1e-3", "3e-3", "1e-2")]
+    + [["--objective", "supervised", "--learning-rate", lr, "--batch-size", "64"] for lr in ("5e-4", "2e-3")]
+)
 BUDGET = len(GRPO_STAGE1) + len(GRPO_STAGE2)
 assert len(SUPERVISED) == BUDGET, "both objectives get the same number of validation runs"
 
 
 def with_moves(base: list[str], moves: list[str]) -> list[str]:
-    """base flags with `moves` overriding the same flags: ['--lr', '1e-3'] + ['--lr', '3e-3'] -> ['--lr', '3e-3']."""
+    """base flags with `moves` overriding the same flags:
+    ['--learning-rate', '1e-3'] + ['--learning-rate', '3e-3'] -> ['--learning-rate', '3e-3']."""
     pairs = dict(zip(base[::2], base[1::2]))
     pairs.update(zip(moves[::2], moves[1::2]))
     return [x for kv in pairs.items() for x in kv]
@@ -62,15 +91,19 @@ def earlier(root: Path, flags: list[str], seeds_text: str) -> dict | None:
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    ours, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    ours, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data-dir", default="", help="folder with the IDX .gz files (default: tensorflow-datasets)")
     p.add_argument("--split-test-set", type=int, default=8000, help="passed to the script (0: train / test)")
     p.add_argument("--seeds", default="0-2", help="seeds of every configuration")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--out", default="runs/grpo_val_sweep", help="folder of the table; runs go under <out>/seeds")
-    p.add_argument("--reuse", action="store_true", help="reuse a configuration's summary.json from an earlier "
-                                                         "sweep with the same command instead of running it again")
+    p.add_argument(
+        "--reuse",
+        action="store_true",
+        help="reuse a configuration's summary.json from an earlier "
+        "sweep with the same command instead of running it again",
+    )
     a = p.parse_args(ours)
     common = ["--epochs", str(a.epochs), "--split-test-set", str(a.split_test_set), *extra]
     if a.data_dir:
@@ -81,25 +114,50 @@ def main(argv: list[str] | None = None) -> dict:
     def run(objective: str, stage: int, grid: list[list[str]]) -> list[str]:
         """Score every configuration of `grid` on validation; return the flags of the best one so far."""
         for flags in grid:
-            argv_seeds = [SCRIPT, "--seeds", a.seeds, "--metric", "val_accuracy", "--out", str(out / "seeds"),
-                          "--", *flags, *common]
+            argv_seeds = [
+                SCRIPT,
+                "--seeds",
+                a.seeds,
+                "--metric",
+                "val_accuracy",
+                "--out",
+                str(out / "seeds"),
+                "--",
+                *flags,
+                *common,
+            ]
             summary = earlier(out / "seeds", flags + common, a.seeds) if a.reuse else None
             summary = summary or seeds.main(argv_seeds)
-            rows.append({"objective": objective, "stage": stage, "flags": flags, "mean": summary["mean"],
-                         "min": summary["min"], "per_seed": summary["per_seed"]})
+            rows.append(
+                {
+                    "objective": objective,
+                    "stage": stage,
+                    "flags": flags,
+                    "mean": summary["mean"],
+                    "min": summary["min"],
+                    "per_seed": summary["per_seed"],
+                }
+            )
         return max((r for r in rows if r["objective"] == objective), key=lambda r: r["mean"])["flags"]
 
     best = run("grpo", 1, [with_moves(GRPO_BASE, m) for m in GRPO_STAGE1])
-    chosen = {"grpo": run("grpo", 2, [with_moves(best, m) for m in GRPO_STAGE2]),
-              "supervised": run("supervised", 1, SUPERVISED)}
+    chosen = {
+        "grpo": run("grpo", 2, [with_moves(best, m) for m in GRPO_STAGE2]),
+        "supervised": run("supervised", 1, SUPERVISED),
+    }
     command = "python tools/grpo_val_sweep.py " + " ".join(map(shlex.quote, argv))
-    lines = [f"`{command}`", "",
-             f"| objective | stage | flags | val accuracy, mean of seeds {a.seeds} | min | chosen |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"`{command}`",
+        "",
+        f"| objective | stage | flags | val accuracy, mean of seeds {a.seeds} | min | chosen |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         mark = "**yes**" if r["flags"] == chosen[r["objective"]] else ""
-        lines.append(f"| {r['objective']} | {r['stage']} | `{' '.join(r['flags'])}` | {r['mean']:.4f} | "
-                     f"{r['min']:.4f} | {mark} |")
+        lines.append(
+            f"| {r['objective']} | {r['stage']} | `{' '.join(r['flags'])}` | {r['mean']:.4f} | "
+            f"{r['min']:.4f} | {mark} |"
+        )
     table = "\n".join(lines) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.md").write_text(table)

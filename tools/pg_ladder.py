@@ -11,6 +11,7 @@ Each run folder holds the metrics.json of one `--num-seeds N` run (its per-seed 
 
 Writes <out>/ladder.md (a table to paste into a README) and <out>/ladder.png (every seed's return per rung).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,18 +39,23 @@ def load(folders):
 
 
 def table(runs) -> str:
-    lines = ["| rung (`--algo`) | env steps per seed | seeds | IQM [95 % CI] | mean | min | max | solved (≥ −200) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| rung (`--algo`) | env steps per seed | seeds | IQM [95 % CI] | mean | min | max | solved (≥ −200) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for m in runs:
         a = m["across_seeds"]
         ci = "[{:.0f}, {:.0f}]".format(*a["iqm_ci"]) if a["iqm_ci"] else ""
-        lines.append(f"| `{m['algo']}` | {m['env_steps']:,} | {a['n']} | {a['iqm']:.0f} {ci} | {a['mean']:.0f} | "
-                     f"{a['min']:.0f} | {a['max']:.0f} | {a['solved']}/{a['n']} |")
+        lines.append(
+            f"| `{m['algo']}` | {m['env_steps']:,} | {a['n']} | {a['iqm']:.0f} {ci} | {a['mean']:.0f} | "
+            f"{a['min']:.0f} | {a['max']:.0f} | {a['solved']}/{a['n']} |"
+        )
     return "\n".join(lines)
 
 
 def plot(path, runs):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -61,8 +67,14 @@ def plot(path, runs):
         for m in (m for m in runs if m["env_steps"] == b):
             x = ORDER.index(m["algo"]) + (j - (len(budgets) - 1) / 2) * width
             y = np.asarray(m["eval_return_per_seed"])
-            ax.scatter(x + rng.uniform(-0.25, 0.25, len(y)) * width, y, s=12, alpha=0.7, color=f"C{j}",
-                       label=f"{b // 1000}k steps per seed" if m["algo"] == runs[0]["algo"] else None)
+            ax.scatter(
+                x + rng.uniform(-0.25, 0.25, len(y)) * width,
+                y,
+                s=12,
+                alpha=0.7,
+                color=f"C{j}",
+                label=f"{b // 1000}k steps per seed" if m["algo"] == runs[0]["algo"] else None,
+            )
             ax.hlines(m["across_seeds"]["iqm"], x - width / 2, x + width / 2, color="k", lw=2)
     ax.axhline(-200, color="gray", ls=":", lw=0.8)
     ax.set_xticks(range(len(ORDER)), ORDER)

@@ -23,6 +23,7 @@ with 95 % percentile-bootstrap intervals (200 resamples of the K batches) for tr
 Writes <out>/pg_variance.json, <out>/pg_variance.md (the table, with this command) and <out>/pg_variance.png.
 The course script is imported by path (like tests/conftest.py); the script itself imports nothing from here.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,11 @@ def load_pendulum():
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--checkpoints", default="0,20000,60000",
-                   help="PPO training steps (per seed, comma-separated) at which θ is frozen and measured")
+    p.add_argument(
+        "--checkpoints",
+        default="0,20000,60000",
+        help="PPO training steps (per seed, comma-separated) at which θ is frozen and measured",
+    )
     p.add_argument("--batches", type=int, default=1024, help="K: independent batches (gradient estimates) per θ")
     p.add_argument("--num-envs", type=int, default=10, help="pendulums per batch; a batch is num_envs × 200 steps")
     p.add_argument("--seed", type=int, default=0, help="seed of the PPO run and of the batches")
@@ -83,19 +87,28 @@ def gradient_estimates(pen, args, graphdef, actor_def, rcfg, state, key, batches
     def one_batch(k, state):
         k_env, k_roll = jax.random.split(k)
         env = jax.vmap(pen.pendulum_reset)(jax.random.split(k_env, rcfg.num_envs))
-        runner = dict(env=env, obs=pen.pendulum_obs(env), key=k_roll, ep_ret=jnp.zeros(rcfg.num_envs),
-                      last_ret=jnp.zeros(rcfg.num_envs))
-        _, ro = pen.jax_rollout(actor_def, rcfg, state[0], runner)  # (200, N): whole episodes
+        runner = pen.Runner(
+            state=state,
+            env=env,
+            obs=pen.pendulum_obs(env),
+            key=k_roll,
+            ep_ret=jnp.zeros(rcfg.num_envs),
+            last_ret=jnp.zeros(rcfg.num_envs),
+        )
+        _, ro = pen.jax_rollout(actor_def, rcfg, state[0], runner)  # a Rollout of (200, N): whole episodes
         actor, critic, _, _ = nnx.merge(graphdef, state)
-        values, next_values = critic(ro["obs"]), critic(ro["next_obs"])
-        done = jnp.maximum(ro["terminated"], ro["truncated"])
-        g = pen.monte_carlo_returns(ro["rewards"], done, args.gamma)
-        gae, _ = pen.compute_gae(ro["rewards"], values, next_values, ro["terminated"], ro["truncated"],
-                                 args.gamma, args.gae_lambda)
-        obs, act = ro["obs"].reshape(-1, 3), ro["actions"].reshape(-1, 1)
+        values, next_values = critic(ro.obs), critic(ro.next_obs)
+        done = jnp.maximum(ro.terminated, ro.truncated)
+        g = pen.monte_carlo_returns(ro.rewards, done, args.gamma)
+        gae, _ = pen.compute_gae(
+            ro.rewards, values, next_values, ro.terminated, ro.truncated, args.gamma, args.gae_lambda
+        )
+        obs, act = ro.obs.reshape(-1, 3), ro.actions.reshape(-1, 1)
         out = []
         for psi in (g, g - values, gae):
-            grads = nnx.grad(lambda a: pen.reinforce_loss(a(obs).log_prob(act).sum(-1), psi.reshape(-1)))(actor)
+            grads = nnx.grad(lambda a, psi=psi: pen.reinforce_loss(a(obs).log_prob(act).sum(-1), psi.reshape(-1)))(
+                actor
+            )
             out.append(jnp.concatenate([x.ravel() for x in jax.tree.leaves(nnx.state(grads, nnx.Param))]))
         return out
 
@@ -129,14 +142,20 @@ def summarise(est: dict, resamples: int = 200) -> dict:
         boot = np.array([snr_stats(g[i]) for i in idx])  # (resamples, 3)
         lo, hi = np.nanpercentile(boot, [2.5, 97.5], axis=0)
         mean = g.mean(0)
-        rows[name] = dict(total_variance=var, mean_sq_norm=signal, snr=snr,
-                          total_variance_ci=[float(lo[0]), float(hi[0])], snr_ci=[float(lo[2]), float(hi[2])],
-                          cos_to_reinforce_mean=float(mean @ ref / (np.linalg.norm(mean) * np.linalg.norm(ref))))
+        rows[name] = dict(
+            total_variance=var,
+            mean_sq_norm=signal,
+            snr=snr,
+            total_variance_ci=[float(lo[0]), float(hi[0])],
+            snr_ci=[float(lo[2]), float(hi[2])],
+            cos_to_reinforce_mean=float(mean @ ref / (np.linalg.norm(mean) * np.linalg.norm(ref))),
+        )
     return rows
 
 
 def plot(path, results):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -152,8 +171,11 @@ def plot(path, results):
         ax.set_yscale("log")
         ax.set_title(title, fontsize=10)
     axes[1].legend(fontsize=8)
-    fig.suptitle(f"Policy-gradient estimates on Pendulum-v1, {results[0]['batches']} batches of "
-                 f"{results[0]['batch_steps']} steps per θ", fontsize=10)
+    fig.suptitle(
+        f"Policy-gradient estimates on Pendulum-v1, {results[0]['batches']} batches of "
+        f"{results[0]['batch_steps']} steps per θ",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -161,48 +183,73 @@ def plot(path, results):
 
 def main(argv=None):
     a = parse(argv)
-    t0 = time.time()
+    t0 = time.perf_counter()
     import jax
     import jax.numpy as jnp
 
     pen = load_pendulum()
     # The PPO run that provides θ: the ladder's batch shape (num_envs × 200 steps), default hyperparameters.
-    args = pen.Args(backend="jax", num_envs=a.num_envs, num_steps=200, minibatch_size=250,
-                    total_timesteps=max(max(a.checkpoint_steps), a.num_envs * 200))
+    args = pen.Args(
+        backend="jax",
+        num_envs=a.num_envs,
+        num_steps=200,
+        minibatch_size=250,
+        total_timesteps=max(max(a.checkpoint_steps), a.num_envs * 200),
+    )
     d, cfg, rcfg, graphdef, actor_def = pen.jax_setup(args)
+    iteration = pen.make_step_fns(graphdef, actor_def, cfg, rcfg).iteration
     runners = jax.tree.map(lambda x: x[None], pen.jax_init(args, d, a.seed))
     done_steps, results = 0, []
     key = jax.random.key(10_000 + a.seed)
     for target in a.checkpoint_steps:
         while done_steps < target:
-            runners, _ = pen.jax_iteration(graphdef, actor_def, cfg, rcfg, runners)
+            runners, _ = iteration(runners)
             done_steps += d.batch_size
-        state = jax.tree.map(lambda x: x[0], runners["state"])
+        state = jax.tree.map(lambda x: x[0], runners.state)
         key, k = jax.random.split(key)
         est = gradient_estimates(pen, args, graphdef, actor_def, rcfg, state, k, a.batches)
-        ret = float(np.asarray(jnp.nanmean(runners["last_ret"])))
-        results.append(dict(train_steps=done_steps, batches=a.batches, batch_steps=a.num_envs * 200,
-                            train_return=None if not np.isfinite(ret) else ret, rows=summarise(est)))
+        ret = float(np.asarray(jnp.nanmean(runners.last_ret)))
+        results.append(
+            dict(
+                train_steps=done_steps,
+                batches=a.batches,
+                batch_steps=a.num_envs * 200,
+                train_return=None if not np.isfinite(ret) else ret,
+                rows=summarise(est),
+            )
+        )
         print(f"θ after {done_steps} steps (latest training return {ret:.0f}):", flush=True)
         for name, r in results[-1]["rows"].items():
-            print(f"  {name:34s} tr Σ={r['total_variance']:.4g}  ‖E ĝ‖²={r['mean_sq_norm']:.4g}  "
-                  f"SNR={r['snr']:.4g}  cos(mean, mean_G)={r['cos_to_reinforce_mean']:.3f}", flush=True)
+            print(
+                f"  {name:34s} tr Σ={r['total_variance']:.4g}  ‖E ĝ‖²={r['mean_sq_norm']:.4g}  "
+                f"SNR={r['snr']:.4g}  cos(mean, mean_G)={r['cos_to_reinforce_mean']:.3f}",
+                flush=True,
+            )
 
-    cmd = "python tools/pg_variance.py " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
-    lines = [f"`{cmd.strip()}`", "",
-             "| θ (PPO steps) | Ψ | total variance tr Σ [95 % CI] | ‖E ĝ‖² | SNR ‖E ĝ‖²/tr Σ [95 % CI] "
-             "| cos(mean, mean of G_t) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    argv = argv if argv is not None else sys.argv[1:]
+    cmd = "python tools/pg_variance.py " + " ".join(shlex.quote(x) for x in argv)
+    lines = [
+        f"`{cmd.strip()}`",
+        "",
+        "| θ (PPO steps) | Ψ | total variance tr Σ [95 % CI] | ‖E ĝ‖² | SNR ‖E ĝ‖²/tr Σ [95 % CI] "
+        "| cos(mean, mean of G_t) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for r in results:
         for name, row in r["rows"].items():
             v, s_ = row["total_variance_ci"], row["snr_ci"]
-            lines.append(f"| {r['train_steps']:,} | {name} | {row['total_variance']:.3g} [{v[0]:.3g}, {v[1]:.3g}] | "
-                         f"{row['mean_sq_norm']:.3g} | {row['snr']:.3g} [{s_[0]:.3g}, {s_[1]:.3g}] | "
-                         f"{row['cos_to_reinforce_mean']:.2f} |")
+            lines.append(
+                f"| {r['train_steps']:,} | {name} | {row['total_variance']:.3g} [{v[0]:.3g}, {v[1]:.3g}] | "
+                f"{row['mean_sq_norm']:.3g} | {row['snr']:.3g} [{s_[0]:.3g}, {s_[1]:.3g}] | "
+                f"{row['cos_to_reinforce_mean']:.2f} |"
+            )
     Path(a.out, "pg_variance.md").write_text("\n".join(lines) + "\n")
     Path(a.out, "pg_variance.json").write_text(json.dumps(dict(command=cmd.strip(), results=results), indent=1))
     plot(os.path.join(a.out, "pg_variance.png"), results)
-    print("\n".join(lines) + f"\n\nwrote {a.out}/pg_variance.{{json,md,png}} in {time.time() - t0:.1f} s", flush=True)
+    print(
+        "\n".join(lines) + f"\n\nwrote {a.out}/pg_variance.{{json,md,png}} in {time.perf_counter() - t0:.1f} s",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

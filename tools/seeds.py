@@ -11,6 +11,7 @@ another, so its wall clock is the whole process (imports and compilation include
 (default `runs/seeds/<script>/<flags>_seeds-<seeds>/`) gets every run's own folder and log, `summary.json`, `summary.md`
 (a table to paste into a README, with the command that made it) and `scores.png`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,9 +84,14 @@ def iqm_ci(x, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
         return None
     if np.all(x == x[0]):  # every resample has the same IQM
         return float(x[0]), float(x[0])
-    res = stats.bootstrap((x,), lambda s, axis: stats.trim_mean(s, 0.25, axis=axis), confidence_level=confidence,
-                          n_resamples=BOOTSTRAP_RESAMPLES, method="percentile",
-                          random_state=np.random.default_rng(BOOTSTRAP_SEED))
+    res = stats.bootstrap(
+        (x,),
+        lambda s, axis: stats.trim_mean(s, 0.25, axis=axis),
+        confidence_level=confidence,
+        n_resamples=BOOTSTRAP_RESAMPLES,
+        method="percentile",
+        random_state=np.random.default_rng(BOOTSTRAP_SEED),
+    )
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
@@ -95,11 +101,17 @@ def summarise(scores: dict[int, float], seconds: dict[int, float], headline: Hea
     ci = iqm_ci(x)
     solved = None if headline.bar is None else int(np.sum(x >= headline.bar))
     return {
-        "metric": headline.metric, "bar": headline.bar, "n": len(x),
+        "metric": headline.metric,
+        "bar": headline.bar,
+        "n": len(x),
         "per_seed": {str(s): v for s, v in scores.items()},
-        "mean": float(x.mean()), "median": float(np.median(x)), "min": float(x.min()), "max": float(x.max()),
+        "mean": float(x.mean()),
+        "median": float(np.median(x)),
+        "min": float(x.min()),
+        "max": float(x.max()),
         "std": float(x.std(ddof=1)) if len(x) > 1 else 0.0,
-        "iqm": iqm(x), "iqm_ci95": list(ci) if ci else None,
+        "iqm": iqm(x),
+        "iqm_ci95": list(ci) if ci else None,
         "solved": solved,
         "seconds_per_seed": {str(s): v for s, v in seconds.items()},
         "median_seconds": float(np.median(list(seconds.values()))),
@@ -164,22 +176,25 @@ def markdown(summary: dict, seeds_text: str, command: str) -> str:
     solved = "–" if bar is None else f"{summary['solved']}/{summary['n']}"
     bar_head = "solved" if bar is None else f"solved (≥ {bar:g})"
     per_seed = " · ".join(f"{s}: {fmt(v, x)}" for s, v in summary["per_seed"].items())
-    return "\n".join([
-        f"`{command}`",
-        "",
-        f"| metric | seeds | mean | median | min | IQM [95 % CI] | {bar_head} | median s/run |",
-        "|---|---|---|---|---|---|---|---|",
-        f"| `{summary['metric']}` | {seeds_text} ({summary['n']}) | {fmt(summary['mean'], x)} | "
-        f"{fmt(summary['median'], x)} | {fmt(summary['min'], x)} | {iqm_cell} | {solved} | "
-        f"{summary['median_seconds']:.1f} |",
-        "",
-        f"Per seed: {per_seed}" + (f" (std over seeds {fmt(summary['std'], x)})" if summary["n"] > 1 else ""),
-        "",
-    ])
+    return "\n".join(
+        [
+            f"`{command}`",
+            "",
+            f"| metric | seeds | mean | median | min | IQM [95 % CI] | {bar_head} | median s/run |",
+            "|---|---|---|---|---|---|---|---|",
+            f"| `{summary['metric']}` | {seeds_text} ({summary['n']}) | {fmt(summary['mean'], x)} | "
+            f"{fmt(summary['median'], x)} | {fmt(summary['min'], x)} | {iqm_cell} | {solved} | "
+            f"{summary['median_seconds']:.1f} |",
+            "",
+            f"Per seed: {per_seed}" + (f" (std over seeds {fmt(summary['std'], x)})" if summary["n"] > 1 else ""),
+            "",
+        ]
+    )
 
 
 def plot(path: Path, summary: dict, title: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -218,14 +233,17 @@ def write_report(folder: Path, summary: dict, seeds_text: str, command: str, tit
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """Our flags before `--`, the script's flags after it."""
-    ours, script_flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    ours, script_flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
 
     class OneLineParser(argparse.ArgumentParser):
         def error(self, message):
             raise SweepError(f"{message} (see --help)")
 
-    p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                      epilog="Flags after -- go to the script, e.g. -- --total-timesteps 20000.")
+    p = OneLineParser(
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Flags after -- go to the script, e.g. -- --total-timesteps 20000.",
+    )
     p.add_argument("script", help="a course script, e.g. 2_Cart_Pole_DQN/cart_pole_dqn.py")
     p.add_argument("--seeds", required=True, help="seeds to run: 0-19, 3, or 0,5,7-9")
     p.add_argument("--metric", default=None, help="metrics.json key to summarise (default: the module's headline)")
@@ -264,10 +282,12 @@ def main(argv: list[str] | None = None) -> dict:
     headline = headline_for(script.resolve(), args.metric, args.bar)
     folder = Path(args.out) / script.stem.lower() / (args.tag or default_tag(flags, args.seeds))
     check_writable(folder)  # before any run
-    command = " ".join(["python", "tools/seeds.py", args.script, "--seeds", args.seeds]
-                       + (["--metric", args.metric] if args.metric else [])
-                       + (["--bar", f"{args.bar:g}"] if args.bar is not None else [])
-                       + (["--", *map(shlex.quote, flags)] if flags else []))
+    command = " ".join(
+        ["python", "tools/seeds.py", args.script, "--seeds", args.seeds]
+        + (["--metric", args.metric] if args.metric else [])
+        + (["--bar", f"{args.bar:g}"] if args.bar is not None else [])
+        + (["--", *map(shlex.quote, flags)] if flags else [])
+    )
     print(f"sweep: {script} seeds={args.seeds} metric={headline.metric} bar={headline.bar} folder={folder}", flush=True)
 
     scores: dict[int, float] = {}

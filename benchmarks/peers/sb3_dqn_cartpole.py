@@ -9,6 +9,7 @@ tools/seeds.py can sweep it (run from the repository root, in the peers' own ven
 
 Hyperparameters: rl-baselines3-zoo, hyperparams/dqn.yml, "CartPole-v1" (marked "Almost Tuned" there).
 """
+
 import argparse
 import json
 import os
@@ -19,9 +20,19 @@ import numpy as np
 import torch
 from stable_baselines3 import DQN
 
-ZOO = dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000, gamma=0.99,
-           target_update_interval=10, train_freq=256, gradient_steps=128, exploration_fraction=0.16,
-           exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]))
+ZOO = dict(
+    learning_rate=2.3e-3,
+    batch_size=64,
+    buffer_size=100_000,
+    learning_starts=1000,
+    gamma=0.99,
+    target_update_interval=10,
+    train_freq=256,
+    gradient_steps=128,
+    exploration_fraction=0.16,
+    exploration_final_eps=0.04,
+    policy_kwargs=dict(net_arch=[256, 256]),
+)
 
 
 def main():
@@ -46,9 +57,14 @@ def main():
         obs, reward, terminated, truncated, _ = envs.step(action)
         returns += reward * alive
         alive &= ~(terminated | truncated)
-    metrics = dict(eval_return_mean=float(returns.mean()), eval_return_std=float(returns.std()),
-                   eval_return_min=float(returns.min()), train_seconds=round(train_seconds, 2),
-                   seed=args.seed, hyperparameters={k: str(v) for k, v in ZOO.items()})
+    metrics = dict(
+        eval_return_mean=float(returns.mean()),
+        eval_return_std=float(returns.std()),
+        eval_return_min=float(returns.min()),
+        train_seconds=round(train_seconds, 2),
+        seed=args.seed,
+        hyperparameters={k: str(v) for k, v in ZOO.items()},
+    )
     with open(os.path.join(args.out, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=2)
     print(f"seed={args.seed} eval_return_mean={metrics['eval_return_mean']:.1f} train_seconds={train_seconds:.1f}")

@@ -9,6 +9,7 @@ the peers' own venv):
 
 Hyperparameters: rl-baselines3-zoo, hyperparams/ppo.yml, "Pendulum-v1" (marked "Tuned" there).
 """
+
 import argparse
 import json
 import os
@@ -20,8 +21,17 @@ import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
 
-ZOO = dict(n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10, ent_coef=0.0, learning_rate=1e-3,
-           clip_range=0.2, use_sde=True, sde_sample_freq=4)
+ZOO = dict(
+    n_steps=1024,
+    gae_lambda=0.95,
+    gamma=0.9,
+    n_epochs=10,
+    ent_coef=0.0,
+    learning_rate=1e-3,
+    clip_range=0.2,
+    use_sde=True,
+    sde_sample_freq=4,
+)
 N_ENVS = 4
 
 
@@ -50,9 +60,14 @@ def main():
             obs, reward, terminated, truncated, _ = e.step(np.clip(action, -2.0, 2.0))
             total, done = total + float(reward), terminated or truncated
         returns.append(total)
-    metrics = dict(eval_return_mean=float(np.mean(returns)), eval_return_std=float(np.std(returns)),
-                   train_seconds=round(train_seconds, 2), seed=args.seed,
-                   hyperparameters={k: str(v) for k, v in ZOO.items()}, n_envs=N_ENVS)
+    metrics = dict(
+        eval_return_mean=float(np.mean(returns)),
+        eval_return_std=float(np.std(returns)),
+        train_seconds=round(train_seconds, 2),
+        seed=args.seed,
+        hyperparameters={k: str(v) for k, v in ZOO.items()},
+        n_envs=N_ENVS,
+    )
     with open(os.path.join(args.out, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=2)
     print(f"seed={args.seed} eval_return_mean={metrics['eval_return_mean']:.1f} train_seconds={train_seconds:.1f}")
