@@ -18,7 +18,7 @@ Either way, every seed's final policy is scored on gymnasium's Pendulum-v1.
     python 3_Pendulum/pendulum.py --preset spec    # the specification's hyperparameters
     python 3_Pendulum/pendulum.py --backend jax --num-seeds 16              # 16 seeds in one vmapped run
     python 3_Pendulum/pendulum.py --backend jax --num-seeds 16 --algo reinforce --num-envs 10 --num-steps 200
-    python 3_Pendulum/pendulum.py --load runs/pendulum/params.npz --video runs/pendulum/episode.gif
+    python 3_Pendulum/pendulum.py --load runs/pendulum/params.npz --video   # -> runs/pendulum/eval/episode.gif
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class Args:
     )
     out: str = flag("runs/pendulum", "folder for metrics.json, the curve PNG and params.npz")
     load: str = flag("", "evaluate the parameters in this .npz instead of training")
-    video: str = flag("", "render one deterministic episode into this .gif")
+    video: bool = flag(False, "also write one deterministic episode of the final policy to <out>/episode.gif")
     compile_cache: str = flag(
         "~/.cache/jax-rl-course",
         "JAX's persistent compilation cache: later runs reuse the compiled XLA programs ('' turns it off)",
@@ -276,24 +276,19 @@ def validate(args: Args) -> None:
         )
     if args.load and not os.path.isfile(args.load):
         raise InputError(f"--load: no such file: {args.load}")
-    if args.video and not args.video.lower().endswith(".gif"):
-        raise InputError(f"--video must end in .gif, got {args.video}")
     defaults = Args()
     if args.preset == "spec" and all(
         getattr(args, k) == getattr(defaults, k) for k, v in SPEC_PRESET.items() if v != getattr(defaults, k)
     ):
         raise InputError("preset 'spec' is applied by parse_args; from Python, use Args(preset='spec', **SPEC_PRESET)")
-    folders = [output_folder(args)] + ([os.path.dirname(os.path.abspath(args.video))] if args.video else [])
-    try:  # the output folder and the video's folder are checked before any work: a run that cannot save does not start
-        for folder in folders:
-            os.makedirs(folder, exist_ok=True)
-            with open(os.path.join(folder, ".write_test"), "w"):
-                pass
-            os.remove(os.path.join(folder, ".write_test"))
+    out = output_folder(args)
+    try:  # checked before any work: a run that cannot save its results does not start
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, ".write_test"), "w"):
+            pass
+        os.remove(os.path.join(out, ".write_test"))
     except OSError as e:
-        raise InputError(
-            f"--out {args.out!r} or --video {args.video!r}: cannot write there ({e.strerror or type(e).__name__})"
-        ) from None
+        raise InputError(f"--out {args.out!r}: cannot write into {out!r} ({e.strerror or type(e).__name__})") from e
 
 
 def output_folder(args: Args) -> str:
@@ -1249,8 +1244,9 @@ def finish(args: Args, metrics: dict, actor: Actor, rms: RunningMeanStd | None, 
         starts = [probe.reset(seed=args.eval_seed + i)[0][0] for i in range(args.eval_episodes)]  # cos θ at t=0
         probe.close()
         metrics["video_seed"] = args.eval_seed + int(np.argmin(starts))  # smallest cos θ
-        metrics["video_return"] = save_video(args.video, actor, rms, metrics["video_seed"])
-        print(f"video: {args.video} (return {metrics['video_return']:.1f})", flush=True)
+        path = os.path.join(output_folder(args), "episode.gif")
+        metrics["video_return"] = save_video(path, actor, rms, metrics["video_seed"])
+        print(f"video: {path} (return {metrics['video_return']:.1f})", flush=True)
     metrics["total_seconds"] = round(time.perf_counter() - t_start, 2)
     with open(os.path.join(output_folder(args), "metrics.json"), "w") as f:
         json.dump(dict(metrics, args=asdict(args), history=history), f, indent=1)

@@ -229,7 +229,7 @@ def test_cli_tiny_run_then_load_round_trip_and_video(tmp_path):
     params = out / "params.npz"
     assert "actor/log_std" in np.load(params, allow_pickle=False).files
 
-    gif = tmp_path / "ep.gif"
+    gif = out / "eval" / "episode.gif"  # a --load run writes into <out>/eval/
     before = (out / "metrics.json").read_bytes()
     q = run_script(
         SCRIPT,
@@ -238,7 +238,6 @@ def test_cli_tiny_run_then_load_round_trip_and_video(tmp_path):
         "--eval-episodes",
         "2",
         "--video",
-        str(gif),
         "--out",
         str(out),
         cwd=tmp_path,
