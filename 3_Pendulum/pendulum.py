@@ -787,7 +787,8 @@ def jax_setup(args: Args):
     """The static half of a --backend jax run: sizes, the two configs, and the graph definitions of
     (actor, critic, actor_opt, critic_opt) and of the actor alone (the same for every seed)."""
     d = derived(args)
-    agent = new_agent(args, d, jax.random.key(0), jax.random.key(0))  # only its structure is used
+    # Only the structure is needed: nnx.eval_shape builds the modules with shapes, not arrays (no computation).
+    agent = nnx.eval_shape(lambda: new_agent(args, d, jax.random.key(0), jax.random.key(0)))
     graphdef, _ = nnx.split(agent)
     return d, ppo_config(args, d), rollout_config(args), graphdef, nnx.split(agent[0])[0]
 
