@@ -191,20 +191,20 @@ def test_train_and_evaluate_return_typed_records(capsys):
     )
 
 
+BAD_SETTINGS = [  # (flags that validate must refuse, a word its one-line message must contain)
+    ({"episodes": -5}, "--episodes"),
+    ({"alpha": 0.0}, "--alpha"),
+    ({"alpha": 1.5}, "--alpha"),
+    ({"gamma": -0.1}, "--gamma"),
+    ({"gamma": 1.01}, "--gamma"),
+    ({"env": "cliff"}, "--env"),
+    ({"slippery": True}, "--slippery"),
+    ({"evals": 0}, "--evals"),
+]
+
+
 @pytest.mark.unit
-@pytest.mark.parametrize(
-    "bad, message",
-    [
-        ({"episodes": -5}, "--episodes"),
-        ({"alpha": 0.0}, "--alpha"),
-        ({"alpha": 1.5}, "--alpha"),
-        ({"gamma": -0.1}, "--gamma"),
-        ({"gamma": 1.01}, "--gamma"),
-        ({"env": "cliff"}, "--env"),
-        ({"slippery": True}, "--slippery"),
-        ({"evals": 0}, "--evals"),
-    ],
-)
+@pytest.mark.parametrize("bad, message", BAD_SETTINGS)
 def test_validate_raises_input_error(bad, message, tmp_path):
     with pytest.raises(ql.InputError) as exc:
         ql.validate(ql.Args(out=str(tmp_path), **bad))
@@ -221,17 +221,7 @@ def test_validate_rejects_an_unwritable_output_folder(tmp_path):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize(
-    "bad, message",
-    [
-        ({"episodes": -5}, "--episodes"),
-        ({"alpha": 0.0}, "--alpha"),
-        ({"alpha": 1.5}, "--alpha"),
-        ({"gamma": -0.1}, "--gamma"),
-        ({"gamma": 1.01}, "--gamma"),
-        ({"env": "cliff"}, "--env"),
-    ],
-)
+@pytest.mark.parametrize("bad, message", BAD_SETTINGS)
 def test_bad_settings_exit_with_one_line(bad, message, tmp_path):
     with pytest.raises(SystemExit) as exc:
         ql.main(ql.Args(out=str(tmp_path), **bad))
