@@ -771,7 +771,7 @@ def use_sequential_xla_scheduler() -> None:
     """Ask XLA's CPU runtime to run a program's operations one after another. By default it runs independent
     operations side by side on its thread pool; the operations of one gradient step here are tiny (64×128
     matrix products), and handing them between threads costs more than it saves: a 128-step training block
-    takes 17 ms instead of 23 ms, with bit-identical numbers (README, "Where the time goes"). XLA reads
+    takes 17 ms instead of 23 ms, with bit-identical numbers (README, "Why it is fast"). XLA reads
     XLA_FLAGS once, when JAX starts its backend, so the command line sets it before anything else."""
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_cpu_enable_concurrency_optimized_scheduler" not in flags:  # a user's own setting wins

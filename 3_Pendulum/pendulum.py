@@ -1148,7 +1148,7 @@ def seed_devices(args: Args) -> list:
     """
     want = args.host_devices
     if want < 0:
-        want = max(k for k in range(1, min(os.cpu_count() or 1, args.num_seeds) + 1) if args.num_seeds % k == 0)
+        want = most_devices(args.num_seeds, os.cpu_count() or 1)
     if want > 0:
         try:
             jax.config.update("jax_num_cpu_devices", want)
@@ -1159,8 +1159,12 @@ def seed_devices(args: Args) -> list:
                     f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line"
                 ) from None
     devices = jax.devices()  # on a GPU or TPU host, the accelerators (the flag only shapes the CPU backend)
-    most = min(len(devices), want) if want > 0 else len(devices)
-    return devices[: max(k for k in range(1, most + 1) if args.num_seeds % k == 0)]
+    return devices[: most_devices(args.num_seeds, min(len(devices), want) if want > 0 else len(devices))]
+
+
+def most_devices(num_seeds: int, at_most: int) -> int:
+    """The largest device count ≤ at_most that divides num_seeds, so that every device gets as many seeds."""
+    return max(k for k in range(1, at_most + 1) if num_seeds % k == 0)
 
 
 def train_jax(args: Args, d: Derived, devices: list) -> tuple[tuple, nnx.State, TrainLog]:

@@ -768,3 +768,9 @@ def test_jax_backend_four_seeds_all_solve(pen, tmp_path):
     m = pen.main(pen.parse_args(["--backend", "jax", "--num-seeds", "4", "--out", str(tmp_path)]))
     assert m["env_steps"] == 100_000 and m["seeds"] == [0, 1, 2, 3]
     assert min(m["eval_return_per_seed"]) >= -200, m["eval_return_per_seed"]
+
+
+@pytest.mark.unit
+def test_most_devices_is_the_largest_count_that_splits_the_seeds_evenly(pen):
+    assert [pen.most_devices(n, 2) for n in (1, 2, 3, 16)] == [1, 2, 1, 2]
+    assert pen.most_devices(12, 8) == 6 and pen.most_devices(7, 8) == 7 and pen.most_devices(16, 1) == 1
