@@ -43,9 +43,6 @@ import optax
 from flax import nnx, traverse_util
 from gymnasium.wrappers.utils import RunningMeanStd
 from gymnasium.wrappers.vector import RecordEpisodeStatistics
-from tensorflow_probability.substrates import jax as tfp
-
-tfd = tfp.distributions
 
 MAX_TORQUE = 2.0  # Pendulum-v1's action space is [-2, 2]
 ENV_ID = "Pendulum-v1"
@@ -387,6 +384,34 @@ def pendulum_step(s: EnvState, u):
 # ----------------------------------------------------------------------------------------------
 # Networks
 # ----------------------------------------------------------------------------------------------
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+class Normal(NamedTuple):
+    """A batch of independent Gaussians N(μ, σ²), the policy's distribution: loc and scale of one shape."""
+
+    loc: jax.Array  # μ, (B, act_dim)
+    scale: jax.Array  # σ > 0, (B, act_dim)
+
+    def sample(self, key) -> jax.Array:
+        """a = μ + σ·z with z ~ N(0, 1), one draw per entry. z is drawn with a leading sample axis of 1, as
+        tensorflow-probability's Normal draws it, so that the compiled act gives tfp's bits (a test checks)."""
+        z = jax.random.normal(key, (1, *self.loc.shape))
+        return (z * self.scale + self.loc)[0]
+
+    def log_prob(self, x) -> jax.Array:
+        """log N(x; μ, σ²) = −½ ((x − μ)/σ)² − log σ − ½ log 2π, elementwise."""
+        return -0.5 * jnp.square(x / self.scale - self.loc / self.scale) - (LOG_SQRT_2PI + jnp.log(self.scale))
+
+    def entropy(self) -> jax.Array:
+        """H = ½ + ½ log 2π + log σ, elementwise."""
+        return 0.5 + (LOG_SQRT_2PI + jnp.log(self.scale))
+
+    def mean(self) -> jax.Array:
+        """μ: the deterministic action of the evaluation and the video."""
+        return self.loc
+
+
 ACTIVATIONS = {"tanh": jnp.tanh, "relu": nnx.relu}
 
 
@@ -418,7 +443,7 @@ class Actor(nnx.Module):
         else:
             self.log_std = nnx.Param(jnp.full((act_dim,), log_std_init, jnp.float32))
 
-    def __call__(self, obs: jax.Array) -> tfd.Normal:  # obs (B, obs_dim) → batch of Normals (B, act_dim)
+    def __call__(self, obs: jax.Array) -> Normal:  # obs (B, obs_dim) → batch of Normals (B, act_dim)
         act = ACTIVATIONS[self.activation]
         h = act(self.fc2(act(self.fc1(obs))))
         loc = MAX_TORQUE * jnp.tanh(self.mu(h))
@@ -426,7 +451,7 @@ class Actor(nnx.Module):
             scale = nnx.softplus(self.sigma_head(h)) + 1e-5  # state-dependent σ(s) > 0
         else:
             scale = jnp.broadcast_to(jnp.exp(self.log_std[...]), loc.shape)  # one σ for all states
-        return tfd.Normal(loc=loc, scale=scale)
+        return Normal(loc, scale)
 
 
 class Critic(nnx.Module):
@@ -556,7 +581,7 @@ def act(graphdef, state, obs, key):
     The env gets clip(a, −2, 2); the update needs log π of the a that was actually drawn."""
     key, k = jax.random.split(key)
     dist = nnx.merge(graphdef, state)(obs)
-    action = dist.sample(seed=k)
+    action = dist.sample(k)
     return action, dist.log_prob(action).sum(-1), key
 
 
@@ -736,7 +761,7 @@ def jax_rollout(actor_def, rcfg: RolloutConfig, actor_state, runner: Runner) -> 
         env, obs, key, ep_ret, last_ret = carry
         key, k_act, k_reset = jax.random.split(key, 3)
         dist = actor(obs)
-        action = dist.sample(seed=k_act)  # (N, 1), unclipped
+        action = dist.sample(k_act)  # (N, 1), unclipped
         logp = dist.log_prob(action).sum(-1)  # (N,)
         env_next, next_obs, r, term, trunc = jax.vmap(pendulum_step)(env, action[:, 0])  # the env clips u
         done = term | trunc

@@ -126,11 +126,57 @@ def test_normal_log_prob_of_the_unclipped_sample_matches_closed_form(pen):
     action, logp = np.asarray(action)[:, 0], np.asarray(logp)
     assert (np.abs(action) > 2).mean() > 0.5  # most samples would have been clipped for the env
     dist = actor(obs)
-    mu, sigma = np.asarray(dist.mean())[:, 0], np.asarray(dist.stddev())[:, 0]
+    mu, sigma = np.asarray(dist.mean())[:, 0], np.asarray(dist.scale)[:, 0]
     np.testing.assert_allclose(sigma, math.exp(2.0), rtol=1e-6)
     assert np.all(np.abs(mu) <= 2.0)
     closed = -0.5 * ((action - mu) / sigma) ** 2 - np.log(sigma) - 0.5 * np.log(2 * np.pi)
     np.testing.assert_allclose(logp, closed, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.unit
+def test_normal_entropy_and_samples_match_the_gaussian(pen):
+    loc, scale = jnp.array([[0.5], [-1.0]]), jnp.array([[0.3], [2.0]])
+    dist = pen.Normal(loc, scale)
+    # H = ½ + ½ log 2π + log σ: 0.5 + 0.918939 + log 0.3 = 0.214966, 0.5 + 0.918939 + log 2 = 2.112086
+    np.testing.assert_allclose(np.asarray(dist.entropy())[:, 0], [0.214966, 2.112086], atol=1e-5)
+    # log N(x; μ, σ²) at x = μ + σ: −½ − log σ − ½ log 2π
+    np.testing.assert_allclose(
+        np.asarray(dist.log_prob(loc + scale))[:, 0],
+        [-0.5 - math.log(0.3) - 0.918939, -0.5 - math.log(2.0) - 0.918939],
+        atol=1e-5,
+    )
+    draws = jax.vmap(lambda k: pen.Normal(jnp.broadcast_to(loc, (2, 1)), scale).sample(k))(
+        jax.random.split(jax.random.key(0), 20_000)
+    )  # (20000, 2, 1)
+    np.testing.assert_allclose(np.asarray(draws.mean(0))[:, 0], [0.5, -1.0], atol=0.04)
+    np.testing.assert_allclose(np.asarray(draws.std(0))[:, 0], [0.3, 2.0], rtol=0.03)
+    assert np.array_equal(dist.sample(jax.random.key(3)), dist.sample(jax.random.key(3)))  # one key, one draw
+
+
+@pytest.mark.unit
+def test_normal_is_bit_identical_to_tensorflow_probability(pen, monkeypatch):
+    """The course's numbers were first measured with tfp's Normal: the compiled act gives the same bits with ours."""
+    from flax import nnx
+    from tensorflow_probability.substrates import jax as tfp
+
+    class TfpNormal(tfp.distributions.Normal):  # tfp's Normal with our sample(key) signature
+        def sample(self, key):
+            return super().sample(seed=key)
+
+    actor = pen.Actor(3, 1, 64, "param", "tanh", 0.0, rngs=nnx.Rngs(0))  # the default actor
+    graphdef, state = nnx.split(actor)
+    obs = jnp.asarray(np.random.default_rng(0).normal(size=(16, 3)), jnp.float32)
+
+    def outputs():  # the sampled action and its log π from the compiled act, then the entropy and the mean
+        action, logp, _ = jax.jit(partial(pen.act, graphdef))(state, obs, jax.random.key(7))
+        dist = jax.jit(lambda o: nnx.merge(graphdef, state)(o))(obs)
+        return action, logp, dist.entropy(), dist.mean()
+
+    ours = outputs()
+    monkeypatch.setattr(pen, "Normal", lambda loc, scale: TfpNormal(loc=loc, scale=scale))
+    theirs = outputs()
+    for x, y in zip(ours, theirs, strict=True):
+        assert np.array_equal(np.asarray(x), np.asarray(y))
 
 
 @pytest.mark.unit
@@ -426,7 +472,9 @@ def _kl_old_new(pen, graphdef, old_state, new_state, rollout):
 
     obs = rollout.obs.reshape(-1, 3)
     p, q = nnx.merge(graphdef, old_state)[0](obs), nnx.merge(graphdef, new_state)[0](obs)
-    return float(p.kl_divergence(q).mean())
+    # KL(N(μp, σp²) ‖ N(μq, σq²)) = log(σq/σp) + (σp² + (μp − μq)²) / (2σq²) − ½
+    kl = jnp.log(q.scale / p.scale) + (p.scale**2 + (p.loc - q.loc) ** 2) / (2 * q.scale**2) - 0.5
+    return float(kl.mean())
 
 
 @pytest.mark.unit
