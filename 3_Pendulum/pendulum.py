@@ -1200,9 +1200,10 @@ def train_jax(args: Args, d: Derived, devices: list) -> tuple[tuple, nnx.State, 
     _, cfg, rcfg, graphdef, actor_def = jax_setup(args)
     iteration = make_step_fns(graphdef, actor_def, cfg, rcfg).iteration
     # Seed s's whole state comes from jax.random.key(s) alone, so that it is the same run alone or in the vmap.
-    runners = jax.tree.map(
-        lambda *x: jnp.stack(x), *[jax_init(args, d, s) for s in range(args.seed, args.seed + args.num_seeds)]
-    )
+    # Compiled, the networks' construction is one XLA program called once per seed; run eagerly, every
+    # jax.random call and orthogonal initialisation would be a small program of its own (README, timing).
+    init = jax.jit(partial(jax_init, args, d))
+    runners = jax.tree.map(lambda *x: jnp.stack(x), *[init(s) for s in range(args.seed, args.seed + args.num_seeds)])
     mesh = jax.sharding.Mesh(np.array(devices), ("seed",), axis_types=(jax.sharding.AxisType.Auto,))
     runners = jax.device_put(runners, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seed")))
     print(
