@@ -29,9 +29,10 @@ import optax
 from flax import nnx
 
 
-def flag(default, help: str, **kw):
-    """A dataclass field that is also a command-line flag."""
-    return field(default=default, metadata={"help": help, **kw})
+def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
+    """A dataclass field that is also a command-line flag. Its bounds travel with it and check_flags tests them:
+    choices (a tuple of allowed values), min / max (inclusive) and gt (strictly greater than)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "min": min, "max": max, "gt": gt})
 
 
 @dataclass
@@ -127,7 +128,35 @@ def parse_args(argv=None) -> Args:
                 help=f.metadata["help"],
                 choices=f.metadata.get("choices"),
             )
-    return Args(**vars(p.parse_args(argv)))
+    args = Args(**vars(p.parse_args(argv)))
+    try:
+        check_flags(args)
+    except InputError as e:
+        p.error(str(e))
+    return args
+
+
+def bounds_text(meta: dict) -> str:
+    """'in (0, 1]', '>= 1', '> 0' … from a flag's min / max / gt ('' if it has none)."""
+    low = ("(", meta["gt"]) if meta["gt"] is not None else ("[", meta["min"]) if meta["min"] is not None else None
+    high = meta["max"]
+    if low and high is not None:
+        return f"in {low[0]}{low[1]}, {high}]"
+    if low:
+        return f"{'>' if low[0] == '(' else '>='} {low[1]}"
+    return f"<= {high}" if high is not None else ""
+
+
+def check_flags(args) -> None:
+    """Raise InputError, one line, for the first flag outside the choices or bounds its flag() declares."""
+    for f in fields(args):
+        value, meta = getattr(args, f.name), f.metadata
+        name = "--" + f.name.replace("_", "-")
+        if meta.get("choices") is not None and value not in meta["choices"]:
+            raise InputError(f"{name} must be one of {', '.join(map(str, meta['choices']))}; got {value!r}")
+        low_ok = (meta.get("gt") is None or value > meta["gt"]) and (meta.get("min") is None or value >= meta["min"])
+        if not (low_ok and (meta.get("max") is None or value <= meta["max"])):
+            raise InputError(f"{name} must be {bounds_text(meta)}, got {value}")
 
 
 def validate(args: Args) -> None:

@@ -62,7 +62,15 @@ def test_deprecations_from_course_code_fail_the_tests():
         _warn_from("some_library")
 
 
-SHARED_BLOCK = ("flag", "InputError", "reports_input_errors", "OneLineParser", "parse_args")
+SHARED_BLOCK = (
+    "flag",
+    "InputError",
+    "reports_input_errors",
+    "OneLineParser",
+    "parse_args",
+    "bounds_text",
+    "check_flags",
+)
 PRESET_LINES = (
     "    first, _ = p.parse_known_args(argv)\n",
     '    if first.preset == "spec":  # the preset changes the defaults; explicit flags are parsed on top\n',
