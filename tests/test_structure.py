@@ -11,7 +11,9 @@ from conftest import REPO
 pytestmark = pytest.mark.unit
 
 SCRIPTS = sorted(str(p.relative_to(REPO)) for p in REPO.glob("[0-9]_*/*.py"))
-LESSON_MAX_LINES = 450  # the lesson part of the longest script (3_Pendulum) fits in about 450 lines
+# The lesson part (docstring to banner): about 450 lines for 3_Pendulum (two backends), fewer for the others.
+LESSON_MAX_LINES = {"3_Pendulum": 480}
+LESSON_MAX_DEFAULT = 450
 # Plumbing: whichever of these a script defines must sit below the banner.
 PLUMBING = {
     "InputError",
@@ -61,7 +63,8 @@ def test_lesson_above_the_banner_plumbing_below(script):
     assert {"main", "parse_args", "check_flags"} <= below, f"{script}: main / parse_args / check_flags above the banner"
     misplaced = (PLUMBING & set(defs)) - below
     assert not misplaced, f"{script}: plumbing above the banner: {sorted(misplaced)}"
-    assert banner <= LESSON_MAX_LINES, f"{script}: the lesson runs {banner} lines (at most {LESSON_MAX_LINES})"
+    limit = LESSON_MAX_LINES.get(script.split("/")[0], LESSON_MAX_DEFAULT)
+    assert banner <= limit, f"{script}: the lesson runs {banner} lines (at most {limit})"
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
