@@ -19,12 +19,16 @@ deliberately broken copy and prove that it fails.
 from __future__ import annotations
 
 import ast
+import io
+import json
 import re
 import shutil
+import tokenize
 from functools import cache
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 pytestmark = pytest.mark.unit
 
@@ -351,6 +355,9 @@ RETIRED_TERMS = {
     "環狀緩衝區": "環形緩衝區 (ring buffer)",
     "重播緩衝區": "回放緩衝區 (replay buffer)",
     "規格書": "原始指南 (the original guide the course was built from)",
+    "課程指南": "原始指南 (the original guide the course was built from)",
+    "建置機器": "（不寫）: learners have no build machine",
+    "議題": "（不寫）: learners have no issue tracker",
     # 截斷 is only truncation by the time limit; clip and clipping are 裁剪
     "截斷比率": "裁剪機率比 (clip the ratio)",
     "比率截斷": "機率比裁剪 (ratio clipping)",
@@ -375,6 +382,8 @@ RETIRED_PATTERNS = [
     (re.compile(r"機率比[^。；]{0,10}截斷|截斷[^。；]{0,4}機率比"), "裁剪 near the ratio (截斷 is only truncation)"),
     (re.compile(r"Adam\W{0,2}(?:的)?(?:兩個)?動量"), "動差 for Adam's moments (動量 is momentum)"),
     (re.compile(r"^\|\s*參數\s*\|\s*預設"), "旗標 as the header of a table of flags"),
+    (re.compile(r"(?<!裝置)網格(?!世界)"), "網格世界 (grid world) or 裝置網格 (device mesh), never bare 網格"),
+    (re.compile(r"(?<!原始)指南"), "原始指南 (the original guide), never bare 指南"),
 ]
 NAMED_AS_RETIRED = re.compile(r"不用「[^」]*」")  # how the glossary names a retired variant
 
@@ -415,7 +424,8 @@ GLOSSARY_REQUIRED = {
     "hyperparameter": "超參數",
     "moment": "一階動差",
     "sharding": "分片",
-    "mesh": "網格",
+    "device mesh": "裝置網格",
+    "grid world": "網格世界",
 }
 
 
@@ -630,3 +640,152 @@ def test_a_name_only_in_a_comment_or_docstring_fails(broken_repo):
     problems = " ".join(check_code_names(readme, root))
     assert "`evaluate_policy`" in problems and "`train_loop`" in problems and "`rollout`" in problems
     assert "`gamma`" not in problems and "`compute_target`" not in problems
+
+
+# ----------------------------------------------------------------------------- quoted results
+# Every result a README quotes sits inside a marker that tools/results.py fills from benchmarks/results/ (written
+# by tools/seeds.py --save or tools/capture.py). A results file that changes without its README fails here.
+
+RESULTS = load_script("tools/results.py")
+
+
+@pytest.mark.parametrize("readme", RESULTS.markdown_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_quoted_results_match_their_files(readme):
+    assert RESULTS.check(readme) == []
+
+
+def test_every_results_file_is_quoted_and_records_its_command():
+    quoted = set()
+    for readme in RESULTS.markdown_files():
+        text = readme.read_text(encoding="utf-8")
+        quoted |= {m[2] for m in RESULTS.BLOCK.finditer(text)} | {m[2] for m in RESULTS.INLINE.finditer(text)}
+    for path in sorted(RESULTS.RESULTS_DIR.glob("*.*")):
+        data = RESULTS.load(path.stem)
+        header = data["provenance"] if isinstance(data, dict) else data[0]
+        assert header["command"].startswith("python ") and header["versions"]["jax"], path
+        assert path.stem in quoted, f"{path.name} is quoted by no README (delete it, or quote it)"
+
+
+def test_a_changed_result_fails_the_docs_check(tmp_path):
+    """Mutation: a results file whose value changed (a re-measurement) while the README kept the old text."""
+    results_dir = tmp_path / "results"
+    results_dir.mkdir()
+    summary = {
+        "metric": "eval_return_mean",
+        "bar": 475.0,
+        "n": 4,
+        "per_seed": {"0": 500.0, "1": 480.0, "2": 300.0, "3": 500.0},
+        "mean": 445.0,
+        "median": 490.0,
+        "min": 300.0,
+        "max": 500.0,
+        "iqm": 490.0,
+        "iqm_ci95": [390.0, 500.0],
+        "solved": 3,
+        "median_seconds": 7.06,
+        "provenance": RESULTS.provenance("python tools/seeds.py demo.py --seeds 0-3 --save demo"),
+    }
+    (results_dir / "demo.json").write_text(json.dumps(summary), encoding="utf-8")
+    for name in ("README.md", "README_ch.md"):
+        readme = tmp_path / name
+        text = "# Demo\n\n<!-- results: demo -->\n<!-- /results -->\n\nIQM <!-- r: demo.iqm --><!-- /r -->.\n"
+        readme.write_text(RESULTS.fill(text, RESULTS.language(readme), results_dir), encoding="utf-8")
+        assert RESULTS.check(readme, results_dir) == []
+        filled = readme.read_text(encoding="utf-8")
+        assert "490.0 [390.0, 500.0]" in filled and "3/4" in filled and "IQM <!-- r: demo.iqm -->490.0<!--" in filled
+    assert "種子" in (tmp_path / "README_ch.md").read_text(encoding="utf-8")  # Chinese headings in the twin
+    summary["iqm"] = 491.0
+    (results_dir / "demo.json").write_text(json.dumps(summary), encoding="utf-8")
+    for name in ("README.md", "README_ch.md"):
+        problems = RESULTS.check(tmp_path / name, results_dir)
+        assert len(problems) == 2 and all("demo" in p for p in problems), problems  # the table and the inline
+    readme = tmp_path / "README.md"
+    readme.write_text(readme.read_text(encoding="utf-8").replace("demo.iqm", "demo.gone"), encoding="utf-8")
+    assert any("unknown field" in p for p in RESULTS.check(readme, results_dir))
+
+
+# ----------------------------------------------------------------------------- the learner's words only
+# No build language in what learners read: READMEs, the scripts' help texts, comments and docstrings, the tools.
+BUILD_WORDS = re.compile(
+    r"\bissues?\b|\bteam\b|build machine|targets? we set|\b(?:the|a|its|course|this)\s+spec\b|\bspec's\b|"
+    r"preset[ =]+[\"']?spec\b|\bspecification\b|議題|建置機器|團隊|/tmp/",
+    re.IGNORECASE,
+)
+
+
+def learner_files() -> list[Path]:
+    scripts = sorted(REPO.glob("[0-9]_*/*.py")) + sorted(REPO.glob("tools/*.py"))
+    return [p for p in RESULTS.markdown_files() if p.name != "CONTRIBUTING.md"] + scripts
+
+
+def learner_text(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) a learner reads: a README's lines; a script's comments, docstrings and strings (help
+    texts) but not its code, where a name like `spec` (a PartitionSpec) is just a variable."""
+    source = path.read_text(encoding="utf-8")
+    if path.suffix != ".py":
+        return [(n, line) for n, line in enumerate(source.splitlines(), 1) if "<sub>`python" not in line]
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    return [(t.start[0], t.string) for t in tokens if t.type in (tokenize.COMMENT, tokenize.STRING)]
+
+
+def check_build_words(path: Path) -> list[str]:
+    problems = []
+    for n, text in learner_text(path):
+        m = BUILD_WORDS.search(text)
+        if m:
+            problems.append(f"{path}:{n}: '{m.group(0)}' is build language; say it in the learner's words")
+    return problems
+
+
+@pytest.mark.parametrize("path", learner_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_learner_text_has_no_build_language(path):
+    assert check_build_words(path) == []
+
+
+def test_build_language_check_fails(tmp_path):
+    bad = tmp_path / "README.md"
+    bad.write_text("# T\n\nThe team measured this on the build machine.\n\n--preset spec\n", encoding="utf-8")
+    assert [p.split(":")[1] for p in check_build_words(bad)] == ["3", "5"]
+    script = tmp_path / "demo.py"
+    script.write_text('spec = P("data")  # a PartitionSpec `spec`\nhelp = "as in the spec"\n# see the issue\n')
+    assert [p.split(":")[1] for p in check_build_words(script)] == ["2", "3"]
+
+
+# ----------------------------------------------------------------------------- Chinese tables are translated
+ASCII_WORDS = re.compile(r"[A-Za-z][A-Za-z'-]*")
+HEADER_WORDS_ALLOWED = {"English"}  # the glossary's first column names the English term
+
+
+def check_table_headers(readme: Path) -> list[str]:
+    """A README_ch.md table header is Chinese: a cell of only English words (outside code, math and acronyms such
+    as IQM or PPO) is an untranslated header."""
+    problems = []
+    lines = numbered_prose(readme.read_text(encoding="utf-8"))
+    for (n, line), (_, nxt) in zip(lines, lines[1:]):
+        if not (line.lstrip().startswith("|") and re.match(r"^\s*\|[\s:|-]+\|\s*$", nxt)):
+            continue
+        for cell in line.strip().strip("|").split("|"):
+            text = re.sub(r"`[^`]*`|\$[^$]*\$", "", cell)
+            words = [w for w in ASCII_WORDS.findall(text) if not w.isupper() and w not in HEADER_WORDS_ALLOWED]
+            if words and not re.search(f"[{CJK}]", text):
+                problems.append(f"{readme}:{n}: table header '{cell.strip()}' is not translated")
+    return problems
+
+
+@pytest.mark.parametrize("readme", CHINESE, ids=CHINESE_IDS)
+def test_chinese_table_headers_are_translated(readme):
+    assert check_table_headers(readme) == []
+
+
+def test_an_english_header_or_a_bare_mesh_in_chinese_fails(tmp_path):
+    readme = tmp_path / "README_ch.md"
+    readme.write_text(
+        "# 測試\n\n| 旗標 | IQM | `--seed` |\n| --- | --- | --- |\n| a | b | c |\n\n"
+        "| seed | score (mean) |\n|---|---|\n| 0 | 1 |\n\n網格世界與裝置網格都對。網格不對；課程指南也不對。\n",
+        encoding="utf-8",
+    )
+    assert [p.split(":")[1] for p in check_table_headers(readme)] == ["7", "7"]
+    problems = check_terms(readme)
+    assert [p.split(":")[1] for p in problems] == ["11"] * 3 and "課程指南" in " ".join(
+        problems
+    )  # 網格, 課程指南, 指南

@@ -50,6 +50,8 @@ def test_iqm_is_the_mean_of_the_middle_half():
     x = [1, 100, 3, 4, 5, 6, -50, 8]
     assert seeds.iqm(x) == pytest.approx((3 + 4 + 5 + 6) / 4)
     assert seeds.iqm([2.0, 2.0, 2.0, 2.0]) == 2.0
+    # 10 scores: int(0.25 · 10) = 2 cut from each end; the middle six are 3, 4, 5, 6, 7, 8 -> 33 / 6 = 5.5.
+    assert seeds.iqm([9, 1000, 3, 4, 5, 6, 7, 8, -1000, 2]) == pytest.approx(5.5)
 
 
 @pytest.mark.unit
@@ -106,6 +108,10 @@ def test_sweep_runs_each_seed_and_writes_the_table(tmp_path):
         "greedy_return",
         "--bar",
         "95",
+        "--save",
+        "demo",
+        "--results-dir",
+        str(tmp_path / "results"),
         "--",
         "--episodes",
         "3",
@@ -119,7 +125,14 @@ def test_sweep_runs_each_seed_and_writes_the_table(tmp_path):
     assert all(per_run[s]["episodes"] == 3 for s in (0, 1, 2))
     assert summary["per_seed"] == {str(s): per_run[s]["greedy_return"] for s in (0, 1, 2)}
     assert summary["solved"] == sum(per_run[s]["greedy_return"] >= 95 for s in (0, 1, 2))
-    assert summary["iqm"] == pytest.approx(seeds.iqm([per_run[s]["greedy_return"] for s in (0, 1, 2)]))
+    # By hand: 25 % of 3 scores is 0.75, so scipy's trim_mean cuts int(0.75) = 0 from each end and the IQM of three
+    # seeds is their plain mean (a tool that summarised the wrong key, or dropped a seed, fails here).
+    returns = [per_run[s]["greedy_return"] for s in (0, 1, 2)]
+    assert summary["iqm"] == pytest.approx(sum(returns) / 3)
+    saved = json.loads((tmp_path / "results" / "demo.json").read_text())  # --save: the same summary + provenance
+    assert saved["per_seed"] == summary["per_seed"] and saved["iqm"] == summary["iqm"]
+    assert saved["provenance"]["command"].endswith("--save demo -- --episodes 3")
+    assert saved["provenance"]["versions"]["jax"] and saved["provenance"]["machine"]["cores"] >= 1
     assert (folder / "scores.png").stat().st_size > 1000
     table = (folder / "summary.md").read_text()
     assert "python tools/seeds.py 1_Q_Learning/Q_Learning.py --seeds 0-2" in table and "-- --episodes 3" in table

@@ -9,7 +9,9 @@ seeds reach the module's success bar.
 Each seed is one subprocess, `python SCRIPT --seed S --out <sweep>/seed_S [flags after --]`, run one after
 another, so its wall clock is the whole process (imports and compilation included). The sweep folder
 (default `runs/seeds/<script>/<flags>_seeds-<seeds>/`) gets every run's own folder and log, `summary.json`, `summary.md`
-(a table to paste into a README, with the command that made it) and `scores.png`.
+(a table with the command that made it) and `scores.png`. With `--save NAME` the summary also goes to
+`benchmarks/results/NAME.json` with its provenance (command, date, machine, load, package versions); the READMEs
+quote it through `<!-- results: NAME -->` markers that `python tools/results.py` fills (never by hand).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from pathlib import Path
 
 import numpy as np
 from scipy import stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import RESULTS_DIR, provenance  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -250,6 +255,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--bar", type=float, default=None, help="a seed is solved when metric >= bar (default: module's)")
     p.add_argument("--tag", default=None, help="name of this sweep's folder (default: the script flags and the seeds)")
     p.add_argument("--out", default="runs/seeds", help="root folder of all sweeps")
+    p.add_argument("--save", default=None, help="also write the summary to <results-dir>/SAVE.json for the READMEs")
+    p.add_argument("--results-dir", default=str(RESULTS_DIR), help="folder of --save (default: benchmarks/results)")
     args = p.parse_args(ours)
     for f in ("--seed", "--out"):
         if any(a == f or a.startswith(f + "=") for a in script_flags):
@@ -282,12 +289,18 @@ def main(argv: list[str] | None = None) -> dict:
     headline = headline_for(script.resolve(), args.metric, args.bar)
     folder = Path(args.out) / script.stem.lower() / (args.tag or default_tag(flags, args.seeds))
     check_writable(folder)  # before any run
+    if args.save:
+        if not re.fullmatch(r"[\w-]+", args.save):
+            raise SweepError(f"--save {args.save!r}: use letters, digits, _ and -")
+        check_writable(Path(args.results_dir))
     command = " ".join(
         ["python", "tools/seeds.py", args.script, "--seeds", args.seeds]
         + (["--metric", args.metric] if args.metric else [])
         + (["--bar", f"{args.bar:g}"] if args.bar is not None else [])
+        + (["--save", args.save] if args.save else [])
         + (["--", *map(shlex.quote, flags)] if flags else [])
     )
+    measured = provenance(command)  # the load average as the sweep starts
     print(f"sweep: {script} seeds={args.seeds} metric={headline.metric} bar={headline.bar} folder={folder}", flush=True)
 
     scores: dict[int, float] = {}
@@ -310,6 +323,10 @@ def main(argv: list[str] | None = None) -> dict:
         done = ",".join(map(str, scores)) if failure else args.seeds
         print("\n" + write_report(folder, summary, done, command, f"{script.name}: {command.split(' -- ')[-1]}"))
         print(f"wrote {folder}/summary.json, summary.md, scores.png", flush=True)
+        if args.save and not failure:
+            saved = Path(args.results_dir) / f"{args.save}.json"
+            saved.write_text(json.dumps({**summary, "provenance": measured}, indent=2, ensure_ascii=False) + "\n")
+            print(f"wrote {saved}", flush=True)
     if failure:
         raise SweepError(failure + (f" ({len(scores)} finished run(s) summarised in {folder})" if scores else ""))
     return summary
