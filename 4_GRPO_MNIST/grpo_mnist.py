@@ -1,13 +1,19 @@
 """GRPO on MNIST: a critic-less policy learns digits from a 0/1 reward, one group of answers per image.
 
-Each image is a prompt. The actor (an MLP returning a tfp Categorical over the ten digits) samples
-G answers per image from the frozen rollout policy π_old; an answer earns reward 1 if it names the
-right digit, else 0. The group's own mean and standard deviation turn the rewards into advantages,
-so no value network (critic) is needed. The actor then takes `--inner-steps` clipped-surrogate
-(PPO-clip) steps on that rollout, optionally with a KL penalty towards a frozen reference policy: the
-exact KL(π_θ ‖ π_ref) over the ten answers (`--kl exact`), or the sampled k3 estimator of LLM-scale GRPO.
+Each image is a prompt. The actor (an MLP returning a Categorical over the ten digits) samples G answers
+per image from the rollout policy π_old; an answer earns reward 1 if it names the right digit, else 0.
+The group's own mean and standard deviation turn the rewards into advantages, so no value network
+(critic) is needed. The actor then takes μ = `--inner-steps` clipped-surrogate (PPO-clip) steps on that
+rollout, with a KL penalty towards a frozen reference policy π_ref, the initial actor: the exact
+KL(π_θ ‖ π_ref) over the ten answers (`--kl exact`), or the sampled k3 estimator (`--kl k3`).
 
-`--group-mode batch` is the course spec's variant (one sample per image, a batch-wide baseline), and
+The file reads in the order the algorithm runs: Args → the data split → the policy network (and the
+critic GRPO does without) → group advantages → KL → the GRPO loss → the compiled update and epoch →
+the training loop → evaluation. Below the `# Plumbing` banner: the command line, input checks, reading
+and downloading MNIST, checkpoints, the figure, metrics.json and main.
+
+`--group-mode batch` is the original guide's variant: one baseline for the whole batch of B·G sampled
+answers (G = `--group-size` per image; `--group-size 1` gives its one answer per image).
 `--objective supervised` trains the same MLP with cross-entropy on the labels, for comparison.
 Every epoch reports the greedy (argmax) accuracy on a validation split carved from the training images;
 the held-out test accuracy is computed once, after the last epoch.
@@ -62,11 +68,14 @@ class Args:
         0,
         "if > 0: train on this many images of the official TEST split and hold out "
         "the rest (a fixed shuffle, the same for every --seed); 0: use train / test",
+        min=0,
     )
     val_size: float = flag(
         0.1,
         "fraction of the training images held out as the validation split (a fixed "
         "shuffle, the same for every --seed); every choice is made on it, never on test",
+        gt=0,
+        max=0.5,
     )
     download: bool = flag(
         True,
@@ -80,22 +89,22 @@ class Args:
     )
     group_mode: str = flag(
         "prompt",
-        "prompt: each image's G answers form a group (real GRPO); "
-        "batch: the whole batch is one group (the spec's variant)",
+        "prompt: each image's G answers form a group (real GRPO); batch: one baseline for all B·G answers "
+        "of the batch (the original guide's variant; add --group-size 1 for its one answer per image)",
         choices=("prompt", "batch"),
     )
-    group_size: int = flag(16, "G, answers sampled per image (prompt mode needs G >= 2)")
-    batch_size: int = flag(64, "images (prompts) per rollout and update")
+    group_size: int = flag(16, "G, answers sampled per image (prompt mode needs G >= 2)", min=1)
+    batch_size: int = flag(64, "images (prompts) per rollout and update", min=1)
     inner_steps: int = flag(
-        1,
-        "μ, clipped-surrogate gradient steps on each rollout (1 keeps the ratio at 1, "
-        "so the clip never acts; chosen on validation, see README)",
+        1, "μ, clipped-surrogate gradient steps on each rollout (1 keeps the ratio at 1, so the clip never acts)", min=1
     )
-    epochs: int = flag(10, "passes over the training images")
-    learning_rate: float = flag(1e-3, "Adam learning rate")
-    clip_eps: float = flag(0.2, "ε of the PPO clip: the ratio π/π_old is clipped to [1 − ε, 1 + ε]")
+    epochs: int = flag(10, "passes over the training images", min=1)
+    learning_rate: float = flag(1e-3, "Adam learning rate", gt=0)
+    clip_eps: float = flag(0.2, "ε of the PPO clip: the ratio π/π_old is clipped to [1 − ε, 1 + ε]", gt=0, max=1)
     beta: float = flag(
-        1.0, "β, weight of the KL penalty towards the frozen reference policy (the initial actor); 0 turns it off"
+        1.0,
+        "β, weight of the KL penalty towards the frozen reference policy (the initial actor); 0 turns it off",
+        min=0,
     )
     kl: str = flag(
         "exact",
@@ -103,8 +112,8 @@ class Args:
         "estimator π_ref/π − log(π_ref/π) − 1 of LLM-scale GRPO",
         choices=("exact", "k3"),
     )
-    adv_eps: float = flag(1e-4, "ε in (r − mean) / (std + ε)")
-    hidden_size: int = flag(128, "width of the actor's two hidden layers")
+    adv_eps: float = flag(1e-4, "ε in (r − mean) / (std + ε)", gt=0)
+    hidden_size: int = flag(128, "width of the actor's two hidden layers", min=1)
     out: str = flag("runs/grpo_mnist", "folder for metrics.json, the curve PNG and actor.npz")
     compile_cache: str = flag(
         "~/.cache/jax-rl-course",
@@ -112,6 +121,282 @@ class Args:
     )
 
 
+# ---- Data: every image is a prompt; its label is what the verifier checks an answer against
+class Data(NamedTuple):
+    x_train: np.ndarray  # (N, 784) float32 in [0, 1]
+    y_train: np.ndarray  # (N,) int32
+    x_val: np.ndarray  # (V, 784) validation images, carved from the training images: every choice is made here
+    y_val: np.ndarray
+    x_test: np.ndarray  # (M, 784) held-out test images, scored once at the end
+    y_test: np.ndarray
+    source: str  # what the numbers were measured on, e.g. "IDX files in DIR: test split shuffled, ..."
+
+
+SPLIT_SEED = 0  # the fixed shuffles behind --split-test-set and --val-size: the same digits for every --seed
+
+
+def carve_validation(x: np.ndarray, y: np.ndarray, val_size: float) -> tuple[np.ndarray, ...]:
+    """Split the training images into (x_train, y_train, x_val, y_val) with a fixed shuffle; val gets
+    round(val_size · N) images, at least one, and training keeps at least one."""
+    n_val = min(max(1, round(val_size * len(y))), len(y) - 1)
+    order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
+    train, val = order[n_val:], order[:n_val]
+    return x[train], y[train], x[val], y[val]
+
+
+# ---- The policy: the actor is the only network GRPO trains; the critic exists only to be counted
+class Actor(nnx.Module):
+    """π_θ(a | s): 784 → hidden_size → hidden_size → 10 logits, returned as a Categorical over the digits."""
+
+    def __init__(self, hidden_size: int, *, rngs: nnx.Rngs, in_features: int = 784, n_actions: int = 10):
+        self.fc1 = nnx.Linear(in_features, hidden_size, rngs=rngs)
+        self.fc2 = nnx.Linear(hidden_size, hidden_size, rngs=rngs)
+        self.out = nnx.Linear(hidden_size, n_actions, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> tfd.Categorical:
+        h = nnx.relu(self.fc1(x))  # (B, hidden_size)
+        h = nnx.relu(self.fc2(h))
+        return tfd.Categorical(logits=self.out(h))  # batch_shape (B,), 10 classes
+
+
+class Critic(nnx.Module):
+    """PPO's value network V(s) with the actor's trunk and one output. GRPO never builds or trains it;
+    this script instantiates it only to count the parameters (and memory) that GRPO saves (`param_table`)."""
+
+    def __init__(self, hidden_size: int, *, rngs: nnx.Rngs, in_features: int = 784):
+        self.fc1 = nnx.Linear(in_features, hidden_size, rngs=rngs)
+        self.fc2 = nnx.Linear(hidden_size, hidden_size, rngs=rngs)
+        self.out = nnx.Linear(hidden_size, 1, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.out(nnx.relu(self.fc2(nnx.relu(self.fc1(x)))))[..., 0]  # (B,)
+
+
+# ---- Group advantages: the baseline is the group's own mean, so no critic is needed
+def group_advantages(rewards: jax.Array, eps: float) -> jax.Array:
+    """Real GRPO. rewards (B, G): row b holds the G answers to prompt b.
+    A_bg = (r_bg − mean_g r_b·) / (std_g r_b· + ε); a group whose rewards are all equal gets A = 0."""
+    mean = rewards.mean(axis=1, keepdims=True)  # (B, 1)
+    std = rewards.std(axis=1, keepdims=True)  # (B, 1), population std
+    return (rewards - mean) / (std + eps)
+
+
+def batch_advantages(rewards: jax.Array, eps: float) -> jax.Array:
+    """The original guide's variant: one baseline for the whole batch. A = (r − mean(all r)) / (std(all r) + ε)."""
+    return (rewards - rewards.mean()) / (rewards.std() + eps)
+
+
+# ---- KL to the frozen reference: exact over the ten answers, or the sampled k3 estimator
+def exact_kl(logits: jax.Array, ref_logits: jax.Array) -> jax.Array:
+    """KL(π_θ ‖ π_ref) = Σ_a π_θ(a) (log π_θ(a) − log π_ref(a)) per image, summed over all ten answers.
+    logits, ref_logits (B, 10) -> (B,). Its gradient is the true ∇KL(π_θ ‖ π_ref)."""
+    return tfd.Categorical(logits=logits).kl_divergence(tfd.Categorical(logits=ref_logits))
+
+
+def k3_kl(logp: jax.Array, logp_ref: jax.Array) -> jax.Array:
+    """Per-sample k3 estimate of KL(π_θ ‖ π_ref): π_ref/π − log(π_ref/π) − 1 (≥ 0, = 0 where π = π_ref).
+
+    Its mean over a ~ π_θ is KL(π_θ ‖ π_ref), but its gradient on fixed samples has mean
+    E_π[(1 − π_ref/π) ∇log π] = −Σ_a π_ref(a) ∇log π(a) = ∇KL(π_ref ‖ π_θ): the other direction."""
+    log_r = logp_ref - logp
+    return jnp.exp(log_r) - log_r - 1
+
+
+# ---- The GRPO loss: the clipped surrogate plus β·KL (and cross-entropy for the supervised baseline)
+def clipped_surrogate(logp: jax.Array, logp_old: jax.Array, adv: jax.Array, clip_eps: float):
+    """PPO-clip objective to MAXIMISE, averaged over samples, and the fraction of samples clipped.
+    ρ = π_θ(a|s) / π_old(a|s) = exp(log π_θ − log π_old);  L = mean(min(ρ·A, clip(ρ, 1 − ε, 1 + ε)·A))."""
+    ratio = jnp.exp(logp - logp_old)
+    objective = jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
+    clip_frac = jnp.mean((jnp.abs(ratio - 1) > clip_eps).astype(jnp.float32))
+    return objective.mean(), clip_frac
+
+
+def grpo_loss(actor: Actor, x, actions, logp_old, adv, ref_logits, clip_eps: float, beta: float, kl: str):
+    """Loss to minimise: −clipped surrogate + β·KL.  x (B, 784); actions, logp_old, adv (B, G); ref_logits (B, 10).
+
+    kl="exact": mean over images of KL(π_θ ‖ π_ref) (`exact_kl`); kl="k3": mean of k3 over the sampled answers."""
+    dist = actor(x)
+    logp = dist.log_prob(actions.T).T  # (B, G): log π_θ of each sampled answer
+    surrogate, clip_frac = clipped_surrogate(logp, logp_old, adv, clip_eps)
+    if kl == "exact":
+        kl_value = exact_kl(dist.logits, ref_logits).mean()
+    else:
+        logp_ref = tfd.Categorical(logits=ref_logits).log_prob(actions.T).T  # (B, G)
+        kl_value = k3_kl(logp, logp_ref).mean()
+    loss = -surrogate + beta * kl_value
+    return loss, {"loss": loss, "clip_frac": clip_frac, "kl": kl_value}
+
+
+def supervised_loss(actor: Actor, x, labels):
+    """Cross-entropy: −mean log π_θ(label | x)."""
+    loss = -actor(x).log_prob(labels).mean()
+    return loss, {"loss": loss}
+
+
+# ---- The compiled update: rollout, rewards, advantages, μ steps; a whole epoch is one lax.scan
+@dataclass(frozen=True)
+class GRPOConfig:
+    """The static (compile-time) part of Args that the jitted epoch needs."""
+
+    objective: str
+    group_mode: str
+    group_size: int
+    batch_size: int
+    inner_steps: int
+    clip_eps: float
+    beta: float
+    kl: str
+    adv_eps: float
+
+    @classmethod
+    def from_args(cls, args: Args) -> GRPOConfig:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+def grpo_update(actor: Actor, optimizer: nnx.Optimizer, reference: Actor, x, y, key, config: GRPOConfig) -> dict:
+    """Rollout G answers per image from π_old, score them, then μ clipped-surrogate steps on that rollout."""
+    dist_old = actor(x)  # π_old: the parameters before this rollout's μ steps
+    actions = dist_old.sample(config.group_size, seed=key).T  # (B, G)
+    logp_old = jax.lax.stop_gradient(dist_old.log_prob(actions.T).T)  # (B, G)
+    rewards = (actions == y[:, None]).astype(jnp.float32)  # (B, G): 1 if the answer names the digit
+    if config.group_mode == "prompt":
+        adv = group_advantages(rewards, config.adv_eps)
+        zero_signal = jnp.mean(rewards.std(axis=1) == 0)  # groups with all-equal rewards teach nothing
+    else:
+        adv = batch_advantages(rewards, config.adv_eps)
+        zero_signal = (rewards.std() == 0).astype(jnp.float32)
+    if config.beta > 0:
+        ref_logits = reference(x).logits  # (B, 10), frozen π_ref
+    else:
+        ref_logits = dist_old.logits  # unused: β = 0 multiplies it away; skip the extra forward pass
+    grad_fn = nnx.value_and_grad(grpo_loss, has_aux=True)
+    step_metrics = []
+    for _ in range(config.inner_steps):  # μ steps: after the first, ρ ≠ 1 and the clip can act
+        (_, aux), grads = grad_fn(actor, x, actions, logp_old, adv, ref_logits, config.clip_eps, config.beta, config.kl)
+        optimizer.update(actor, grads)
+        step_metrics.append(aux)
+    metrics = jax.tree.map(lambda *v: jnp.mean(jnp.stack(v)), *step_metrics)
+    if config.beta == 0:
+        del metrics["kl"]  # with β = 0 it compared π_θ with π_old, not with π_ref
+    return {**metrics, "reward": rewards.mean(), "zero_signal": zero_signal}
+
+
+def supervised_update(actor: Actor, optimizer: nnx.Optimizer, x, y, key) -> dict:
+    """One cross-entropy step; also samples one answer per image so 'reward' is comparable with GRPO's."""
+    reward = (actor(x).sample(seed=key) == y).astype(jnp.float32).mean()
+    (_, aux), grads = nnx.value_and_grad(supervised_loss, has_aux=True)(actor, x, y)
+    optimizer.update(actor, grads)
+    return {**aux, "reward": reward}
+
+
+def train_epoch(
+    graphdef: nnx.GraphDef, ref_graphdef: nnx.GraphDef, config: GRPOConfig, state, ref_state, x_all, y_all, key
+):
+    """One pass over the shuffled training images, compiled as a single lax.scan over batches.
+
+    `state` is nnx.state((actor, optimizer)), `ref_state` the frozen reference's. The NNX objects are rebuilt
+    inside the traced function (nnx.merge), updated in place, and split back out, so Python and NNX
+    bookkeeping run once at trace time, not once per batch."""
+    n_batches = x_all.shape[0] // config.batch_size  # the last partial batch is dropped
+    key, perm_key = jax.random.split(key)
+    order = jax.random.permutation(perm_key, x_all.shape[0])[: n_batches * config.batch_size]
+    batches = order.reshape(n_batches, config.batch_size)  # (n_batches, B) image indices
+    keys = jax.random.split(key, n_batches)
+    reference = nnx.merge(ref_graphdef, ref_state)
+
+    def one_batch(state, inputs):
+        idx, batch_key = inputs
+        actor, optimizer = nnx.merge(graphdef, state)
+        x, y = x_all[idx], y_all[idx]  # (B, 784), (B,)
+        if config.objective == "grpo":
+            metrics = grpo_update(actor, optimizer, reference, x, y, batch_key, config)
+        else:
+            metrics = supervised_update(actor, optimizer, x, y, batch_key)
+        return nnx.state((actor, optimizer)), metrics
+
+    state, metrics = jax.lax.scan(one_batch, state, (batches, keys))
+    return state, jax.tree.map(jnp.mean, metrics)
+
+
+# ---- The training loop: compile the epoch once, run it, score validation after each epoch
+def train(args: Args, data: Data) -> tuple[Actor, Actor, list[dict], dict]:
+    """Build the actor, its frozen reference and Adam; run the epochs, scoring validation after each.
+    Returns (actor, reference, history, timings). The test images are not touched here."""
+    key = jax.random.key(args.seed)
+    actor = Actor(args.hidden_size, rngs=nnx.Rngs(args.seed))
+    reference = nnx.clone(actor)  # π_ref: the frozen initial policy
+    optimizer = nnx.Optimizer(actor, optax.adam(args.learning_rate), wrt=nnx.Param)
+    graphdef, state = nnx.split((actor, optimizer))
+    actor_graphdef, ref_state = nnx.split(reference)
+    x_train, y_train = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
+    x_val, y_val = jnp.asarray(data.x_val), jnp.asarray(data.y_val)
+
+    t0 = time.perf_counter()
+    run_epoch = jax.jit(partial(train_epoch, graphdef, actor_graphdef, GRPOConfig.from_args(args)))
+    run_epoch = run_epoch.lower(state, ref_state, x_train, y_train, key).compile()  # compile once, up front
+    score = jax.jit(partial(evaluate, actor_graphdef))
+    compile_seconds = time.perf_counter() - t0
+
+    def score_validation(state):  # greedy accuracy and exact KL(π ‖ π_ref) on the validation images
+        accuracy, kl_ref = score(state[0], ref_state, x_val, y_val)  # state[0]: the actor's part
+        return float(accuracy), float(kl_ref)
+
+    accuracy, kl_ref = score_validation(state)
+    history = [{"epoch": 0, "val_accuracy": accuracy, "kl_ref": kl_ref}]
+    print(f"epoch=0 val_acc={accuracy:.4f} (untrained)", flush=True)
+    for epoch in range(1, args.epochs + 1):
+        key, epoch_key = jax.random.split(key)
+        t_epoch = time.perf_counter()
+        state, metrics = run_epoch(state, ref_state, x_train, y_train, epoch_key)
+        jax.block_until_ready(state)
+        seconds = time.perf_counter() - t_epoch
+        accuracy, kl_ref = score_validation(state)
+        row = {
+            "epoch": epoch,
+            "val_accuracy": accuracy,
+            "train_reward": float(metrics["reward"]),
+            "kl_ref": kl_ref,
+            "seconds": seconds,
+            **{k: float(v) for k, v in metrics.items() if k != "reward"},
+        }
+        history.append(row)
+        extra = "".join(f" {k}={row[k]:.4f}" for k in ("clip_frac", "zero_signal", "kl") if k in row)
+        print(
+            f"epoch={epoch} val_acc={accuracy:.4f} train_reward={row['train_reward']:.4f} loss={row['loss']:.4f}"
+            f"{extra} kl_ref={kl_ref:.4f} sec={seconds:.2f} img/s={len(data.y_train) / seconds:.0f}",
+            flush=True,
+        )
+    actor, _ = nnx.merge(graphdef, state)
+    timings = {
+        "train_seconds": time.perf_counter() - t0,
+        "compile_seconds": compile_seconds,
+        "seconds_per_epoch": float(np.mean([h["seconds"] for h in history[1:]])),
+    }
+    return actor, reference, history, timings
+
+
+# ---- Evaluation: greedy accuracy and KL to π_ref on held-out images; the test set once, at the end
+def evaluate(graphdef: nnx.GraphDef, state, ref_state, x, y):
+    """Greedy (argmax) accuracy on held-out images, and the exact mean KL(π_θ ‖ π_ref) over them.
+    `graphdef` is the actor's; `state` and `ref_state` are the actor's and the frozen reference's."""
+    actor, reference = nnx.merge(graphdef, state), nnx.merge(graphdef, ref_state)
+    dist = actor(x)
+    accuracy = jnp.mean(dist.mode() == y)
+    kl_ref = jnp.mean(dist.kl_divergence(reference(x)))  # exact: only 10 actions to sum over
+    return accuracy, kl_ref
+
+
+def score_test_set(actor: Actor, reference: Actor, data: Data) -> tuple[float, float]:
+    """Greedy accuracy and exact KL(π ‖ π_ref) on the held-out test images: called once, after training."""
+    score = jax.jit(partial(evaluate, nnx.graphdef(actor)))
+    accuracy, kl_ref = score(nnx.state(actor), nnx.state(reference), jnp.asarray(data.x_test), jnp.asarray(data.y_test))
+    return float(accuracy), float(kl_ref)
+
+
+# =============================================================================================
+# Plumbing: the command line, input checks, reading MNIST, the parameter table, checkpoints, the figure, main
+# =============================================================================================
 class InputError(Exception):
     """Bad input: a flag value, a missing or corrupt file, an unwritable folder, a mesh that does not fit."""
 
@@ -182,28 +467,15 @@ def check_flags(args) -> None:
 
 
 def validate(args: Args) -> None:
-    """Raise InputError (one line for the user) if a flag value makes no sense or --out is not writable."""
-    checks = [
-        (args.epochs >= 1, f"--epochs must be >= 1, got {args.epochs}"),
-        (args.batch_size >= 1, f"--batch-size must be >= 1, got {args.batch_size}"),
-        (args.group_size >= 1, f"--group-size must be >= 1, got {args.group_size}"),
-        (
-            args.group_size >= 2 or args.group_mode == "batch" or args.objective == "supervised",
+    """Raise InputError (one line for the user) if the flags contradict each other or --out is not writable.
+    Each flag's own range is checked first, by check_flags, from the bounds its flag() declares."""
+    check_flags(args)
+    if args.group_mode == "prompt" and args.objective == "grpo" and args.group_size < 2:
+        # a group of one always has advantage 0: nothing to learn
+        raise InputError(
             f"--group-size must be >= 2 with --group-mode prompt (a group of one always has advantage 0), "
-            f"got {args.group_size}",
-        ),
-        (args.inner_steps >= 1, f"--inner-steps must be >= 1, got {args.inner_steps}"),
-        (args.learning_rate > 0, f"--learning-rate must be > 0, got {args.learning_rate}"),
-        (0 < args.clip_eps < 1, f"--clip-eps must be in (0, 1), got {args.clip_eps}"),
-        (args.beta >= 0, f"--beta must be >= 0, got {args.beta}"),
-        (args.adv_eps > 0, f"--adv-eps must be > 0, got {args.adv_eps}"),
-        (args.hidden_size >= 1, f"--hidden-size must be >= 1, got {args.hidden_size}"),
-        (args.split_test_set >= 0, f"--split-test-set must be >= 0, got {args.split_test_set}"),
-        (0 < args.val_size < 1, f"--val-size must be a fraction in (0, 1), got {args.val_size}"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise InputError(message)
+            f"got {args.group_size}"
+        )
     try:  # the output folder is checked before any work: a run that cannot save its results does not start
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, ".write_test"), "w"):
@@ -213,35 +485,11 @@ def validate(args: Args) -> None:
         raise InputError(f"--out {args.out!r} is not a writable folder ({e.strerror or type(e).__name__})") from None
 
 
-# ---------------------------------------------------------------------------------------------
-# Data: tensorflow-datasets, or the four IDX .gz files from a folder
-# ---------------------------------------------------------------------------------------------
+# ---- Reading MNIST: the IDX .gz files from a folder, or tensorflow-datasets, or a checked download
 IDX_FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
 }
-
-
-class Data(NamedTuple):
-    x_train: np.ndarray  # (N, 784) float32 in [0, 1]
-    y_train: np.ndarray  # (N,) int32
-    x_val: np.ndarray  # (V, 784) validation images, carved from the training images: every choice is made here
-    y_val: np.ndarray
-    x_test: np.ndarray  # (M, 784) held-out test images, scored once at the end
-    y_test: np.ndarray
-    source: str  # what the numbers were measured on, e.g. "IDX files in DIR: test split shuffled, ..."
-
-
-SPLIT_SEED = 0  # the fixed shuffles behind --split-test-set and --val-size: the same digits for every --seed
-
-
-def carve_validation(x: np.ndarray, y: np.ndarray, val_size: float) -> tuple[np.ndarray, ...]:
-    """Split the training images into (x_train, y_train, x_val, y_val) with a fixed shuffle; val gets
-    round(val_size · N) images, at least one, and training keeps at least one."""
-    n_val = min(max(1, round(val_size * len(y))), len(y) - 1)
-    order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
-    train, val = order[n_val:], order[:n_val]
-    return x[train], y[train], x[val], y[val]
 
 
 def read_idx(path: str) -> np.ndarray:
@@ -424,36 +672,7 @@ def load_data(args: Args) -> Data:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Networks: the actor is the only one GRPO trains; the critic exists only to be counted
-# ---------------------------------------------------------------------------------------------
-class Actor(nnx.Module):
-    """π_θ(a | s): 784 → hidden_size → hidden_size → 10 logits, returned as a Categorical over the digits."""
-
-    def __init__(self, hidden_size: int, *, rngs: nnx.Rngs, in_features: int = 784, n_actions: int = 10):
-        self.fc1 = nnx.Linear(in_features, hidden_size, rngs=rngs)
-        self.fc2 = nnx.Linear(hidden_size, hidden_size, rngs=rngs)
-        self.out = nnx.Linear(hidden_size, n_actions, rngs=rngs)
-
-    def __call__(self, x: jax.Array) -> tfd.Categorical:
-        h = nnx.relu(self.fc1(x))  # (B, hidden_size)
-        h = nnx.relu(self.fc2(h))
-        return tfd.Categorical(logits=self.out(h))  # batch_shape (B,), 10 classes
-
-
-class Critic(nnx.Module):
-    """PPO's value network V(s) with the actor's trunk and one output. GRPO never builds or trains it;
-    this script instantiates it only to count the parameters (and memory) that GRPO saves."""
-
-    def __init__(self, hidden_size: int, *, rngs: nnx.Rngs, in_features: int = 784):
-        self.fc1 = nnx.Linear(in_features, hidden_size, rngs=rngs)
-        self.fc2 = nnx.Linear(hidden_size, hidden_size, rngs=rngs)
-        self.out = nnx.Linear(hidden_size, 1, rngs=rngs)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.out(nnx.relu(self.fc2(nnx.relu(self.fc1(x)))))[..., 0]  # (B,)
-
-
+# ---- The parameter table: what dropping the critic saves
 def count_params(model: nnx.Module) -> int:
     return sum(int(p.size) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
@@ -479,177 +698,7 @@ def param_table(hidden_size: int) -> tuple[str, dict]:
     return "\n".join(lines), {"params_actor": actor, "params_critic": critic, "critic_share": saved}
 
 
-# ---------------------------------------------------------------------------------------------
-# Losses: group advantages, the clipped surrogate, the k3 KL, cross-entropy
-# ---------------------------------------------------------------------------------------------
-def group_advantages(rewards: jax.Array, eps: float) -> jax.Array:
-    """Real GRPO. rewards (B, G): row b holds the G answers to prompt b.
-    A_bg = (r_bg − mean_g r_b·) / (std_g r_b· + ε); a group whose rewards are all equal gets A = 0."""
-    mean = rewards.mean(axis=1, keepdims=True)  # (B, 1)
-    std = rewards.std(axis=1, keepdims=True)  # (B, 1), population std
-    return (rewards - mean) / (std + eps)
-
-
-def batch_advantages(rewards: jax.Array, eps: float) -> jax.Array:
-    """The spec's variant: one baseline for the whole batch. A = (r − mean(all r)) / (std(all r) + ε)."""
-    return (rewards - rewards.mean()) / (rewards.std() + eps)
-
-
-def clipped_surrogate(logp: jax.Array, logp_old: jax.Array, adv: jax.Array, clip_eps: float):
-    """PPO-clip objective to MAXIMISE, averaged over samples, and the fraction of samples clipped.
-    ρ = π_θ(a|s) / π_old(a|s) = exp(log π_θ − log π_old);  L = mean(min(ρ·A, clip(ρ, 1 − ε, 1 + ε)·A))."""
-    ratio = jnp.exp(logp - logp_old)
-    objective = jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
-    clip_frac = jnp.mean((jnp.abs(ratio - 1) > clip_eps).astype(jnp.float32))
-    return objective.mean(), clip_frac
-
-
-def k3_kl(logp: jax.Array, logp_ref: jax.Array) -> jax.Array:
-    """Per-sample k3 estimate of KL(π_θ ‖ π_ref): π_ref/π − log(π_ref/π) − 1 (≥ 0, = 0 where π = π_ref).
-
-    Its mean over a ~ π_θ is KL(π_θ ‖ π_ref), but its gradient on fixed samples has mean
-    E_π[(1 − π_ref/π) ∇log π] = −Σ_a π_ref(a) ∇log π(a) = ∇KL(π_ref ‖ π_θ): the other direction."""
-    log_r = logp_ref - logp
-    return jnp.exp(log_r) - log_r - 1
-
-
-def exact_kl(logits: jax.Array, ref_logits: jax.Array) -> jax.Array:
-    """KL(π_θ ‖ π_ref) = Σ_a π_θ(a) (log π_θ(a) − log π_ref(a)) per image, summed over all ten answers.
-    logits, ref_logits (B, 10) -> (B,). Its gradient is the true ∇KL(π_θ ‖ π_ref)."""
-    return tfd.Categorical(logits=logits).kl_divergence(tfd.Categorical(logits=ref_logits))
-
-
-def grpo_loss(actor: Actor, x, actions, logp_old, adv, ref_logits, clip_eps: float, beta: float, kl: str):
-    """Loss to minimise: −clipped surrogate + β·KL.  x (B, 784); actions, logp_old, adv (B, G); ref_logits (B, 10).
-
-    kl="exact": mean over images of KL(π_θ ‖ π_ref) (`exact_kl`); kl="k3": mean of k3 over the sampled answers."""
-    dist = actor(x)
-    logp = dist.log_prob(actions.T).T  # (B, G): log π_θ of each sampled answer
-    surrogate, clip_frac = clipped_surrogate(logp, logp_old, adv, clip_eps)
-    if kl == "exact":
-        kl_value = exact_kl(dist.logits, ref_logits).mean()
-    else:
-        logp_ref = tfd.Categorical(logits=ref_logits).log_prob(actions.T).T  # (B, G)
-        kl_value = k3_kl(logp, logp_ref).mean()
-    loss = -surrogate + beta * kl_value
-    return loss, {"loss": loss, "clip_frac": clip_frac, "kl": kl_value}
-
-
-def supervised_loss(actor: Actor, x, labels):
-    """Cross-entropy: −mean log π_θ(label | x)."""
-    loss = -actor(x).log_prob(labels).mean()
-    return loss, {"loss": loss}
-
-
-# ---------------------------------------------------------------------------------------------
-# One update per batch, and a whole epoch compiled as one lax.scan
-# ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class GRPOConfig:
-    """The static (compile-time) part of Args that the jitted epoch needs."""
-
-    objective: str
-    group_mode: str
-    group_size: int
-    batch_size: int
-    inner_steps: int
-    clip_eps: float
-    beta: float
-    kl: str
-    adv_eps: float
-
-    @classmethod
-    def from_args(cls, args: Args) -> GRPOConfig:
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
-
-
-def grpo_update(actor: Actor, optimizer: nnx.Optimizer, reference: Actor, x, y, key, config: GRPOConfig) -> dict:
-    """Rollout G answers per image from π_old, score them, then μ clipped-surrogate steps on that rollout."""
-    dist_old = actor(x)  # π_old: the parameters before this rollout's μ steps
-    actions = dist_old.sample(config.group_size, seed=key).T  # (B, G)
-    logp_old = jax.lax.stop_gradient(dist_old.log_prob(actions.T).T)  # (B, G)
-    rewards = (actions == y[:, None]).astype(jnp.float32)  # (B, G): 1 if the answer names the digit
-    if config.group_mode == "prompt":
-        adv = group_advantages(rewards, config.adv_eps)
-        zero_signal = jnp.mean(rewards.std(axis=1) == 0)  # groups with all-equal rewards teach nothing
-    else:
-        adv = batch_advantages(rewards, config.adv_eps)
-        zero_signal = (rewards.std() == 0).astype(jnp.float32)
-    if config.beta > 0:
-        ref_logits = reference(x).logits  # (B, 10), frozen π_ref
-    else:
-        ref_logits = dist_old.logits  # unused: β = 0 multiplies it away; skip the extra forward pass
-    grad_fn = nnx.value_and_grad(grpo_loss, has_aux=True)
-    step_metrics = []
-    for _ in range(config.inner_steps):  # μ steps: after the first, ρ ≠ 1 and the clip can act
-        (_, aux), grads = grad_fn(actor, x, actions, logp_old, adv, ref_logits, config.clip_eps, config.beta, config.kl)
-        optimizer.update(actor, grads)
-        step_metrics.append(aux)
-    metrics = jax.tree.map(lambda *v: jnp.mean(jnp.stack(v)), *step_metrics)
-    if config.beta == 0:
-        del metrics["kl"]  # with β = 0 it compared π_θ with π_old, not with π_ref
-    return {**metrics, "reward": rewards.mean(), "zero_signal": zero_signal}
-
-
-def supervised_update(actor: Actor, optimizer: nnx.Optimizer, x, y, key) -> dict:
-    """One cross-entropy step; also samples one answer per image so 'reward' is comparable with GRPO's."""
-    reward = (actor(x).sample(seed=key) == y).astype(jnp.float32).mean()
-    (_, aux), grads = nnx.value_and_grad(supervised_loss, has_aux=True)(actor, x, y)
-    optimizer.update(actor, grads)
-    return {**aux, "reward": reward}
-
-
-def train_epoch(
-    graphdef: nnx.GraphDef, ref_graphdef: nnx.GraphDef, config: GRPOConfig, state, ref_state, x_all, y_all, key
-):
-    """One pass over the shuffled training images, compiled as a single lax.scan over batches.
-
-    `state` is nnx.state((actor, optimizer)), `ref_state` the frozen reference's. The NNX objects are rebuilt
-    inside the traced function (nnx.merge), updated in place, and split back out, so Python and NNX
-    bookkeeping run once at trace time, not once per batch."""
-    n_batches = x_all.shape[0] // config.batch_size  # the last partial batch is dropped
-    key, perm_key = jax.random.split(key)
-    order = jax.random.permutation(perm_key, x_all.shape[0])[: n_batches * config.batch_size]
-    batches = order.reshape(n_batches, config.batch_size)  # (n_batches, B) image indices
-    keys = jax.random.split(key, n_batches)
-    reference = nnx.merge(ref_graphdef, ref_state)
-
-    def one_batch(state, inputs):
-        idx, batch_key = inputs
-        actor, optimizer = nnx.merge(graphdef, state)
-        x, y = x_all[idx], y_all[idx]  # (B, 784), (B,)
-        if config.objective == "grpo":
-            metrics = grpo_update(actor, optimizer, reference, x, y, batch_key, config)
-        else:
-            metrics = supervised_update(actor, optimizer, x, y, batch_key)
-        return nnx.state((actor, optimizer)), metrics
-
-    state, metrics = jax.lax.scan(one_batch, state, (batches, keys))
-    return state, jax.tree.map(jnp.mean, metrics)
-
-
-# ---------------------------------------------------------------------------------------------
-# Evaluation, the compiled functions, checkpoints and the curve
-# ---------------------------------------------------------------------------------------------
-def evaluate(graphdef: nnx.GraphDef, state, ref_state, x, y):
-    """Greedy (argmax) accuracy on held-out images, and the exact mean KL(π_θ ‖ π_ref) over them.
-    `graphdef` is the actor's; `state` and `ref_state` are the actor's and the frozen reference's."""
-    actor, reference = nnx.merge(graphdef, state), nnx.merge(graphdef, ref_state)
-    dist = actor(x)
-    accuracy = jnp.mean(dist.mode() == y)
-    kl_ref = jnp.mean(dist.kl_divergence(reference(x)))  # exact: only 10 actions to sum over
-    return accuracy, kl_ref
-
-
-def make_train_fns(graphdef: nnx.GraphDef, actor_graphdef: nnx.GraphDef, config: GRPOConfig):
-    """The two hot functions, compiled once: epoch(state, ref_state, x, y, key) -> (state, metrics), one pass
-    over the training images, and score(actor_state, ref_state, x, y) -> (accuracy, kl_ref) on held-out ones.
-    The graphdefs and the config are bound with partial, so a call only flattens the state's arrays."""
-    epoch = jax.jit(partial(train_epoch, graphdef, actor_graphdef, config))
-    score = jax.jit(partial(evaluate, actor_graphdef))
-    return epoch, score
-
-
+# ---- Checkpoints and the figure
 def flatten_dict(tree: dict, prefix: str) -> dict[str, np.ndarray]:
     """{'fc1': {'kernel': a}} under prefix 'actor' -> {'actor/fc1/kernel': a}."""
     flat = {}
@@ -743,9 +792,7 @@ def plot_curve(path: str, history: list[dict], test_accuracy: float, title: str)
     plt.close(fig)
 
 
-# ---------------------------------------------------------------------------------------------
-# Training loop and main
-# ---------------------------------------------------------------------------------------------
+# ---- main: check the flags, load the data, train, score the test set once, save
 def run_label(args: Args) -> str:
     if args.objective == "supervised":
         return "supervised"
@@ -764,68 +811,6 @@ def print_header(args: Args, data: Data, label: str) -> dict:
     table, param_counts = param_table(args.hidden_size)
     print(table, flush=True)
     return param_counts
-
-
-def train(args: Args, data: Data) -> tuple[Actor, Actor, list[dict], dict]:
-    """Build the actor, its frozen reference and Adam; run the epochs, scoring validation after each.
-    Returns (actor, reference, history, timings). The test images are not touched here."""
-    key = jax.random.key(args.seed)
-    actor = Actor(args.hidden_size, rngs=nnx.Rngs(args.seed))
-    reference = nnx.clone(actor)  # π_ref: the frozen initial policy (see README, "KL and the reference policy")
-    optimizer = nnx.Optimizer(actor, optax.adam(args.learning_rate), wrt=nnx.Param)
-    graphdef, state = nnx.split((actor, optimizer))
-    actor_graphdef, ref_state = nnx.split(reference)
-    x_train, y_train = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
-    x_val, y_val = jnp.asarray(data.x_val), jnp.asarray(data.y_val)
-
-    t0 = time.perf_counter()
-    epoch_fn, score = make_train_fns(graphdef, actor_graphdef, GRPOConfig.from_args(args))
-    epoch_fn = epoch_fn.lower(state, ref_state, x_train, y_train, key).compile()  # compile once, up front
-    compile_seconds = time.perf_counter() - t0
-
-    def validate_actor(state):  # greedy accuracy and exact KL(π ‖ π_ref) on the validation images
-        acc, kl_ref = score(state[0], ref_state, x_val, y_val)  # state[0]: the actor's part of (actor, optimizer)
-        return float(acc), float(kl_ref)
-
-    acc, kl_ref = validate_actor(state)
-    history = [{"epoch": 0, "val_accuracy": acc, "kl_ref": kl_ref}]
-    print(f"epoch=0 val_acc={acc:.4f} (untrained)", flush=True)
-    for epoch in range(1, args.epochs + 1):
-        key, epoch_key = jax.random.split(key)
-        t_epoch = time.perf_counter()
-        state, metrics = epoch_fn(state, ref_state, x_train, y_train, epoch_key)
-        jax.block_until_ready(state)
-        seconds = time.perf_counter() - t_epoch
-        acc, kl_ref = validate_actor(state)
-        row = {
-            "epoch": epoch,
-            "val_accuracy": acc,
-            "train_reward": float(metrics["reward"]),
-            "kl_ref": kl_ref,
-            "seconds": seconds,
-            **{k: float(v) for k, v in metrics.items() if k != "reward"},
-        }
-        history.append(row)
-        extra = "".join(f" {k}={row[k]:.4f}" for k in ("clip_frac", "zero_signal", "kl") if k in row)
-        print(
-            f"epoch={epoch} val_acc={acc:.4f} train_reward={row['train_reward']:.4f} loss={row['loss']:.4f}"
-            f"{extra} kl_ref={kl_ref:.4f} sec={seconds:.2f} img/s={len(data.y_train) / seconds:.0f}",
-            flush=True,
-        )
-    actor, _ = nnx.merge(graphdef, state)
-    timings = {
-        "train_seconds": time.perf_counter() - t0,
-        "compile_seconds": compile_seconds,
-        "seconds_per_epoch": float(np.mean([h["seconds"] for h in history[1:]])),
-    }
-    return actor, reference, history, timings
-
-
-def score_test_set(actor: Actor, reference: Actor, data: Data) -> tuple[float, float]:
-    """Greedy accuracy and exact KL(π ‖ π_ref) on the held-out test images: called once, after training."""
-    score = jax.jit(partial(evaluate, nnx.graphdef(actor)))
-    accuracy, kl_ref = score(nnx.state(actor), nnx.state(reference), jnp.asarray(data.x_test), jnp.asarray(data.y_test))
-    return float(accuracy), float(kl_ref)
 
 
 def save_outputs(args: Args, results: dict, actor: Actor, title: str) -> None:

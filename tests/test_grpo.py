@@ -446,7 +446,7 @@ def test_bad_input_exits_with_one_line(tmp_path):
         g.main(g.Args(group_size=1, out=str(tmp_path)))
     with pytest.raises(SystemExit, match="--clip-eps"):
         g.main(g.Args(clip_eps=0.0, out=str(tmp_path)))
-    with pytest.raises(SystemExit, match="--val-size must be a fraction"):
+    with pytest.raises(SystemExit, match=r"--val-size must be in \(0, 0.5\]"):
         g.main(g.Args(val_size=1.0, out=str(tmp_path)))
     with pytest.raises(SystemExit, match="^error: --learning-rate must be > 0"):
         g.main(g.Args(learning_rate=0.0, out=str(tmp_path)))
