@@ -47,10 +47,10 @@ FILE_NAME = re.compile(r"^[\w./-]+\.py$")
 
 
 def readmes(root: Path = REPO) -> list[Path]:
-    """README.md and README_ch.md at the top and in every numbered module folder."""
+    """README.md and README_ch.md at the top, in every numbered module folder and on the benchmarks page."""
     found = [p for p in (root / "README.md", root / "README_ch.md") if p.exists()]
     for folder in sorted(root.iterdir()):
-        if folder.is_dir() and MODULE_DIR.match(folder.name):
+        if folder.is_dir() and (MODULE_DIR.match(folder.name) or folder.name == "benchmarks"):
             found += [p for p in (folder / "README.md", folder / "README_ch.md") if p.exists()]
     return found
 
@@ -114,9 +114,12 @@ def script_words(script: Path) -> frozenset[str]:
 
 
 def module_scripts(readme: Path, root: Path) -> list[Path]:
-    """The scripts a README speaks for: its own folder's, or every module's for the top README."""
+    """The scripts a README speaks for: its own folder's; every module's for the top README; every module's, the
+    tools' and the peers' for the benchmarks page."""
     if readme.parent == root:
         return sorted(root.glob("[0-9]_*/*.py"))
+    if readme.parent.name == "benchmarks":
+        return sorted([*root.glob("[0-9]_*/*.py"), *root.glob("tools/*.py"), *root.glob("benchmarks/peers/*.py")])
     return sorted(readme.parent.glob("*.py"))
 
 
@@ -662,7 +665,7 @@ def test_every_results_file_is_quoted_and_records_its_command():
     for path in sorted(RESULTS.RESULTS_DIR.glob("*.*")):
         data = RESULTS.load(path.stem)
         header = data["provenance"] if isinstance(data, dict) else data[0]
-        assert header["command"].startswith("python ") and header["versions"]["jax"], path
+        assert header["command"].startswith("python ") and header["versions"]["python"] and header["date"], path
         assert path.stem in quoted, f"{path.name} is quoted by no README (delete it, or quote it)"
 
 

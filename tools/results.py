@@ -34,7 +34,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "benchmarks" / "results"
-PACKAGES = ("jax", "jaxlib", "flax", "optax", "gymnasium", "numpy")
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "gymnasium", "numpy", "torch", "stable-baselines3")
 
 BLOCK = re.compile(r"(<!-- results: ([\w.-]+)((?: \w+=\d+)*) -->\n)(.*?)(<!-- /results -->)", re.S)
 INLINE = re.compile(r"(<!-- r: ([\w.-]+)\.(\w+) -->)(.*?)(<!-- /r -->)")
@@ -140,7 +140,8 @@ def field(summary: dict, name: str) -> str:
 def footer(prov: dict, lang: str) -> str:
     w = WORDS[lang]
     m = prov["machine"]
-    versions = ", ".join(f"{k} {v}" for k, v in prov["versions"].items() if k in ("python", "jax", "flax"))
+    shown = ("python", "jax", "flax", "torch", "stable-baselines3")
+    versions = ", ".join(f"{k} {v}" for k, v in prov["versions"].items() if k in shown)
     return (
         f"<sub>`{prov['command']}` · {prov['date']} · {m['cpu']}, {m['cores']} {w['cores']}, "
         f"{w['load']} {prov['load_at_start']} · {versions}</sub>"
