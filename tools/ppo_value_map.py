@@ -1,0 +1,201 @@
+"""What a trained PPO agent learned, drawn over Pendulum's state plane (θ, θ̇).
+
+Loads the actor and critic of one run of 3_Pendulum/pendulum.py (its params.npz, and the flags it was trained
+with from the metrics.json beside it), evaluates both networks on a grid of states
+
+    θ ∈ [−π, π]  (0 = upright, ±π = hanging down),   θ̇ ∈ [−8, 8]   →   obs = (cos θ, sin θ, θ̇),
+
+and draws two panels:
+
+    left   the critic's V_φ(s) / --reward-scale: the discounted return the agent expects from s, in the
+           units of the environment's rewards (the critic was trained on rewards × --reward-scale);
+    right  the actor's mean torque μ_θ(s) = 2·tanh(·), the action of the deterministic evaluation.
+
+Over both it draws the path (θ_t, θ̇_t) of one deterministic evaluation episode: the test start closest to
+hanging straight down (the episode of the README's GIF), played on gymnasium's Pendulum-v1.
+
+    python 3_Pendulum/pendulum.py --out runs/pendulum
+    python tools/ppo_value_map.py runs/pendulum --out runs/value_map
+
+Writes <out>/value_map.png and prints a few values read off the grid. The course script is imported by path
+(like tests/conftest.py); the script itself imports nothing from here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "3_Pendulum" / "pendulum.py"
+
+
+def load_pendulum():
+    spec = importlib.util.spec_from_file_location("course_pendulum", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["course_pendulum"] = module  # dataclasses need the module registered
+    spec.loader.exec_module(module)
+    return module
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("run", help="a training run's folder: its params.npz and metrics.json (pendulum.py --out)")
+    p.add_argument("--grid", type=int, default=201, help="grid points along each axis")
+    p.add_argument("--out", default="runs/value_map", help="folder for value_map.png")
+    a = p.parse_args(argv)
+    run = Path(a.run)
+    for name in ("params.npz", "metrics.json"):
+        if not (run / name).is_file():
+            p.exit(1, f"error: {run / name}: no such file (give the --out folder of a pendulum.py training run)\n")
+    if a.grid < 2:
+        p.exit(1, f"error: --grid must be >= 2, got {a.grid}\n")
+    try:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, ".write_test"), "w"):
+            pass
+        os.remove(os.path.join(a.out, ".write_test"))
+    except OSError as e:
+        p.exit(1, f"error: --out {a.out!r}: cannot write there ({e.strerror})\n")
+    return a
+
+
+def state_grid(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """θ (n,), θ̇ (n,) and the observations (n, n, 3) of every grid state; row i is θ̇_i, column j is θ_j."""
+    th = np.linspace(-np.pi, np.pi, n)
+    thdot = np.linspace(-8.0, 8.0, n)
+    T, W = np.meshgrid(th, thdot)
+    obs = np.stack([np.cos(T), np.sin(T), W], axis=-1).astype(np.float32)
+    return th, thdot, obs
+
+
+def load_agent(pendulum, run: Path):
+    """The run's actor and critic, its flags (metrics.json's args) and its observation statistics (or None)."""
+    from flax import nnx
+
+    saved = json.loads((run / "metrics.json").read_text())["args"]
+    actor = pendulum.Actor(
+        3, 1, saved["hidden_size"], saved["sigma"], saved["activation"], saved["log_std_init"], rngs=nnx.Rngs(0)
+    )
+    critic = pendulum.Critic(3, saved["hidden_size"], saved["activation"], rngs=nnx.Rngs(1))
+    norm = {"obs_norm/mean": np.zeros(3), "obs_norm/var": np.ones(3)} if saved.get("norm_obs") else {}
+    stats = pendulum.load_checkpoint(str(run / "params.npz"), {"actor": actor, "critic": critic, **norm})
+    rms = (stats["obs_norm/mean"], stats["obs_norm/var"]) if norm else None
+    return actor, critic, saved, rms
+
+
+def normalise(obs: np.ndarray, rms) -> np.ndarray:
+    """The observation as the networks saw it in training (--norm-obs: (obs − mean)/√(var + 1e-8), clipped ±10)."""
+    if rms is None:
+        return obs
+    mean, var = rms
+    return np.clip((obs - mean) / np.sqrt(var + 1e-8), -10, 10).astype(np.float32)
+
+
+def swing_up_path(actor, rms, eval_seed: int, episodes: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """(θ_t, θ̇_t) and the return of the deterministic episode whose start hangs lowest (smallest cos θ)."""
+    import gymnasium as gym
+
+    starts = []
+    for i in range(episodes):
+        env = gym.make("Pendulum-v1")
+        starts.append(env.reset(seed=eval_seed + i)[0][0])
+        env.close()
+    env = gym.make("Pendulum-v1")
+    obs, _ = env.reset(seed=eval_seed + int(np.argmin(starts)))
+    path, total, done = [obs], 0.0, False
+    while not done:
+        mu = np.asarray(actor(normalise(obs[None].astype(np.float32), rms)).mean())[0]
+        obs, r, term, trunc, _ = env.step(np.clip(mu, -2.0, 2.0))
+        path.append(obs)
+        total += float(r)
+        done = term or trunc
+    env.close()
+    path = np.array(path)
+    return np.arctan2(path[:, 1], path[:, 0]), path[:, 2], total
+
+
+def plot(path: str, th, thdot, value, torque, traj, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    th_t, thdot_t, ret = traj
+    fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.6), constrained_layout=True)
+    extent = (th[0], th[-1], thdot[0], thdot[-1])
+    panels = (
+        (value, "viridis", None, "critic: V(s) / reward scale  (expected discounted return)"),
+        (torque, "coolwarm", (-2.0, 2.0), "actor: mean torque μ(s)"),
+    )
+    for ax, (img, cmap, lim, name) in zip(axes, panels):
+        vmin, vmax = lim if lim else (None, None)
+        im = ax.imshow(img, origin="lower", extent=extent, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax)
+        fig.colorbar(im, ax=ax, shrink=0.9)
+        # θ jumps from π to −π when the pendulum passes the bottom: break the line there
+        jump = np.flatnonzero(np.abs(np.diff(th_t)) > np.pi) + 1
+        for k, (a, b) in enumerate(zip(np.split(th_t, jump), np.split(thdot_t, jump))):
+            ax.plot(a, b, color="white", lw=2.4)
+            ax.plot(a, b, color="black", lw=1.0, label=f"swing-up episode (return {ret:.0f})" if k == 0 else None)
+        ax.plot(th_t[0], thdot_t[0], "o", color="black", mec="white", ms=7)
+        ax.plot(0, 0, "*", color="gold", mec="black", ms=13)
+        ax.set_xticks([-np.pi, -np.pi / 2, 0, np.pi / 2, np.pi], ["−π (down)", "−π/2", "0 (up)", "π/2", "π (down)"])
+        ax.set_xlabel("angle θ")
+        ax.set_ylabel("angular velocity θ̇")
+        ax.set_title(name, fontsize=10)
+    axes[1].legend(loc="lower right", fontsize=8)
+    fig.suptitle(title, fontsize=11)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    a = parse(argv)
+    pendulum = load_pendulum()
+    run = Path(a.run)
+    try:
+        actor, critic, saved, rms = load_agent(pendulum, run)
+    except pendulum.InputError as e:
+        sys.exit(f"error: {e}")
+    th, thdot, obs = state_grid(a.grid)
+    x = normalise(obs.reshape(-1, 3), rms)
+    value = np.asarray(critic(x)).reshape(a.grid, a.grid) / saved["reward_scale"]
+    torque = np.asarray(actor(x).mean())[:, 0].reshape(a.grid, a.grid)
+    traj = swing_up_path(actor, rms, saved["eval_seed"], saved["eval_episodes"])
+    metrics = json.loads((run / "metrics.json").read_text())
+    title = (
+        f"{saved['algo'].upper() if saved['algo'] == 'ppo' else saved['algo']} on Pendulum-v1, seed {saved['seed']}, "
+        f"{metrics['env_steps']:,} steps: test return {metrics['eval_return_mean']:.1f}"
+    )
+    out = os.path.join(a.out, "value_map.png")
+    plot(out, th, thdot, value, torque, traj, title)
+    mid, down = a.grid // 2, 0
+    summary = dict(
+        v_upright_at_rest=float(value[mid, mid]),
+        v_down_at_rest=float(value[mid, down]),
+        v_min=float(value.min()),
+        v_max=float(value.max()),
+        share_of_states_above_1_5=float(np.mean(np.abs(torque) > 1.5)),
+        swing_up_return=traj[2],
+        swing_up_steps_to_upright=int(np.argmax(np.abs(traj[0]) < 0.1)),
+    )
+    print(f"V(s) / reward scale, upright at rest: {summary['v_upright_at_rest']:.1f}")
+    print(f"V(s) / reward scale, hanging down at rest: {summary['v_down_at_rest']:.1f}")
+    print(f"V(s) / reward scale over the grid: {summary['v_min']:.1f} … {summary['v_max']:.1f}")
+    print(f"share of grid states with |μ(s)| > 1.5: {summary['share_of_states_above_1_5']:.2f}")
+    print(
+        f"swing-up episode: return {summary['swing_up_return']:.1f}, "
+        f"|θ| < 0.1 first at step {summary['swing_up_steps_to_upright']}"
+    )
+    print(f"figure: {out}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
