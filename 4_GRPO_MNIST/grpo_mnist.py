@@ -60,15 +60,18 @@ def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
 @dataclass
 class Args:
     seed: int = flag(0, "seeds everything: jax.random.key (shuffles, sampling) and nnx.Rngs (weights)")
-    dataset: str = flag(
-        "mnist", "tensorflow-datasets name, read with tfds.data_source", choices=("mnist", "fashion_mnist")
+    data: str = flag(
+        "bundled",
+        "bundled: the 10,000 official MNIST test digits shipped in 4_GRPO_MNIST/data/ (offline), split into "
+        "--split-test-set training digits and a held-out test set; full: the official 60,000 training and "
+        "10,000 test digits, from tensorflow-datasets or downloaded",
+        choices=("bundled", "full"),
     )
-    data_dir: str = flag("", "read the standard IDX .gz files from this folder instead of tensorflow-datasets")
     split_test_set: int = flag(
-        0,
-        "if > 0: train on this many images of the official TEST split and hold out "
-        "the rest (a fixed shuffle, the same for every --seed); 0: use train / test",
-        min=0,
+        8000,
+        "with --data bundled: train on this many of the 10,000 digits and hold out the rest as the test set "
+        "(a fixed shuffle, the same for every --seed)",
+        min=1,
     )
     val_size: float = flag(
         0.1,
@@ -77,9 +80,14 @@ class Args:
         gt=0,
         max=0.5,
     )
+    data_dir: str = flag(
+        "",
+        "read the IDX .gz files from this folder: the t10k pair (--data bundled) or all four (--data full)",
+    )
+    dataset: str = flag("mnist", "with --data full: the tensorflow-datasets name", choices=("mnist", "fashion_mnist"))
     download: bool = flag(
         True,
-        "if the dataset is not cached, let tensorflow-datasets prepare it, or else fetch "
+        "with --data full: if the dataset is not cached, let tensorflow-datasets prepare it, or else fetch "
         "the IDX files its builder uses (checked against its SHA-256 list)",
     )
     objective: str = flag(
@@ -129,10 +137,18 @@ class Data(NamedTuple):
     y_val: np.ndarray
     x_test: np.ndarray  # (M, 784) held-out test images, scored once at the end
     y_test: np.ndarray
-    source: str  # what the numbers were measured on, e.g. "IDX files in DIR: test split shuffled, ..."
+    source: str  # what the numbers were measured on, e.g. "bundled MNIST test digits: ..."
 
 
 SPLIT_SEED = 0  # the fixed shuffles behind --split-test-set and --val-size: the same digits for every --seed
+
+
+def split_test_digits(x: np.ndarray, y: np.ndarray, n_train: int) -> tuple[np.ndarray, ...]:
+    """--data bundled: the 10,000 official test digits, shuffled once, become n_train training digits and a
+    held-out test set (the rest). Returns (x_train, y_train, x_test, y_test)."""
+    order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
+    train, held = order[:n_train], order[n_train:]
+    return x[train], y[train], x[held], y[held]
 
 
 def carve_validation(x: np.ndarray, y: np.ndarray, val_size: float) -> tuple[np.ndarray, ...]:
@@ -476,6 +492,9 @@ def validate(args: Args) -> None:
             f"--group-size must be >= 2 with --group-mode prompt (a group of one always has advantage 0), "
             f"got {args.group_size}"
         )
+    if args.dataset != "mnist" and args.data != "full":
+        # the bundled digits are MNIST's; another tensorflow-datasets name needs its own files
+        raise InputError(f"--dataset {args.dataset} needs --data full (the bundled digits are MNIST)")
     try:  # the output folder is checked before any work: a run that cannot save its results does not start
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, ".write_test"), "w"):
@@ -490,6 +509,7 @@ IDX_FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
 }
+BUNDLED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")  # the t10k pair, see data/README.md
 
 
 def read_idx(path: str) -> np.ndarray:
@@ -613,20 +633,17 @@ def idx_cache_dir(name: str) -> str:
     return os.path.join(root, "downloads", f"{name}_idx")
 
 
-def load_data(args: Args) -> Data:
-    """Train, validation and test arrays, from --data-dir or tensorflow-datasets, optionally splitting the
-    test set; the validation split is always carved from the training images (`carve_validation`).
+def load_full(args: Args) -> tuple[np.ndarray, ...]:
+    """--data full: (x_train, y_train, x_test, y_test, origin) of the official train and test splits.
 
-    Without --data-dir: tfds.data_source first; if tfds cannot provide the data (not prepared, and
-    preparing needs TensorFlow) and --download is on, the IDX files its builder uses, fetched and checked."""
-    need_train = args.split_test_set == 0
+    From --data-dir if given; else tfds.data_source, and if tfds cannot provide the data (not prepared, and
+    preparing needs TensorFlow) with --download on, the IDX files its builder uses, fetched and checked."""
     folder = args.data_dir
     if not folder:
         try:
-            origin = f"tfds {args.dataset}"
             x_test, y_test = load_tfds_split(args.dataset, "test", args.download)
-            if need_train:
-                x_train, y_train = load_tfds_split(args.dataset, "train", args.download)
+            x_train, y_train = load_tfds_split(args.dataset, "train", args.download)
+            return x_train, y_train, x_test, y_test, f"tfds {args.dataset}"
         except InputError as tfds_error:
             if not args.download:
                 raise
@@ -636,28 +653,36 @@ def load_data(args: Args) -> Data:
                 flush=True,
             )
             folder = fetch_idx_files(args.dataset, idx_cache_dir(args.dataset))
-    if folder:
+    if not os.path.isdir(folder):
+        raise InputError(f"--data-dir {folder} is not a folder")
+    x_test, y_test = load_idx_split(folder, "test")
+    if not os.path.exists(os.path.join(folder, IDX_FILES["train"][0])):
+        raise InputError(
+            f"--data-dir {folder} has no {IDX_FILES['train'][0]}; with only the test files, use --data bundled "
+            f"to train on --split-test-set of them and hold out the rest"
+        )
+    x_train, y_train = load_idx_split(folder, "train")
+    return x_train, y_train, x_test, y_test, f"IDX files in {folder}"
+
+
+def load_data(args: Args) -> Data:
+    """Train, validation and test arrays. --data bundled: the two t10k files in 4_GRPO_MNIST/data/ (or in
+    --data-dir), split by `split_test_digits`; --data full: `load_full`. The validation split is always
+    carved from the training images (`carve_validation`)."""
+    if args.data == "bundled":
+        folder = args.data_dir or BUNDLED_DIR
         if not os.path.isdir(folder):
             raise InputError(f"--data-dir {folder} is not a folder")
-        origin = f"IDX files in {folder}"
-        x_test, y_test = load_idx_split(folder, "test")
-        if need_train:
-            if not os.path.exists(os.path.join(folder, IDX_FILES["train"][0])):
-                raise InputError(
-                    f"--data-dir {folder} has no {IDX_FILES['train'][0]}; with only the test "
-                    f"files, pass --split-test-set 8000 to train on 8,000 of them and hold out the rest"
-                )
-            x_train, y_train = load_idx_split(folder, "train")
-    if need_train:
-        source = f"{origin}: train split"
-    else:
+        x, y = load_idx_split(folder, "test")
         n = args.split_test_set
-        if n >= len(y_test):
-            raise InputError(f"--split-test-set must be below the {len(y_test)} test images, got {n}")
-        order = np.random.default_rng(SPLIT_SEED).permutation(len(y_test))  # every --seed holds out the same
-        train, held = order[:n], order[n:]
-        x_train, y_train, x_test, y_test = x_test[train], y_test[train], x_test[held], y_test[held]
-        source = f"{origin}: test split shuffled, first {n}"
+        if n >= len(y):
+            raise InputError(f"--split-test-set must be below the {len(y)} test images, got {n}")
+        x_train, y_train, x_test, y_test = split_test_digits(x, y, n)
+        origin = f"IDX files in {folder}" if args.data_dir else "MNIST test digits bundled in 4_GRPO_MNIST/data"
+        source = f"{origin}: test split shuffled, first {n} for training"
+    else:
+        x_train, y_train, x_test, y_test, origin = load_full(args)
+        source = f"{origin}: train split"
     if len(y_train) < 2:
         raise InputError(f"need at least 2 training images to carve a validation split, got {len(y_train)}")
     x_train, y_train, x_val, y_val = carve_validation(x_train, y_train, args.val_size)

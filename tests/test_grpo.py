@@ -8,7 +8,6 @@ import gzip
 import hashlib
 import http.server
 import json
-import os
 import struct
 import threading
 from pathlib import Path
@@ -23,11 +22,8 @@ from flax import nnx
 
 SCRIPT = "4_GRPO_MNIST/grpo_mnist.py"
 g = load_script(SCRIPT)
-# Real digits come from the folder named by MNIST_IDX_DIR (any folder with the MNIST IDX .gz files, e.g. the
-# cache ~/tensorflow_datasets/downloads/mnist_idx that the default run fills). .ci/run sets it when the course's
-# test data sits beside the repository. Unset: the real-digit tests skip. Set but missing or wrong: they FAIL.
-REAL_MNIST = Path(os.environ["MNIST_IDX_DIR"]) if os.environ.get("MNIST_IDX_DIR") else None
-real_digits = pytest.mark.skipif(REAL_MNIST is None, reason="set MNIST_IDX_DIR to a folder with the MNIST IDX files")
+# Real digits: the official MNIST test set that ships with the module (4_GRPO_MNIST/data/, see its README.md).
+REAL_MNIST = Path(g.BUNDLED_DIR)
 
 
 # ------------------------------------------------------------------ helpers
@@ -327,7 +323,6 @@ def test_idx_reader_on_bytes_written_here(tmp_path):
 
 
 @pytest.mark.unit
-@real_digits
 def test_idx_reader_on_the_real_mnist_test_set():
     md5 = {
         "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
@@ -375,7 +370,6 @@ def test_tfds_checksum_list_names_the_four_idx_files():
 
 
 @pytest.mark.unit
-@real_digits
 def test_tfds_checksums_match_the_real_mnist_files():
     files = g.tfds_idx_files("mnist")
     for name in g.IDX_FILES["test"]:
@@ -395,14 +389,14 @@ def test_fallback_fetches_checked_idx_files_when_tfds_cannot(tmp_path, monkeypat
         monkeypatch.setattr(g, "load_tfds_split", tfds_fails)
         monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
 
-        data = g.load_data(g.Args())
+        data = g.load_data(g.Args(data="full"))
         assert data.x_train.shape == (36, 784) and data.x_val.shape == (4, 784) and data.x_test.shape == (30, 784)
         cache = tmp_path / "tfds" / "downloads" / "mnist_idx"
         assert sorted(p.name for p in cache.iterdir()) == sorted(table)
 
         monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds2"))
         with pytest.raises(g.InputError, match="needs TensorFlow"):  # --no-download: tfds's error, no fetch
-            g.load_data(g.Args(download=False))
+            g.load_data(g.Args(data="full", download=False))
         assert not (tmp_path / "tfds2").exists()
 
         first = table["t10k-labels-idx1-ubyte.gz"]
@@ -453,8 +447,10 @@ def test_bad_input_exits_with_one_line(tmp_path):
     with pytest.raises(g.InputError, match="--hidden-size must be >= 1"):  # validate() itself raises; main reports
         g.validate(g.Args(hidden_size=0, out=str(tmp_path)))
     only_test = synthetic_digits(tmp_path / "t", splits=("t10k",))
-    with pytest.raises(SystemExit, match="--split-test-set 8000"):
-        g.main(g.Args(data_dir=str(only_test), out=str(tmp_path)))
+    with pytest.raises(SystemExit, match="has no train-images.*use --data bundled"):
+        g.main(g.Args(data="full", data_dir=str(only_test), out=str(tmp_path)))
+    with pytest.raises(SystemExit, match="--dataset fashion_mnist needs --data full"):
+        g.main(g.Args(dataset="fashion_mnist", out=str(tmp_path)))
     with pytest.raises(SystemExit, match="below the 500 test images"):
         g.main(g.Args(data_dir=str(only_test), split_test_set=500, out=str(tmp_path)))
     with pytest.raises(SystemExit, match="--batch-size 128 exceeds the 90 training images"):
@@ -468,6 +464,8 @@ def test_cli_runs_and_writes_outputs(tmp_path):
     out = tmp_path / "out"
     r = run_script(
         SCRIPT,
+        "--data",
+        "full",
         "--data-dir",
         str(data),
         "--epochs",
@@ -509,6 +507,8 @@ def test_cli_runs_and_writes_outputs(tmp_path):
 def test_cli_without_data_names_data_dir(tmp_path):
     r = run_script(
         SCRIPT,
+        "--data",
+        "full",
         "--no-download",
         "--out",
         str(tmp_path / "o"),
@@ -523,7 +523,9 @@ def test_cli_without_data_names_data_dir(tmp_path):
     data = synthetic_digits(tmp_path / "data", n_train=64, n_test=64)
     blob = (data / "train-images-idx3-ubyte.gz").read_bytes()
     (data / "train-images-idx3-ubyte.gz").write_bytes(blob[: len(blob) // 3])  # truncated download
-    r = run_script(SCRIPT, "--data-dir", str(data), "--out", str(tmp_path / "o"), cwd=tmp_path, timeout=120)
+    r = run_script(
+        SCRIPT, "--data", "full", "--data-dir", str(data), "--out", str(tmp_path / "o"), cwd=tmp_path, timeout=120
+    )
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "train-images-idx3-ubyte.gz" in r.stderr
 
@@ -532,7 +534,7 @@ def test_cli_without_data_names_data_dir(tmp_path):
 @pytest.mark.learning
 def test_grpo_learns_synthetic_digits_and_is_reproducible(tmp_path):
     data = synthetic_digits(tmp_path / "data", n_train=2000, n_test=500)
-    args = dict(data_dir=str(data), epochs=2, batch_size=32, group_size=8, seed=0)
+    args = dict(data="full", data_dir=str(data), epochs=2, batch_size=32, group_size=8, seed=0)
     first = g.main(g.Args(**args, out=str(tmp_path / "a")))
     assert first["history"][0]["val_accuracy"] < 0.3  # untrained: near chance (10%)
     assert first["test_accuracy"] > 0.8  # learned from the 0/1 reward alone
@@ -543,9 +545,8 @@ def test_grpo_learns_synthetic_digits_and_is_reproducible(tmp_path):
 
 
 @pytest.mark.learning
-@real_digits
 def test_grpo_learns_real_digits(tmp_path):
-    result = g.main(g.Args(data_dir=str(REAL_MNIST), split_test_set=8000, epochs=2, out=str(tmp_path)))
+    result = g.main(g.Args(epochs=2, out=str(tmp_path)))
     assert (result["train_images"], result["val_images"], result["test_images"]) == (7200, 800, 2000)
     assert result["val_accuracy"] > 0.85
     assert result["test_accuracy"] > 0.85  # greedy accuracy on 2,000 held-out real digits; chance is 10%
