@@ -1,18 +1,19 @@
-"""Shard a small transformer over a (data, model) Mesh with logical-axis rules, train it, check it against one device.
+"""Shard a small transformer over a (data, model) device mesh by logical-axis rules; check it against one device.
 
-Every weight is annotated with logical axis names (`vocab`, `embed`, `heads`, `kv`, `mlp`, `norm`)
-through `nnx.with_partitioning`. A rule set, a sequence of (logical name, mesh axis) pairs as in
-MaxText's `logical_axis_rules`, translates those names into a `PartitionSpec` for each weight.
-For every rule set the script:
+Every weight carries logical axis names (`vocab`, `embed`, `heads`, `mlp`, ...) from `nnx.with_partitioning`. A rule
+set, an ordered sequence of (logical name, mesh axis) pairs as in MaxText's `logical_axis_rules`, turns those names
+into a `PartitionSpec` per weight. The file reads in the order it runs:
 
-1. places the model and its Adam state in their shards: each device receives only its own pieces,
-2. prints a per-weight table (shape, logical axes, PartitionSpec, shard shape, bytes per device)
-   read from the real arrays' `addressable_shards`, and checks it against the analytic bytes,
-3. trains with a jitted Adam step, the batch split along the `data` mesh axis,
-4. compares loss and updated parameters with the same step computed on one device.
+1. the mesh axes, the four rule sets and `Args`;
+2. devices and mesh (`make_mesh`), then logical axes -> mesh axes (`logical_to_mesh_axes`, `analytic_bytes`);
+3. the model (`TinyLM`) and the layout of its state by a rule set (`state_shardings`, `init_sharded`);
+4. data, loss and the compiled step (`make_batches`, `place_batch`, `loss_fn`, `train_step`, `compile_step`, `train`);
+5. measuring the bytes each device holds (`measured_bytes`, `state_bytes`);
+6. the check against one device (`train_single_device`, `equivalence_check`), and `run_rule_set`, which does 3-6
+   for one rule set.
 
-Then it applies the same arithmetic to the guide's 8B example on a 4x2 mesh.
-Fake a multi-device host on a CPU with `--host-devices 8`.
+Below the `# Plumbing` banner: starting the devices (faked CPU devices, several hosts), the command line, input
+checks, the per-weight table, the 8B example's arithmetic, printing, plots, metrics.json and `main`.
 """
 
 from __future__ import annotations
@@ -70,38 +71,423 @@ class Args:
     seed: int = flag(0, "seeds everything: nnx.Rngs for the weights and NumPy's Generator for the batches")
     host_devices: int = flag(
         -1,
-        "fake this many CPU devices (sets XLA_FLAGS=--xla_force_host_platform_device_count=N "
-        "before JAX starts); 0 = use the devices that exist; -1 = 8 when JAX would run on "
-        "one CPU, else the devices that exist",
+        "fake N CPU devices (set before JAX starts); 0 = the devices there are; -1 = 8 on a CPU-only host, else 0",
+        min=-1,
     )
     distributed: bool = flag(False, "call jax.distributed.initialize() first: one process per host in a multi-host run")
-    coordinator_address: str = flag(
-        "",
-        "with --distributed: host:port of process 0; empty = auto-detect "
-        "(Cloud TPU, SLURM, Open MPI, Kubernetes) or $JAX_COORDINATOR_ADDRESS",
-    )
-    num_processes: int = flag(0, "with --distributed: how many processes in all; 0 = auto-detect")
-    process_id: int = flag(-1, "with --distributed: this process's rank, 0..num_processes-1; -1 = auto-detect")
-    perturb: float = flag(
-        0.0,
-        "add this to every value of one sharded weight before the equivalence check, to see the check FAIL (0 = off)",
-    )
+    coordinator_address: str = flag("", "with --distributed: host:port of process 0; empty = auto-detect")
+    num_processes: int = flag(0, "with --distributed: how many processes in all; 0 = auto-detect", min=0)
+    process_id: int = flag(-1, "with --distributed: this process's rank, 0..num_processes-1; -1 = auto-detect", min=-1)
+    perturb: float = flag(0.0, "add this to one sharded weight before the check, to see it FAIL (0 = off)")
     mesh: str = flag("", "device mesh as DATAxMODEL, e.g. 4x2; empty = model 2 if the device count is even, else 1")
     rules: str = flag("all", "logical-axis rule set to run", choices=(*RULE_SETS, "all"))
-    steps: int = flag(40, "Adam steps per rule set")
-    batch_size: int = flag(32, "sequences in the global batch, split along the 'data' mesh axis")
-    seq_len: int = flag(16, "tokens per input sequence")
-    vocab: int = flag(64, "vocabulary size (logical axis 'vocab')")
-    embed: int = flag(64, "model width (logical axis 'embed')")
-    heads: int = flag(8, "attention heads (logical axis 'heads')")
-    head_dim: int = flag(8, "width of one head (logical axis 'kv')")
-    mlp: int = flag(256, "hidden width of the MLP (logical axis 'mlp')")
-    learning_rate: float = flag(1e-2, "Adam learning rate")
-    tolerance: float = flag(1e-5, "largest |sharded - single device| allowed for the loss and every updated value")
-    hbm_gb: float = flag(80.0, "memory of one chip, in GB, for the 8B example")
-    log_every: int = flag(10, "print a progress line every this many steps")
+    steps: int = flag(40, "Adam steps per rule set (at least 2: the check repeats the last step)", min=2)
+    batch_size: int = flag(32, "sequences in the global batch, split along the 'data' mesh axis", min=1)
+    seq_len: int = flag(16, "tokens per input sequence", min=1)
+    vocab: int = flag(64, "vocabulary size (logical axis 'vocab')", min=1)
+    embed: int = flag(64, "model width (logical axis 'embed')", min=1)
+    heads: int = flag(8, "attention heads (logical axis 'heads')", min=1)
+    head_dim: int = flag(8, "width of one head (logical axis 'kv')", min=1)
+    mlp: int = flag(256, "hidden width of the MLP (logical axis 'mlp')", min=1)
+    learning_rate: float = flag(1e-2, "Adam learning rate", gt=0)
+    tolerance: float = flag(1e-5, "largest |sharded - single device| allowed in the check", gt=0)
+    hbm_gb: float = flag(80.0, "memory of one chip, in GB, for the 8B example", gt=0)
+    log_every: int = flag(10, "print a progress line every this many steps", min=1)
     visualize: bool = flag(True, "draw the mlp_in kernel's layout with jax.debug.visualize_array_sharding")
     out: str = flag("runs/sharding_mesh", "folder for metrics.json and loss_curve.png")
+
+
+# ---------------------------------------------------------------- devices and mesh
+
+
+def make_mesh(shape: tuple[int, int], devices: list) -> jax.sharding.Mesh:
+    """A (data, model) grid of devices. Auto axes: we place the weights and the batch, and the compiler (GSPMD)
+    propagates shardings to everything computed from them."""
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 2, devices=devices)
+
+
+# ---------------------------------------------------------------- logical axes -> mesh axes
+
+
+def logical_to_mesh_axes(logical_axes, rules, mesh_axes=MESH_AXES) -> tuple:
+    """Resolve one array's logical axis names into mesh axes, the way MaxText and flax.linen do.
+
+    Walk the rules in order. A rule (name, target) applies to the dimension called `name` if that
+    dimension is still unassigned and none of the mesh axes in `target` is already used by another
+    dimension of the same array. A dimension that no rule assigns is replicated: None.
+    """
+    result: list = [None] * len(logical_axes)
+    assigned = [False] * len(logical_axes)
+    used: set[str] = set()
+    for name, target in rules:
+        if name not in logical_axes:
+            continue
+        i = list(logical_axes).index(name)
+        targets = (target,) if isinstance(target, str) else tuple(target or ())
+        unknown = [t for t in targets if t not in mesh_axes]
+        if unknown:
+            raise ValueError(f"rule ({name!r}, {target!r}) names mesh axes {unknown} not in the mesh {mesh_axes}")
+        if assigned[i] or used & set(targets):
+            continue  # dimension already placed, or that mesh axis is taken: try the next rule
+        result[i], assigned[i] = target, True
+        used |= set(targets)
+    return tuple(result)
+
+
+def axis_size(entry, mesh_sizes: dict[str, int]) -> int:
+    """How many pieces one PartitionSpec entry cuts a dimension into (None -> 1)."""
+    targets = (entry,) if isinstance(entry, str) else tuple(entry or ())
+    return math.prod(mesh_sizes[t] for t in targets)
+
+
+def shard_shape(shape, spec, mesh_sizes: dict[str, int]) -> tuple[int, ...]:
+    """Per-device block of an array of `shape` laid out by `spec` (dims must divide evenly)."""
+    spec = tuple(spec) + (None,) * (len(shape) - len(spec))
+    return tuple(dim // axis_size(s, mesh_sizes) for dim, s in zip(shape, spec))
+
+
+def analytic_bytes(shape, itemsize: int, spec, mesh_sizes: dict[str, int]) -> int:
+    """bytes/device = itemsize · Π_i (dim_i / pieces_i)."""
+    return itemsize * math.prod(shard_shape(shape, spec, mesh_sizes))
+
+
+# ---------------------------------------------------------------- the model
+
+
+NORMAL_INIT = nnx.initializers.normal(0.02)  # N(0, 0.02²), the usual init of a small transformer
+
+
+def with_axes(names: tuple[str, ...], init=NORMAL_INIT):
+    """An initializer whose Variable carries logical axis names (metadata `out_sharding`)."""
+    return nnx.with_partitioning(init, names)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model and its optimizer, fixed at trace time: what the jitted `init_state` and `abstract_state` build."""
+
+    vocab: int
+    embed: int
+    heads: int
+    head_dim: int
+    mlp: int
+    seq_len: int
+    learning_rate: float
+    seed: int
+
+    @classmethod
+    def from_args(cls, args: Args) -> ModelConfig:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+class TinyLM(nnx.Module):
+    """Embedding -> one pre-norm transformer block (causal attention + MLP) -> unembedding."""
+
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        # V vocabulary, E width, H heads, K head width, F MLP width, L sequence length
+        V, E, H, K, F, L = config.vocab, config.embed, config.heads, config.head_dim, config.mlp, config.seq_len
+        self.token_embed = nnx.Embed(V, E, embedding_init=with_axes(("vocab", "embed")), rngs=rngs)
+        self.pos_embed = nnx.Param(with_axes(("length", "embed"))(rngs.params(), (L, E)))
+        norm = partial(nnx.RMSNorm, E, scale_init=with_axes(("norm",), nnx.initializers.ones), rngs=rngs)
+        self.attn_norm, self.mlp_norm, self.final_norm = norm(), norm(), norm()
+        qkv = partial(
+            nnx.Einsum, "bld,dhk->blhk", (E, H, K), kernel_init=with_axes(("embed", "heads", "kv")), rngs=rngs
+        )
+        self.query, self.key, self.value = qkv(), qkv(), qkv()
+        self.attn_out = nnx.Einsum(
+            "blhk,hkd->bld", (H, K, E), kernel_init=with_axes(("heads", "kv", "embed")), rngs=rngs
+        )
+        self.mlp_in = nnx.Linear(E, F, use_bias=False, kernel_init=with_axes(("embed", "mlp")), rngs=rngs)
+        self.mlp_out = nnx.Linear(F, E, use_bias=False, kernel_init=with_axes(("mlp", "embed")), rngs=rngs)
+        self.unembed = nnx.Linear(E, V, use_bias=False, kernel_init=with_axes(("embed", "vocab")), rngs=rngs)
+
+    def __call__(self, tokens):  # (B, L) int32
+        L = tokens.shape[1]
+        x = self.token_embed(tokens) + self.pos_embed[...][:L]  # (B, L, E)
+        h = self.attn_norm(x)
+        q, k, v = self.query(h), self.key(h), self.value(h)  # (B, L, H, K)
+        scores = jnp.einsum("bqhk,bshk->bhqs", q, k) / jnp.sqrt(q.shape[-1])  # (B, H, L, L)
+        causal = jnp.tril(jnp.ones((L, L), bool))
+        weights = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1)
+        x = x + self.attn_out(jnp.einsum("bhqs,bshk->bqhk", weights, v))  # (B, L, E)
+        x = x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.mlp_norm(x))))
+        return self.unembed(self.final_norm(x))  # (B, L, V) logits
+
+
+def make_model_and_optimizer(config: ModelConfig) -> tuple[TinyLM, nnx.Optimizer]:
+    model = TinyLM(config, nnx.Rngs(params=config.seed))
+    # Adam's m and v copy each Param's metadata, logical axis names included, so they shard like it.
+    return model, nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
+
+
+def init_state(config: ModelConfig) -> nnx.State:
+    """The (model, optimizer) state as a pure pytree, for a jitted init."""
+    # We place the arrays ourselves (out_shardings, device_put), so switch off NNX's eager sharding,
+    # which would otherwise want a mesh, and rules naming every logical axis, at construction.
+    with nnx.use_eager_sharding(False):
+        return nnx.split(make_model_and_optimizer(config))[1]
+
+
+def abstract_state(config: ModelConfig):
+    """graphdef + the state's shapes, dtypes and logical-axis metadata, without computing any value."""
+    with nnx.use_eager_sharding(False):
+        return nnx.split(nnx.eval_shape(lambda: make_model_and_optimizer(config)))
+
+
+def mesh_specs(tree, rules, mesh_axes=MESH_AXES):
+    """A PartitionSpec over mesh axes for every Variable of `tree`. nnx.get_partition_spec reads each one's
+    logical names (the `out_sharding` metadata of with_axes; P() where there is none, as for Adam's step count),
+    and `rules` resolve them. Call it outside nnx.logical_axis_rules: inside, Flax would resolve the names itself."""
+    return jax.tree.map(
+        lambda logical: P(*logical_to_mesh_axes(tuple(logical), rules, mesh_axes)), nnx.get_partition_spec(tree)
+    )
+
+
+def state_shardings(abstract, mesh, rules):
+    """NamedSharding for every leaf, laid out by `rules` on `mesh` (like nnx.get_named_sharding, with our resolver)."""
+    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), mesh_specs(abstract, rules, mesh.axis_names))
+
+
+def init_sharded(config: ModelConfig, shardings) -> nnx.State:
+    """Create model + Adam state directly in their shards: each device computes only its own pieces,
+    so no device ever holds the full model (how MaxText initialises models too big for one chip)."""
+    return jax.jit(partial(init_state, config), out_shardings=shardings)()
+
+
+# ---------------------------------------------------------------- data, loss, compiled step
+
+
+def make_batches(args: Args) -> np.ndarray:
+    """Arithmetic sequences mod vocab, t_i = (start + stride·i) mod V with stride ∈ {1..4}: (steps, B, L+1) int32.
+
+    Predicting t_{i+1} needs the last two tokens, so the model must learn to attend to the previous position.
+    """
+    rng = np.random.default_rng(args.seed)
+    start = rng.integers(0, args.vocab, size=(args.steps, args.batch_size, 1))
+    stride = rng.integers(1, 5, size=(args.steps, args.batch_size, 1))
+    return ((start + stride * np.arange(args.seq_len + 1)) % args.vocab).astype(np.int32)
+
+
+def place_batch(tokens: np.ndarray, mesh, rules) -> jax.Array:
+    """Put one global batch on the mesh, split as the rules say for ('batch', 'length')."""
+    sharding = NamedSharding(mesh, P(*logical_to_mesh_axes(("batch", "length"), rules, mesh.axis_names)))
+    # Each device receives only its slice. Every host builds the same global batch from the same seed,
+    # so this also works unchanged across hosts.
+    return jax.make_array_from_callback(tokens.shape, sharding, lambda idx: tokens[idx])
+
+
+def loss_fn(model: TinyLM, tokens) -> jax.Array:
+    """Next-token cross-entropy: predict tokens[:, 1:] from tokens[:, :-1]."""
+    logits = model(tokens[:, :-1])  # (B, L, V)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """What the compiled step needs at trace time besides the graphdef."""
+
+    grad_shardings: nnx.State  # a NamedSharding per parameter: the model part of the state's shardings
+
+
+def loss_and_grads(graphdef, config: StepConfig, state, tokens):
+    """Loss and gradients; each gradient is laid out like its parameter (the compiler reduce-scatters)."""
+    model, _ = nnx.merge(graphdef, state)
+    loss, grads = nnx.value_and_grad(loss_fn)(model, tokens)
+    return loss, jax.lax.with_sharding_constraint(grads, config.grad_shardings)
+
+
+def train_step(graphdef, config: StepConfig, state, tokens):
+    """One Adam step on a pure pytree (split/merge pattern: jax.jit sees only arrays).
+
+    It also returns the gradients, only so that the memory table can read their real shards; a production
+    step would not keep them alive between steps."""
+    loss, grads = loss_and_grads(graphdef, config, state, tokens)
+    model, optimizer = nnx.merge(graphdef, state)
+    optimizer.update(model, grads)  # θ ← θ − lr·m̂/(√v̂ + ε)
+    return nnx.state((model, optimizer)), loss, grads
+
+
+def compile_step(graphdef, shardings):
+    """train_step compiled once for one layout: step(state, tokens) -> (state, loss, grads)."""
+    # shardings[0] is the model part of the (model, optimizer) state: the layout for the gradients.
+    # out_shardings pins the updated state to the layout the rules chose, step after step.
+    config = StepConfig(grad_shardings=shardings[0])
+    return jax.jit(partial(train_step, graphdef, config), out_shardings=(shardings, None, config.grad_shardings))
+
+
+class TrainRun(NamedTuple):
+    state: nnx.State  # after the last step
+    losses: list[float]  # one per step
+    after_step1: nnx.State  # host copy after step 1
+    before_last: nnx.State  # host copy before the last step
+
+
+def train(args: Args, step, state, batches, mesh, rules, label: str) -> TrainRun:
+    """Run every batch through `step`, printing a progress line every --log-every steps."""
+    losses, after_step1, before_last, t0 = [], None, None, time.perf_counter()
+    for i, tokens in enumerate(batches, start=1):
+        if i == len(batches):
+            before_last = to_host(state)
+        state, loss, _ = step(state, place_batch(tokens, mesh, rules))
+        losses.append(float(loss))
+        if i == 1:
+            after_step1, t0 = to_host(state), time.perf_counter()  # steps/s excludes compilation
+        if i % args.log_every == 0 or i == len(batches):
+            log(f"rules={label} step={i} loss={losses[-1]:.4f} sps={(i - 1) / max(time.perf_counter() - t0, 1e-9):.0f}")
+    return TrainRun(state, losses, after_step1, before_last)
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def measured_bytes(tree) -> int:
+    """Bytes on the fullest local device, read from the arrays' addressable shards."""
+    per_device: dict = {}
+    for leaf in jax.tree.leaves(tree):
+        for shard in leaf.addressable_shards:
+            per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
+    return max(per_device.values())
+
+
+class StateBytes(NamedTuple):
+    params: int
+    grads: int
+    adam: int
+    total: int
+
+    @classmethod
+    def of(cls, params: int, grads: int, adam: int) -> StateBytes:
+        return cls(params, grads, adam, params + grads + adam)
+
+
+def state_bytes(graphdef, state, grads, mesh, rules) -> tuple[StateBytes, StateBytes]:
+    """Per-device bytes of params, grads and Adam state: (measured from the shards, analytic from the names)."""
+    sizes = dict(mesh.shape)
+
+    def analytic(tree) -> int:
+        specs = jax.tree.leaves(mesh_specs(tree, rules, mesh.axis_names))
+        return sum(
+            analytic_bytes(x.shape, x.dtype.itemsize, spec, sizes) for x, spec in zip(jax.tree.leaves(tree), specs)
+        )
+
+    model, optimizer = nnx.merge(graphdef, state)
+    params, opt_state = nnx.state(model, nnx.Param), nnx.state(optimizer)
+    measured = StateBytes.of(measured_bytes(params), measured_bytes(grads), measured_bytes(opt_state))
+    return measured, StateBytes.of(analytic(params), analytic(params), analytic(opt_state))
+
+
+# ---------------------------------------------------------------- the check against one device
+
+
+class Reference(NamedTuple):
+    """The single-device run, as host copies."""
+
+    init: nnx.State  # the initial state, which every rule set starts from too
+    losses: list[float]  # one per step
+    after_step1: nnx.State
+    before_last: nnx.State  # the state the check starts from
+    final: nnx.State  # ... and the one it must reproduce
+
+
+def train_single_device(args: Args, config: ModelConfig, graphdef, abstract, batches) -> Reference:
+    """The reference: the same init, the same batches, every step on one device."""
+    mesh, rules = make_mesh((1, 1), [jax.local_devices()[0]]), RULE_SETS["dp"]
+    shardings = state_shardings(abstract, mesh, rules)
+    state = init_sharded(config, shardings)
+    init = to_host(state)
+    run = train(args, compile_step(graphdef, shardings), state, batches, mesh, rules, "single_device")
+    return Reference(init, run.losses, run.after_step1, run.before_last, to_host(run.state))
+
+
+def equivalence_check(step, shardings, reference: Reference, tokens, mesh, rules, perturb: float):
+    """The same Adam step (the last one), from the same state (the single-device run's, resharded by these rules),
+    on the same batch, must give the same loss and updated values as on one device.
+
+    Returns the largest |sharded - single device|, and the sharded step's new state and gradients."""
+    start = perturbed(jax.device_put(reference.before_last, shardings), perturb)
+    state, loss, grads = step(start, place_batch(tokens, mesh, rules))
+    diff = max(abs(float(loss) - reference.losses[-1]), max_abs_diff(to_host(state), reference.final))
+    return diff, state, grads
+
+
+def run_rule_set(args: Args, name: str, mesh, graphdef, abstract, batches, reference: Reference) -> RuleSetResult:
+    """Place the model by one rule set, print its weight table, train it, count its bytes and check it."""
+    rules = RULE_SETS[name]
+    log(f"\n=== rule set {name}: {rules}")
+    t0 = time.perf_counter()
+    shardings = state_shardings(abstract, mesh, rules)
+    # Each device receives only its shards of the initial values: the same values init_sharded computes,
+    # without compiling the initializer again for every layout.
+    state = jax.device_put(reference.init, shardings)
+    rows = weight_table(graphdef, state, mesh, rules)
+    print_weight_table(rows)
+    if args.visualize and jax.process_index() == 0:
+        show_layout(graphdef, state)
+    step = compile_step(graphdef, shardings)
+    run = train(args, step, state, batches, mesh, rules, name)
+    diff, check_state, grads = equivalence_check(step, shardings, reference, batches[-1], mesh, rules, args.perturb)
+    measured, analytic = state_bytes(graphdef, check_state, grads, mesh, rules)
+    exact = measured == analytic and all(r.bytes == r.analytic and r.uniform and r.actual_spec == r.spec for r in rows)
+    # Not the check, but reported: step 1 from a fresh Adam state, and the two whole loss curves.
+    diff_first = max(abs(run.losses[0] - reference.losses[0]), max_abs_diff(run.after_step1, reference.after_step1))
+    diff_curve = max(abs(a - b) for a, b in zip(run.losses, reference.losses))
+    result = RuleSetResult(
+        rules, measured, analytic, exact, diff, diff_first, diff_curve, run.losses, rows, diff <= args.tolerance
+    )
+    print_rule_set_result(args, name, result, mesh, seconds=time.perf_counter() - t0)
+    return result
+
+
+# Plumbing: starting the devices, the command line, input checks, printing, plots, metrics.json and main.
+
+AUTO_HOST_DEVICES = 8  # what --host-devices -1 fakes on a CPU-only host
+
+
+def set_host_device_count(n: int) -> None:
+    """XLA reads this flag once, when JAX starts its CPU backend (the first jax.devices() call)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    flags = " ".join(f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count"))
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+
+
+def start_devices(args: Args) -> list:
+    """Fake CPU devices and/or join a multi-host run, then return the devices to build the mesh from.
+
+    --host-devices -1 (the default) asks for 8 CPU devices before JAX starts; the flag only shapes the CPU
+    backend, so on a GPU or TPU host the real accelerators are used. If JAX had already started
+    (inside a test or a notebook), it keeps the devices it has, and a one-device run says that nothing is sharded.
+    """
+    auto = args.host_devices < 0
+    if auto and "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        set_host_device_count(AUTO_HOST_DEVICES)
+    elif args.host_devices > 0:
+        set_host_device_count(args.host_devices)
+    if args.distributed:
+        # Every process runs this same script; the flags left empty are auto-detected (see the README).
+        try:
+            jax.distributed.initialize(
+                coordinator_address=args.coordinator_address or None,
+                num_processes=args.num_processes or None,
+                process_id=None if args.process_id < 0 else args.process_id,
+            )
+        except Exception as e:  # noqa: BLE001 - any failure to join is a one-line error
+            raise InputError(f"jax.distributed.initialize() failed: {str(e).splitlines()[0]}") from e
+    if auto:
+        devices = jax.devices()
+        if devices[0].platform == "cpu":
+            log(
+                f"devices: this host has only a CPU, so the script fakes {len(jax.local_devices())} CPU devices "
+                f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}); --host-devices 0 uses the one real device"
+            )
+        return devices
+    devices = jax.devices("cpu") if args.host_devices else jax.devices()  # every process's devices
+    local = len(jax.local_devices(backend="cpu")) if args.host_devices else 0
+    if args.host_devices and local != args.host_devices:
+        raise InputError(
+            f"--host-devices {args.host_devices} came too late: JAX had already started with "
+            f"{local} CPU device(s); run the script from the command line"
+        )
+    return devices
 
 
 class InputError(Exception):
@@ -181,22 +567,30 @@ def parse_mesh(text: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
+def mesh_shape(args: Args, n_devices: int) -> tuple[int, int]:
+    """(data, model) sizes: --mesh if given (it must use every device), else model 2 when it divides."""
+    if args.mesh:
+        data, model = parse_mesh(args.mesh)
+        if data * model != n_devices:
+            raise InputError(
+                f"--mesh {args.mesh} needs {data * model} devices but there are {n_devices}; "
+                f"DATA x MODEL must equal the device count"
+            )
+        return data, model
+    model = 2 if n_devices % 2 == 0 else 1
+    return n_devices // model, model
+
+
 def validate(args: Args) -> None:
-    for name in ("steps", "batch_size", "seq_len", "vocab", "embed", "heads", "head_dim", "mlp", "log_every"):
-        if getattr(args, name) < 1:
-            raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.steps < 2:
-        raise InputError(
-            f"--steps must be >= 2 (the check repeats the last step from a trained state), got {args.steps}"
-        )
-    if args.host_devices < -1:
-        raise InputError(f"--host-devices must be >= 0 (or -1 for automatic), got {args.host_devices}")
+    """Every flag's own bounds, --mesh's form, the relations between flags, and a writable --out, before any work."""
+    check_flags(args)
     if args.mesh:
         parse_mesh(args.mesh)
-    if args.num_processes < 0:
-        raise InputError(f"--num-processes must be >= 0, got {args.num_processes}")
-    if not args.learning_rate > 0 or not args.tolerance > 0 or not args.hbm_gb > 0:
-        raise InputError("--learning-rate, --tolerance and --hbm-gb must be > 0")
+    if args.num_processes and args.process_id >= args.num_processes:  # a rank names one of the processes
+        raise InputError(
+            f"--process-id {args.process_id} is not a rank of --num-processes {args.num_processes}: "
+            f"ranks run 0..{args.num_processes - 1}"
+        )
     try:  # the output folder is checked before any work: a run that cannot save its results does not start
         os.makedirs(args.out, exist_ok=True)
         probe = os.path.join(args.out, f".write_test_{os.getpid()}")
@@ -207,327 +601,23 @@ def validate(args: Args) -> None:
         raise InputError(f"--out {args.out!r} is not a writable folder ({e.strerror or type(e).__name__})") from e
 
 
-# ---------------------------------------------------------------- devices and mesh
-
-AUTO_HOST_DEVICES = 8  # what --host-devices -1 fakes on a CPU-only host
-
-
-def set_host_device_count(n: int) -> None:
-    """XLA reads this flag once, when JAX starts its CPU backend (the first jax.devices() call)."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    flags = " ".join(f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count"))
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
-
-
-def start_devices(args: Args) -> list:
-    """Fake CPU devices and/or join a multi-host run, then return the devices to build the mesh from.
-
-    --host-devices -1 (the default) asks for 8 CPU devices before JAX starts; the flag only shapes the CPU
-    backend, so on a GPU or TPU host the real accelerators are used as before. If JAX had already started
-    (inside a test or a notebook), it keeps the devices it has, and a one-device run says that nothing is sharded.
-    """
-    auto = args.host_devices < 0
-    if auto and "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        set_host_device_count(AUTO_HOST_DEVICES)
-    elif args.host_devices > 0:
-        set_host_device_count(args.host_devices)
-    if args.distributed:
-        # Every process runs this same script; the flags left empty are auto-detected (see the README).
-        try:
-            jax.distributed.initialize(
-                coordinator_address=args.coordinator_address or None,
-                num_processes=args.num_processes or None,
-                process_id=None if args.process_id < 0 else args.process_id,
-            )
-        except Exception as e:  # noqa: BLE001 - any failure to join is a one-line error
-            raise InputError(f"jax.distributed.initialize() failed: {str(e).splitlines()[0]}") from e
-    if auto:
-        devices = jax.devices()
-        if devices[0].platform == "cpu":
-            log(
-                f"devices: this host has only a CPU, so the script fakes {len(jax.local_devices())} CPU devices "
-                f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}); --host-devices 0 uses the one real device"
-            )
-        return devices
-    devices = jax.devices("cpu") if args.host_devices else jax.devices()  # every process's devices
-    local = len(jax.local_devices(backend="cpu")) if args.host_devices else 0
-    if args.host_devices and local != args.host_devices:
-        raise InputError(
-            f"--host-devices {args.host_devices} came too late: JAX had already started with "
-            f"{local} CPU device(s); run the script from the command line"
-        )
-    return devices
-
-
-def mesh_shape(args: Args, n_devices: int) -> tuple[int, int]:
-    """(data, model) sizes: --mesh if given (it must use every device), else model 2 when it divides."""
-    if args.mesh:
-        d, m = parse_mesh(args.mesh)
-        if d * m != n_devices:
-            raise InputError(
-                f"--mesh {args.mesh} needs {d * m} devices but there are {n_devices}; "
-                f"DATA x MODEL must equal the device count"
-            )
-        return d, m
-    m = 2 if n_devices % 2 == 0 else 1
-    return n_devices // m, m
-
-
-def make_mesh(shape: tuple[int, int], devices: list) -> jax.sharding.Mesh:
-    # Auto axes: we place the weights and the batch; the compiler (GSPMD) propagates the rest.
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 2, devices=devices)
-
-
-# ---------------------------------------------------------------- logical axes -> mesh axes
-
-
-def logical_to_mesh_axes(logical_axes, rules, mesh_axes=MESH_AXES) -> tuple:
-    """Resolve one array's logical axis names into mesh axes, the way MaxText and flax.linen do.
-
-    Walk the rules in order. A rule (name, target) applies to the dimension called `name` if that
-    dimension is still unassigned and none of the mesh axes in `target` is already used by another
-    dimension of the same array. A dimension that no rule assigns is replicated: None.
-    """
-    result: list = [None] * len(logical_axes)
-    assigned = [False] * len(logical_axes)
-    used: set[str] = set()
-    for name, target in rules:
-        if name not in logical_axes:
-            continue
-        i = list(logical_axes).index(name)
-        targets = (target,) if isinstance(target, str) else tuple(target or ())
-        unknown = [t for t in targets if t not in mesh_axes]
-        if unknown:
-            raise ValueError(f"rule ({name!r}, {target!r}) names mesh axes {unknown} not in the mesh {mesh_axes}")
-        if assigned[i] or used & set(targets):
-            continue  # dimension already placed, or that mesh axis is taken: try the next rule
-        result[i], assigned[i] = target, True
-        used |= set(targets)
-    return tuple(result)
-
-
-def axis_size(entry, mesh_sizes: dict[str, int]) -> int:
-    """How many pieces one PartitionSpec entry cuts a dimension into (None -> 1)."""
-    targets = (entry,) if isinstance(entry, str) else tuple(entry or ())
-    return math.prod(mesh_sizes[t] for t in targets)
-
-
-def shard_shape(shape, spec, mesh_sizes: dict[str, int]) -> tuple[int, ...]:
-    """Per-device block of an array of `shape` laid out by `spec` (dims must divide evenly)."""
-    spec = tuple(spec) + (None,) * (len(shape) - len(spec))
-    return tuple(dim // axis_size(s, mesh_sizes) for dim, s in zip(shape, spec))
-
-
-def analytic_bytes(shape, itemsize: int, spec, mesh_sizes: dict[str, int]) -> int:
-    """bytes/device = itemsize · Π_i (dim_i / pieces_i)."""
-    return itemsize * math.prod(shard_shape(shape, spec, mesh_sizes))
-
-
 def check_splits(args: Args, rule_sets, mesh) -> None:
     """Every dimension a rule set splits must split into equal parts on `mesh`; else raise InputError."""
     sizes = dict(mesh.shape)
     for name in rule_sets:
-        for what, dim, logical in (
+        for flag_name, dim, logical in (
             ("--batch-size", args.batch_size, "batch"),
             ("--vocab", args.vocab, "vocab"),
             ("--embed", args.embed, "embed"),
             ("--heads", args.heads, "heads"),
             ("--mlp", args.mlp, "mlp"),
         ):
-            n = axis_size(logical_to_mesh_axes((logical,), RULE_SETS[name])[0], sizes)
-            if dim % n:
+            pieces = axis_size(logical_to_mesh_axes((logical,), RULE_SETS[name])[0], sizes)
+            if dim % pieces:
                 raise InputError(
-                    f"{what} {dim} does not split into {n} equal parts, as rule set {name!r} on mesh "
-                    f"{sizes['data']}x{sizes['model']} needs; pick a multiple of {n}"
+                    f"{flag_name} {dim} does not split into {pieces} equal parts, as rule set {name!r} on mesh "
+                    f"{sizes['data']}x{sizes['model']} needs; pick a multiple of {pieces}"
                 )
-
-
-# ---------------------------------------------------------------- the model
-
-
-NORMAL_INIT = nnx.initializers.normal(0.02)  # N(0, 0.02²), the usual init of a small transformer
-
-
-def with_axes(names: tuple[str, ...], init=NORMAL_INIT):
-    """An initializer whose Variable carries logical axis names (metadata `out_sharding`)."""
-    return nnx.with_partitioning(init, names)
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The model and its optimizer, fixed at trace time: what the jitted `init_state` and `abstract_state` build."""
-
-    vocab: int
-    embed: int
-    heads: int
-    head_dim: int
-    mlp: int
-    seq_len: int
-    learning_rate: float
-    seed: int
-
-    @classmethod
-    def from_args(cls, args: Args) -> ModelConfig:
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
-
-
-class TinyLM(nnx.Module):
-    """Embedding -> one pre-norm transformer block (causal attention + MLP) -> unembedding."""
-
-    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
-        V, E, H, K, F, L = config.vocab, config.embed, config.heads, config.head_dim, config.mlp, config.seq_len
-        self.token_embed = nnx.Embed(V, E, embedding_init=with_axes(("vocab", "embed")), rngs=rngs)
-        self.pos_embed = nnx.Param(with_axes(("length", "embed"))(rngs.params(), (L, E)))
-        norm = partial(nnx.RMSNorm, E, scale_init=with_axes(("norm",), nnx.initializers.ones), rngs=rngs)
-        self.attn_norm, self.mlp_norm, self.final_norm = norm(), norm(), norm()
-        qkv = partial(
-            nnx.Einsum, "bld,dhk->blhk", (E, H, K), kernel_init=with_axes(("embed", "heads", "kv")), rngs=rngs
-        )
-        self.query, self.key, self.value = qkv(), qkv(), qkv()
-        self.attn_out = nnx.Einsum(
-            "blhk,hkd->bld", (H, K, E), kernel_init=with_axes(("heads", "kv", "embed")), rngs=rngs
-        )
-        self.mlp_in = nnx.Linear(E, F, use_bias=False, kernel_init=with_axes(("embed", "mlp")), rngs=rngs)
-        self.mlp_out = nnx.Linear(F, E, use_bias=False, kernel_init=with_axes(("mlp", "embed")), rngs=rngs)
-        self.unembed = nnx.Linear(E, V, use_bias=False, kernel_init=with_axes(("embed", "vocab")), rngs=rngs)
-
-    def __call__(self, tokens):  # (B, L) int32
-        L = tokens.shape[1]
-        x = self.token_embed(tokens) + self.pos_embed[...][:L]  # (B, L, E)
-        h = self.attn_norm(x)
-        q, k, v = self.query(h), self.key(h), self.value(h)  # (B, L, H, K)
-        scores = jnp.einsum("bqhk,bshk->bhqs", q, k) / jnp.sqrt(q.shape[-1])  # (B, H, L, L)
-        causal = jnp.tril(jnp.ones((L, L), bool))
-        weights = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1)
-        x = x + self.attn_out(jnp.einsum("bhqs,bshk->bqhk", weights, v))  # (B, L, E)
-        x = x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.mlp_norm(x))))
-        return self.unembed(self.final_norm(x))  # (B, L, V) logits
-
-
-def make_model_and_optimizer(config: ModelConfig) -> tuple[TinyLM, nnx.Optimizer]:
-    model = TinyLM(config, nnx.Rngs(params=config.seed))
-    # Adam's m and v copy each Param's metadata, logical axis names included, so they shard like it.
-    return model, nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
-
-
-def init_state(config: ModelConfig) -> nnx.State:
-    """The (model, optimizer) state as a pure pytree, for a jitted init."""
-    # We place the arrays ourselves (out_shardings, device_put), so switch off NNX's eager sharding,
-    # which would otherwise want a mesh, and rules naming every logical axis, at construction.
-    with nnx.use_eager_sharding(False):
-        return nnx.split(make_model_and_optimizer(config))[1]
-
-
-def abstract_state(config: ModelConfig):
-    """graphdef + the state's shapes, dtypes and logical-axis metadata, without computing any value."""
-    with nnx.use_eager_sharding(False):
-        return nnx.split(nnx.eval_shape(lambda: make_model_and_optimizer(config)))
-
-
-def mesh_specs(tree, rules, mesh_axes=MESH_AXES):
-    """A PartitionSpec over mesh axes for every Variable of `tree`. nnx.get_partition_spec reads each one's
-    logical names (the `out_sharding` metadata of with_axes; P() where there is none, as for Adam's step count),
-    and `rules` resolve them. Call it outside nnx.logical_axis_rules: inside, Flax would resolve the names itself."""
-    return jax.tree.map(
-        lambda logical: P(*logical_to_mesh_axes(tuple(logical), rules, mesh_axes)), nnx.get_partition_spec(tree)
-    )
-
-
-def state_shardings(abstract, mesh, rules):
-    """NamedSharding for every leaf, laid out by `rules` on `mesh` (like nnx.get_named_sharding, with our resolver)."""
-    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), mesh_specs(abstract, rules, mesh.axis_names))
-
-
-def init_sharded(config: ModelConfig, shardings) -> nnx.State:
-    """Create model + Adam state directly in their shards: each device computes only its own pieces,
-    so no device ever holds the full model (how MaxText initialises models too big for one chip)."""
-    return jax.jit(partial(init_state, config), out_shardings=shardings)()
-
-
-# ---------------------------------------------------------------- data, loss, jitted steps
-
-
-def make_batches(args: Args) -> np.ndarray:
-    """Arithmetic sequences mod vocab, t_i = (start + stride·i) mod V with stride ∈ {1..4}: (steps, B, L+1) int32.
-
-    Predicting t_{i+1} needs the last two tokens, so the model must learn to attend to the previous position.
-    """
-    rng = np.random.default_rng(args.seed)
-    start = rng.integers(0, args.vocab, size=(args.steps, args.batch_size, 1))
-    stride = rng.integers(1, 5, size=(args.steps, args.batch_size, 1))
-    return ((start + stride * np.arange(args.seq_len + 1)) % args.vocab).astype(np.int32)
-
-
-def place_batch(tokens: np.ndarray, mesh, rules) -> jax.Array:
-    """Put one global batch on the mesh, split as the rules say for ('batch', 'length')."""
-    sharding = NamedSharding(mesh, P(*logical_to_mesh_axes(("batch", "length"), rules, mesh.axis_names)))
-    # Each device receives only its slice. Every host builds the same global batch from the same seed,
-    # so this also works unchanged across hosts.
-    return jax.make_array_from_callback(tokens.shape, sharding, lambda idx: tokens[idx])
-
-
-def loss_fn(model: TinyLM, tokens) -> jax.Array:
-    """Next-token cross-entropy: predict tokens[:, 1:] from tokens[:, :-1]."""
-    logits = model(tokens[:, :-1])  # (B, L, V)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-
-
-@dataclass(frozen=True)
-class StepConfig:
-    """What the jitted step needs at trace time besides the graphdef."""
-
-    grad_shardings: nnx.State  # a NamedSharding per parameter: the model part of the state's shardings
-
-
-def loss_and_grads(graphdef, config: StepConfig, state, tokens):
-    """Loss and gradients; each gradient is laid out like its parameter (the compiler reduce-scatters)."""
-    model, _ = nnx.merge(graphdef, state)
-    loss, grads = nnx.value_and_grad(loss_fn)(model, tokens)
-    return loss, jax.lax.with_sharding_constraint(grads, config.grad_shardings)
-
-
-def train_step(graphdef, config: StepConfig, state, tokens):
-    """One Adam step on a pure pytree (split/merge pattern: jax.jit sees only arrays).
-
-    It also returns the gradients, only so that the memory table can read their real shards; a production
-    step would not keep them alive between steps."""
-    loss, grads = loss_and_grads(graphdef, config, state, tokens)
-    model, optimizer = nnx.merge(graphdef, state)
-    optimizer.update(model, grads)  # θ ← θ − lr·m̂/(√v̂ + ε)
-    return nnx.state((model, optimizer)), loss, grads
-
-
-def compile_step(graphdef, shardings):
-    """train_step compiled once for one layout: step(state, tokens) -> (state, loss, grads)."""
-    # shardings[0] is the model part of the (model, optimizer) state: the layout for the gradients.
-    # out_shardings pins the updated state to the layout the rules chose, step after step.
-    config = StepConfig(grad_shardings=shardings[0])
-    return jax.jit(partial(train_step, graphdef, config), out_shardings=(shardings, None, config.grad_shardings))
-
-
-class TrainRun(NamedTuple):
-    state: nnx.State  # after the last step
-    losses: list[float]  # one per step
-    after_step1: nnx.State  # host copy after step 1
-    before_last: nnx.State  # host copy before the last step
-
-
-def train(args: Args, step, state, batches, mesh, rules, label: str) -> TrainRun:
-    """Run every batch through `step`, printing a progress line every --log-every steps."""
-    losses, after_step1, before_last, t0 = [], None, None, time.perf_counter()
-    for i, tokens in enumerate(batches, start=1):
-        if i == len(batches):
-            before_last = to_host(state)
-        state, loss, _ = step(state, place_batch(tokens, mesh, rules))
-        losses.append(float(loss))
-        if i == 1:
-            after_step1, t0 = to_host(state), time.perf_counter()  # steps/s excludes compilation
-        if i % args.log_every == 0 or i == len(batches):
-            log(f"rules={label} step={i} loss={losses[-1]:.4f} sps={(i - 1) / max(time.perf_counter() - t0, 1e-9):.0f}")
-    return TrainRun(state, losses, after_step1, before_last)
-
-
-# ---------------------------------------------------------------- measuring
 
 
 def to_host(tree):
@@ -546,241 +636,13 @@ def max_abs_diff(a, b) -> float:
     )
 
 
-def measured_bytes(tree) -> int:
-    """Bytes on the fullest local device, read from the arrays' addressable shards."""
-    per_device: dict = {}
-    for leaf in jax.tree.leaves(tree):
-        for s in leaf.addressable_shards:
-            per_device[s.device] = per_device.get(s.device, 0) + s.data.nbytes
-    return max(per_device.values())
-
-
-class WeightRow(NamedTuple):
-    name: str  # 'mlp_in/kernel'
-    shape: tuple[int, ...]
-    logical: tuple[str, ...]  # its logical axis names
-    spec: tuple  # the PartitionSpec the rules give
-    actual_spec: tuple  # the one the placed array holds (padded with None)
-    shard_shape: tuple[int, ...]  # one device's block
-    uniform: bool  # every local shard has that shape
-    bytes: int  # measured on the fullest device
-    analytic: int  # itemsize · Π(dim / pieces)
-
-
-def weight_table(graphdef, state, mesh, rules) -> list[WeightRow]:
-    """One row per parameter: shape, logical axes, spec, shard shape and bytes/device (measured + analytic)."""
-    model, _ = nnx.merge(graphdef, state)
-    sizes = dict(mesh.shape)
-    rows = []
-    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        arr, names = var[...], var.out_sharding  # the array, and with_axes' logical names
-        spec = logical_to_mesh_axes(names, rules, mesh.axis_names)
-        shard_shapes = {s.data.shape for s in arr.addressable_shards}
-        rows.append(
-            WeightRow(
-                name="/".join(map(str, path)),
-                shape=tuple(arr.shape),
-                logical=tuple(names),
-                spec=spec,
-                actual_spec=tuple(arr.sharding.spec) + (None,) * (arr.ndim - len(arr.sharding.spec)),
-                shard_shape=tuple(arr.addressable_shards[0].data.shape),
-                uniform=len(shard_shapes) == 1,
-                bytes=measured_bytes(arr),
-                analytic=analytic_bytes(arr.shape, arr.dtype.itemsize, spec, sizes),
-            )
-        )
-    return rows
-
-
-class StateBytes(NamedTuple):
-    params: int
-    grads: int
-    adam: int
-    total: int
-
-    @classmethod
-    def of(cls, params: int, grads: int, adam: int) -> StateBytes:
-        return cls(params, grads, adam, params + grads + adam)
-
-
-def state_bytes(graphdef, state, grads, mesh, rules) -> tuple[StateBytes, StateBytes]:
-    """Per-device bytes of params, grads and Adam state: (measured from the shards, analytic from the names)."""
-    sizes = dict(mesh.shape)
-
-    def analytic(tree) -> int:
-        specs = jax.tree.leaves(mesh_specs(tree, rules, mesh.axis_names))
-        return sum(
-            analytic_bytes(x.shape, x.dtype.itemsize, spec, sizes) for x, spec in zip(jax.tree.leaves(tree), specs)
-        )
-
-    model, optimizer = nnx.merge(graphdef, state)
-    params, opt_state = nnx.state(model, nnx.Param), nnx.state(optimizer)
-    measured = StateBytes.of(measured_bytes(params), measured_bytes(grads), measured_bytes(opt_state))
-    return measured, StateBytes.of(analytic(params), analytic(params), analytic(opt_state))
-
-
-# ---------------------------------------------------------------- the guide's 8B example
-
-# Llama-3.1-8B's weights: (name, shape, logical axes, how many). 8,030,261,248 parameters.
-# Its 8 key/value heads are named 'heads' too, so they split like the query heads.
-LLAMA_8B = (
-    ("token_embed", (128256, 4096), ("vocab", "embed"), 1),
-    ("attn_norm", (4096,), ("norm",), 32),
-    ("query", (4096, 32, 128), ("embed", "heads", "kv"), 32),
-    ("key", (4096, 8, 128), ("embed", "heads", "kv"), 32),
-    ("value", (4096, 8, 128), ("embed", "heads", "kv"), 32),
-    ("attn_out", (32, 128, 4096), ("heads", "kv", "embed"), 32),
-    ("mlp_norm", (4096,), ("norm",), 32),
-    ("mlp_gate", (4096, 14336), ("embed", "mlp"), 32),
-    ("mlp_up", (4096, 14336), ("embed", "mlp"), 32),
-    ("mlp_down", (14336, 4096), ("mlp", "embed"), 32),
-    ("final_norm", (4096,), ("norm",), 1),
-    ("unembed", (4096, 128256), ("embed", "vocab"), 1),
-)
-# bytes per value of (weights, gradients, Adam m + v): the guide's all-bf16 count, and fp32 everywhere.
-PRECISIONS = {"bf16 (guide)": (2, 2, 4), "fp32": (4, 4, 8)}
-
-
-class MemoryGB(NamedTuple):
-    params_gb: float
-    grads_gb: float
-    adam_gb: float
-    total_gb: float
-
-
-def big_model_memory(rules, mesh_sizes: dict[str, int], precision=(2, 2, 4), weights=LLAMA_8B) -> MemoryGB:
-    """GB (1e9 bytes) per device of weights, grads and Adam state, by the same rule resolution."""
-    values = sum(
-        math.prod(shard_shape(shape, logical_to_mesh_axes(names, rules), mesh_sizes)) * n
-        for _, shape, names, n in weights
-    )
-    w, g, a = (values * b / 1e9 for b in precision)
-    return MemoryGB(params_gb=w, grads_gb=g, adam_gb=a, total_gb=w + g + a)
-
-
-def report_8b(hbm_gb: float) -> dict:
-    """Print and return the 8B example's memory per device on a 4x2 mesh, for every precision and rule set."""
-    big_sizes = {"data": 4, "model": 2}
-    n_big = sum(math.prod(s) * n for _, s, _, n in LLAMA_8B)
-    log(
-        f"\n=== 8B example ({n_big:,} parameters) on a 4x2 mesh, per device; fits = total <= {hbm_gb:g} GB "
-        f"(activations not counted)"
-    )
-    big: dict = {}
-    for prec, widths in PRECISIONS.items():
-        for name in RULE_SETS:
-            r = big_model_memory(RULE_SETS[name], big_sizes, widths)
-            big.setdefault(prec, {})[name] = {**r._asdict(), "fits": r.total_gb <= hbm_gb}
-            log(
-                f"  {prec:<13}{name:<7} params={r.params_gb:6.2f} grads={r.grads_gb:6.2f} "
-                f"adam={r.adam_gb:6.2f} total={r.total_gb:7.2f} GB fits={r.total_gb <= hbm_gb}"
-            )
-    return big
-
-
-# ---------------------------------------------------------------- output helpers
-
-
-def log(msg: str) -> None:
-    if jax.process_index() == 0:
-        print(msg, flush=True)
-
-
-def fmt_spec(spec) -> str:
-    return "P(" + ", ".join(repr(s) for s in spec) + ")"
-
-
-def print_weight_table(rows) -> None:
-    log(f"  {'weight':<22}{'shape':<14}{'logical axes':<26}{'PartitionSpec':<28}{'shard':<13}{'bytes/dev':>9}")
-    for r in rows:
-        log(
-            f"  {r.name:<22}{str(r.shape):<14}{str(r.logical):<26}{fmt_spec(r.spec):<28}"
-            f"{str(r.shard_shape):<13}{r.bytes:>9}"
-        )
-
-
-def show_layout(graphdef, state) -> None:
-    """Draw which devices hold which block of the mlp_in kernel (jax.debug.visualize_array_sharding)."""
-    kernel = nnx.merge(graphdef, state)[0].mlp_in.kernel[...]
-    log(
-        f"  mlp_in kernel {tuple(kernel.shape)}, logical ('embed', 'mlp') -> {fmt_spec(kernel.sharding.spec)}; "
-        f"one box per distinct shard, naming the devices that hold it:"
-    )
-    jax.debug.visualize_array_sharding(kernel, use_color=False, scale=0.6, max_width=100)
-
-
-def plot_curve(path: str, curves: dict[str, list[float]]) -> None:
-    """The loss curve of every rule set on top of the single-device one."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for label, losses in curves.items():
-        style = dict(color="black", lw=3, alpha=0.3) if label == "single device" else dict(lw=1)
-        ax.plot(range(1, len(losses) + 1), losses, label=label, **style)
-    ax.set(
-        xlabel="Adam step",
-        ylabel="train loss (cross-entropy)",
-        yscale="log",
-        title="sharded runs on top of the single-device run",
-    )
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-# ---------------------------------------------------------------- the check against one device
-
-
-class Reference(NamedTuple):
-    """The single-device run, as host copies."""
-
-    init: nnx.State  # the initial state, which every rule set starts from too
-    losses: list[float]  # one per step
-    after_step1: nnx.State
-    before_last: nnx.State  # the state the check starts from
-    final: nnx.State  # ... and the one it must reproduce
-
-
-def train_single_device(args: Args, config: ModelConfig, graphdef, abstract, batches) -> Reference:
-    """The reference: the same init, the same batches, every step on one device."""
-    mesh, rules = make_mesh((1, 1), [jax.local_devices()[0]]), RULE_SETS["dp"]
-    shardings = state_shardings(abstract, mesh, rules)
-    state = init_sharded(config, shardings)
-    init = to_host(state)
-    run = train(args, compile_step(graphdef, shardings), state, batches, mesh, rules, "single_device")
-    return Reference(init, run.losses, run.after_step1, run.before_last, to_host(run.state))
-
-
 def perturbed(state, delta: float):
-    """The state with `delta` added to every value of its first weight matrix; delta 0: unchanged."""
+    """The state with `delta` added to every value of its first weight matrix (--perturb); delta 0: unchanged."""
     if not delta:
         return state
     leaves, tree = jax.tree.flatten(state)
     i = next(k for k, x in enumerate(leaves) if x.ndim >= 2)
     return jax.tree.unflatten(tree, [*leaves[:i], leaves[i] + delta, *leaves[i + 1 :]])
-
-
-def equivalence_check(step, shardings, ref: Reference, tokens, mesh, rules, perturb: float):
-    """The same Adam step (the last one), from the same state (the single-device run's, resharded by these rules),
-    on the same batch, must give the same loss and updated values as on one device.
-
-    Returns the largest |sharded - single device|, and the sharded step's new state and gradients."""
-    state, loss, grads = step(
-        perturbed(jax.device_put(ref.before_last, shardings), perturb), place_batch(tokens, mesh, rules)
-    )
-    diff = max(abs(float(loss) - ref.losses[-1]), max_abs_diff(to_host(state), ref.final))
-    return diff, state, grads
-
-
-def verdict(passed: bool, mesh) -> str:
-    """PASS / FAIL, or n/a when the mesh holds one device: then both runs are the same run and prove nothing."""
-    if mesh.devices.size == 1:
-        return "n/a (nothing is sharded: the mesh holds one device)"
-    return "PASS" if passed else "FAIL"
 
 
 class RuleSetResult(NamedTuple):
@@ -819,41 +681,182 @@ class RuleSetResult(NamedTuple):
         )
 
 
-# ---------------------------------------------------------------- one rule set, and main
+class WeightRow(NamedTuple):
+    name: str  # 'mlp_in/kernel'
+    shape: tuple[int, ...]
+    logical: tuple[str, ...]  # its logical axis names
+    spec: tuple  # the PartitionSpec the rules give
+    actual_spec: tuple  # the one the placed array holds (padded with None)
+    shard_shape: tuple[int, ...]  # one device's block
+    uniform: bool  # every local shard has that shape
+    bytes: int  # measured on the fullest device
+    analytic: int  # itemsize · Π(dim / pieces)
 
 
-def run_rule_set(args: Args, name: str, mesh, graphdef, abstract, batches, ref: Reference) -> RuleSetResult:
-    """Place the model by one rule set, print its weight table, train it, count its bytes and check it."""
-    rules = RULE_SETS[name]
-    log(f"\n=== rule set {name}: {rules}")
-    t0 = time.perf_counter()
-    shardings = state_shardings(abstract, mesh, rules)
-    # Each device receives only its shards of the initial values. init_sharded(config, shardings) gives the
-    # same values without a host copy, but compiles once per layout (about 4 s of CPU here).
-    state = jax.device_put(ref.init, shardings)
-    rows = weight_table(graphdef, state, mesh, rules)
-    print_weight_table(rows)
-    if args.visualize and jax.process_index() == 0:
-        show_layout(graphdef, state)
-    step = compile_step(graphdef, shardings)
-    run = train(args, step, state, batches, mesh, rules, name)
-    diff, check_state, grads = equivalence_check(step, shardings, ref, batches[-1], mesh, rules, args.perturb)
-    measured, analytic = state_bytes(graphdef, check_state, grads, mesh, rules)
-    exact = measured == analytic and all(r.bytes == r.analytic and r.uniform and r.actual_spec == r.spec for r in rows)
+def weight_table(graphdef, state, mesh, rules) -> list[WeightRow]:
+    """One row per parameter: shape, logical axes, spec, shard shape and bytes/device (measured + analytic)."""
+    model, _ = nnx.merge(graphdef, state)
+    sizes = dict(mesh.shape)
+    rows = []
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        arr, names = var[...], var.out_sharding  # the array, and with_axes' logical names
+        spec = logical_to_mesh_axes(names, rules, mesh.axis_names)
+        rows.append(
+            WeightRow(
+                name="/".join(map(str, path)),
+                shape=tuple(arr.shape),
+                logical=tuple(names),
+                spec=spec,
+                actual_spec=tuple(arr.sharding.spec) + (None,) * (arr.ndim - len(arr.sharding.spec)),
+                shard_shape=tuple(arr.addressable_shards[0].data.shape),
+                uniform=len({shard.data.shape for shard in arr.addressable_shards}) == 1,
+                bytes=measured_bytes(arr),
+                analytic=analytic_bytes(arr.shape, arr.dtype.itemsize, spec, sizes),
+            )
+        )
+    return rows
+
+
+def log(msg: str) -> None:
+    if jax.process_index() == 0:
+        print(msg, flush=True)
+
+
+def fmt_spec(spec) -> str:
+    return "P(" + ", ".join(repr(s) for s in spec) + ")"
+
+
+def print_weight_table(rows) -> None:
+    log(f"  {'weight':<22}{'shape':<14}{'logical axes':<26}{'PartitionSpec':<28}{'shard':<13}{'bytes/dev':>9}")
+    for r in rows:
+        log(
+            f"  {r.name:<22}{str(r.shape):<14}{str(r.logical):<26}{fmt_spec(r.spec):<28}"
+            f"{str(r.shard_shape):<13}{r.bytes:>9}"
+        )
+
+
+def show_layout(graphdef, state) -> None:
+    """Draw which devices hold which block of the mlp_in kernel (jax.debug.visualize_array_sharding)."""
+    kernel = nnx.merge(graphdef, state)[0].mlp_in.kernel[...]
+    log(
+        f"  mlp_in kernel {tuple(kernel.shape)}, logical ('embed', 'mlp') -> {fmt_spec(kernel.sharding.spec)}; "
+        f"one box per distinct shard, naming the devices that hold it:"
+    )
+    jax.debug.visualize_array_sharding(kernel, use_color=False, scale=0.6, max_width=100)
+
+
+def verdict(passed: bool, mesh) -> str:
+    """PASS / FAIL, or n/a when the mesh holds one device: then both runs are the same run and prove nothing."""
+    if mesh.devices.size == 1:
+        return "n/a (nothing is sharded: the mesh holds one device)"
+    return "PASS" if passed else "FAIL"
+
+
+def print_rule_set_result(args: Args, name: str, result: RuleSetResult, mesh, seconds: float) -> None:
+    measured, analytic = result.bytes_per_device, result.analytic_bytes_per_device
     log(
         f"  bytes/device: params={measured.params} grads={measured.grads} adam={measured.adam} "
-        f"total={measured.total} (analytic {analytic.total}) analytic_match={exact}"
+        f"total={measured.total} (analytic {analytic.total}) analytic_match={result.bytes_match_analytic}"
     )
-    # Not the check, but reported: step 1 from a fresh Adam state, and the two whole loss curves.
-    diff_first = max(abs(run.losses[0] - ref.losses[0]), max_abs_diff(run.after_step1, ref.after_step1))
-    diff_curve = max(abs(a - b) for a, b in zip(run.losses, ref.losses))
-    passed = diff <= args.tolerance
     log(
-        f"check rules={name} step_max_abs_diff={diff:.2e} tol={args.tolerance:.0e} "
-        f"{verdict(passed, mesh)} (fresh_adam_step1_diff={diff_first:.2e} "
-        f"loss_curve_diff={diff_curve:.2e}) seconds={time.perf_counter() - t0:.1f}"
+        f"check rules={name} step_max_abs_diff={result.max_abs_diff_vs_single_device:.2e} tol={args.tolerance:.0e} "
+        f"{verdict(result.passed, mesh)} (fresh_adam_step1_diff={result.fresh_adam_step1_max_abs_diff:.2e} "
+        f"loss_curve_diff={result.loss_curve_max_abs_diff:.2e}) seconds={seconds:.1f}"
     )
-    return RuleSetResult(rules, measured, analytic, exact, diff, diff_first, diff_curve, run.losses, rows, passed)
+
+
+# Llama-3.1-8B's weights: (name, shape, logical axes, how many). 8,030,261,248 parameters.
+# Its 8 key/value heads are named 'heads' too, so they split like the query heads.
+LLAMA_8B = (
+    ("token_embed", (128256, 4096), ("vocab", "embed"), 1),
+    ("attn_norm", (4096,), ("norm",), 32),
+    ("query", (4096, 32, 128), ("embed", "heads", "kv"), 32),
+    ("key", (4096, 8, 128), ("embed", "heads", "kv"), 32),
+    ("value", (4096, 8, 128), ("embed", "heads", "kv"), 32),
+    ("attn_out", (32, 128, 4096), ("heads", "kv", "embed"), 32),
+    ("mlp_norm", (4096,), ("norm",), 32),
+    ("mlp_gate", (4096, 14336), ("embed", "mlp"), 32),
+    ("mlp_up", (4096, 14336), ("embed", "mlp"), 32),
+    ("mlp_down", (14336, 4096), ("mlp", "embed"), 32),
+    ("final_norm", (4096,), ("norm",), 1),
+    ("unembed", (4096, 128256), ("embed", "vocab"), 1),
+)
+# bytes per value of (weights, gradients, Adam m + v): the original guide's all-bf16 count, and fp32 everywhere.
+PRECISIONS = {"bf16 (guide)": (2, 2, 4), "fp32": (4, 4, 8)}
+
+
+class MemoryGB(NamedTuple):
+    params_gb: float
+    grads_gb: float
+    adam_gb: float
+    total_gb: float
+
+
+def big_model_memory(rules, mesh_sizes: dict[str, int], precision=(2, 2, 4), weights=LLAMA_8B) -> MemoryGB:
+    """GB (1e9 bytes) per device of weights, grads and Adam state, by the same rule resolution."""
+    values = sum(
+        math.prod(shard_shape(shape, logical_to_mesh_axes(names, rules), mesh_sizes)) * count
+        for _, shape, names, count in weights
+    )
+    w, g, a = (values * width / 1e9 for width in precision)
+    return MemoryGB(params_gb=w, grads_gb=g, adam_gb=a, total_gb=w + g + a)
+
+
+def report_8b(hbm_gb: float) -> dict:
+    """Print and return the 8B example's memory per device on a 4x2 mesh, for every precision and rule set."""
+    mesh_sizes = {"data": 4, "model": 2}
+    n_params = sum(math.prod(shape) * count for _, shape, _, count in LLAMA_8B)
+    log(
+        f"\n=== 8B example ({n_params:,} parameters) on a 4x2 mesh, per device; fits = total <= {hbm_gb:g} GB "
+        f"(activations not counted)"
+    )
+    table: dict = {}
+    for precision, widths in PRECISIONS.items():
+        for name in RULE_SETS:
+            memory = big_model_memory(RULE_SETS[name], mesh_sizes, widths)
+            table.setdefault(precision, {})[name] = {**memory._asdict(), "fits": memory.total_gb <= hbm_gb}
+            log(
+                f"  {precision:<13}{name:<7} params={memory.params_gb:6.2f} grads={memory.grads_gb:6.2f} "
+                f"adam={memory.adam_gb:6.2f} total={memory.total_gb:7.2f} GB fits={memory.total_gb <= hbm_gb}"
+            )
+    return table
+
+
+def plot_curve(path: str, curves: dict[str, list[float]]) -> None:
+    """Left: every rule set's loss curve over the single-device one (they coincide, so each gets its own marker).
+    Right: each rule set's gap to the single-device curve, |sharded - single device| per step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    single = np.asarray(curves["single device"])
+    steps = np.arange(1, len(single) + 1)
+    fig, (ax_loss, ax_gap) = plt.subplots(1, 2, figsize=(10, 3.6))
+    ax_loss.plot(steps, single, color="black", lw=6, alpha=0.2, label="single device")
+    markers = "os^Dv<>p"
+    for k, (label, losses) in enumerate((lbl, c) for lbl, c in curves.items() if lbl != "single device"):
+        every = (k, max(len(single) // 8, 1))  # staggered markers, so curves that coincide stay visible
+        ax_loss.plot(steps, losses, lw=1, marker=markers[k % len(markers)], markevery=every, ms=5, label=label)
+        gap = np.abs(np.asarray(losses) - single)
+        ax_gap.plot(steps, np.where(gap > 0, gap, np.nan), marker=markers[k % len(markers)], ms=3, lw=1, label=label)
+    ax_loss.set(
+        xlabel="Adam step",
+        ylabel="train loss (cross-entropy)",
+        yscale="log",
+        title="loss: the sharded curves lie on the single-device one",
+    )
+    ax_gap.set(
+        xlabel="Adam step",
+        ylabel="|sharded - single device| loss",
+        yscale="log",
+        title="the gap, float32 rounding (0 not drawn)",
+    )
+    ax_loss.legend(fontsize=8)
+    ax_gap.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def save_results(args: Args, metrics: dict, curves: dict[str, list[float]]) -> None:
@@ -867,10 +870,10 @@ def save_results(args: Args, metrics: dict, curves: dict[str, list[float]]) -> N
 
 def print_summary(args: Args, results: dict[str, RuleSetResult], metrics: dict, ok: bool, mesh) -> None:
     log("\n=== summary")
-    for n, r in results.items():
+    for name, result in results.items():
         log(
-            f"rules={n} bytes_per_device={r.bytes_per_device.total} final_loss={r.losses[-1]:.4f} "
-            f"max_abs_diff_vs_single_device={r.max_abs_diff_vs_single_device:.2e}"
+            f"rules={name} bytes_per_device={result.bytes_per_device.total} final_loss={result.losses[-1]:.4f} "
+            f"max_abs_diff_vs_single_device={result.max_abs_diff_vs_single_device:.2e}"
         )
     log(
         f"max_abs_diff_vs_single_device={metrics['max_abs_diff_vs_single_device']:.2e} tol={args.tolerance:.0e} "
@@ -893,9 +896,9 @@ def main(args: Args) -> dict:
 
     batches, config = make_batches(args), ModelConfig.from_args(args)
     graphdef, abstract = abstract_state(config)
-    ref = train_single_device(args, config, graphdef, abstract, batches)
-    results = {name: run_rule_set(args, name, mesh, graphdef, abstract, batches, ref) for name in names}
-    big = report_8b(args.hbm_gb)
+    reference = train_single_device(args, config, graphdef, abstract, batches)
+    results = {name: run_rule_set(args, name, mesh, graphdef, abstract, batches, reference) for name in names}
+    memory_8b = report_8b(args.hbm_gb)
 
     ok = all(r.passed and r.bytes_match_analytic for r in results.values())
     metrics = dict(
@@ -907,14 +910,14 @@ def main(args: Args) -> dict:
         tolerance=args.tolerance,
         max_abs_diff_vs_single_device=max(r.max_abs_diff_vs_single_device for r in results.values()),
         check_passed=ok if mesh.devices.size > 1 else None,
-        bytes_per_device={n: r.bytes_per_device.total for n, r in results.items()},
-        rule_sets={n: r.to_json() for n, r in results.items()},
-        single_device_losses=ref.losses,
-        llama_8b_4x2=big,
+        bytes_per_device={name: r.bytes_per_device.total for name, r in results.items()},
+        rule_sets={name: r.to_json() for name, r in results.items()},
+        single_device_losses=reference.losses,
+        llama_8b_4x2=memory_8b,
         seconds=round(time.perf_counter() - t_start, 2),
         args=asdict(args),
     )
-    save_results(args, metrics, {"single device": ref.losses, **{n: r.losses for n, r in results.items()}})
+    save_results(args, metrics, {"single device": reference.losses, **{n: r.losses for n, r in results.items()}})
     print_summary(args, results, metrics, ok, mesh)
     if not ok:
         raise InputError(

@@ -223,15 +223,28 @@ def test_default_mesh_fits_the_device_count():
     "bad, message",
     [
         (dict(steps=1), "--steps must be >= 2"),
-        (dict(host_devices=-2), "--host-devices must be >= 0"),
+        (dict(host_devices=-2), "--host-devices must be >= -1"),
+        (dict(num_processes=-1), "--num-processes must be >= 0"),
+        (dict(batch_size=0), "--batch-size must be >= 1"),
+        (dict(tolerance=0.0), "--tolerance must be > 0"),
+        (dict(learning_rate=-1e-3), "--learning-rate must be > 0"),
+        (dict(rules="zero3"), "--rules must be one of dp, tp, dp_tp, fsdp, all"),
         (dict(mesh="0x2"), "--mesh must look like DATAxMODEL"),
-        (dict(tolerance=0.0), "--learning-rate, --tolerance and --hbm-gb must be > 0"),
+        (dict(num_processes=2, process_id=2), "--process-id 2 is not a rank of --num-processes 2"),
     ],
 )
 def test_bad_flags_raise_input_error(bad, message, tmp_path):
     with pytest.raises(sm.InputError, match="^" + re.escape(message)) as e:
         sm.validate(sm.Args(**bad, out=str(tmp_path)))
     assert not str(e.value).startswith("error:")  # reports_input_errors adds the prefix, once
+
+
+@pytest.mark.unit
+def test_good_flags_pass_validate(tmp_path):
+    # the edges of each bound are allowed: validate must not refuse a run that the flags' help promises
+    edges = dict(steps=2, host_devices=-1, num_processes=2, process_id=1, batch_size=1, mesh="1x1", rules="all")
+    sm.validate(sm.Args(**edges, out=str(tmp_path)))
+    sm.validate(sm.Args(num_processes=0, process_id=5, out=str(tmp_path)))  # auto-detected count: no relation
 
 
 @pytest.mark.unit
