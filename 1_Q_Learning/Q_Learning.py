@@ -2,9 +2,15 @@
 
 The agent fills a table Q[s, a] from its own experience with the TD update
     Q(s, a) <- Q(s, a) + alpha * (r + gamma * max_a' Q(s', a') * (1 - terminated) - Q(s, a)),
-acting epsilon-greedily; epsilon and alpha decay linearly. The script then solves the same MDP
-exactly from its known model (value iteration) and reports how far the learned greedy policy is
-from the optimum, in value and in success rate within the step limit. NumPy only.
+acting epsilon-greedily; epsilon and alpha decay linearly. The environment's model is known here, so the learned
+greedy policy is scored exactly: is it optimal (value iteration), and how often does it reach the goal within the
+step limit, next to the best a table indexed by state can do and the best a policy that also reads the clock can do.
+NumPy only.
+
+The file reads in the order a run goes: Args; the environments and their model as arrays; the Q-table update
+(ε-greedy action, TD target, one episode); the training loop; then the exact reference and the evaluation that the
+loop calls every few episodes (value iteration, policy evaluation, the success within the step limit). Below the
+`# Plumbing` banner: the command line, input checks, printing, figures, metrics.json and main.
 """
 
 from __future__ import annotations
@@ -32,136 +38,22 @@ def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
 
 @dataclass
 class Args:
-    seed: int = flag(0, "seeds everything: NumPy's Generator (exploration, tie-breaks) and the env resets")
-    env: str = flag(
-        "grid",
-        "environment: 'grid' (deterministic 4x4, -1 per step, +100 at the goal) "
-        "or 'frozenlake' (gymnasium FrozenLake-v1 4x4)",
-        choices=ENVS,
-    )
+    seed: int = flag(0, "seeds everything: NumPy's Generator (exploration, tie-breaks) and the env resets", min=0)
+    env: str = flag("grid", "'grid' (deterministic 4x4, -1 per step, +100 at the goal) or 'frozenlake'", choices=ENVS)
     slippery: bool = flag(
-        False,
-        "FrozenLake only: the ice is slippery (the agent moves as intended with "
-        "probability 1/3 and to either side with 1/3 each)",
+        False, "FrozenLake only: slippery ice (the intended move with probability 1/3, each side 1/3)"
     )
-    episodes: int = flag(
-        0,
-        "training episodes; 0 = the environment's default (100 on the grid, 10,000 on "
-        "FrozenLake, where a random walk rarely reaches the goal)",
-    )
-    max_steps: int = flag(100, "episode step limit; reaching it truncates the episode (not a terminal state)")
-    alpha: float = flag(0.1, "learning rate α in (0, 1] at the first episode")
-    alpha_end: float = flag(
-        0.0,
-        "learning rate at the last episode; α falls linearly from --alpha to this "
-        "(set it equal to --alpha for a constant rate)",
-    )
-    gamma: float = flag(0.99, "discount factor γ in [0, 1]")
-    eps_start: float = flag(1.0, "ε at the first episode")
-    eps_end: float = flag(0.05, "ε after the decay")
-    eps_decay: float = flag(0.5, "fraction of the episodes over which ε falls linearly from --eps-start to --eps-end")
-    evals: int = flag(20, "greedy-policy evaluations (and progress lines) during training")
-    eval_episodes: int = flag(10_000, "episodes of the final greedy rollout (the grid is deterministic: 1 is enough)")
-    out: str = flag("runs/q_learning", "folder for metrics.json and learning_curve.png")
-
-
-class InputError(Exception):
-    """Bad input: a flag value, a missing or corrupt file, an unwritable folder, a mesh that does not fit."""
-
-
-def reports_input_errors(main):
-    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1."""
-
-    @functools.wraps(main)
-    def run(args):
-        try:
-            return main(args)
-        except InputError as e:
-            sys.exit(f"error: {e}")
-
-    return run
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line, exit status 1, instead of dumping the usage."""
-
-    def error(self, message):
-        sys.exit(f"error: {message} (see --help)")
-
-
-def parse_args(argv=None) -> Args:
-    p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for f in fields(Args):
-        name = "--" + f.name.replace("_", "-")
-        if isinstance(f.default, bool):
-            p.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
-        else:
-            p.add_argument(
-                name,
-                type=type(f.default),
-                default=f.default,
-                help=f.metadata["help"],
-                choices=f.metadata.get("choices"),
-            )
-    args = Args(**vars(p.parse_args(argv)))
-    try:
-        check_flags(args)
-    except InputError as e:
-        p.error(str(e))
-    return args
-
-
-def bounds_text(meta: dict) -> str:
-    """'in (0, 1]', '>= 1', '> 0' … from a flag's min / max / gt ('' if it has none)."""
-    low = ("(", meta["gt"]) if meta["gt"] is not None else ("[", meta["min"]) if meta["min"] is not None else None
-    high = meta["max"]
-    if low and high is not None:
-        return f"in {low[0]}{low[1]}, {high}]"
-    if low:
-        return f"{'>' if low[0] == '(' else '>='} {low[1]}"
-    return f"<= {high}" if high is not None else ""
-
-
-def check_flags(args) -> None:
-    """Raise InputError, one line, for the first flag outside the choices or bounds its flag() declares."""
-    for f in fields(args):
-        value, meta = getattr(args, f.name), f.metadata
-        name = "--" + f.name.replace("_", "-")
-        if meta.get("choices") is not None and value not in meta["choices"]:
-            raise InputError(f"{name} must be one of {', '.join(map(str, meta['choices']))}; got {value!r}")
-        low_ok = (meta.get("gt") is None or value > meta["gt"]) and (meta.get("min") is None or value >= meta["min"])
-        if not (low_ok and (meta.get("max") is None or value <= meta["max"])):
-            raise InputError(f"{name} must be {bounds_text(meta)}, got {value}")
-
-
-def validate(args: Args) -> None:
-    """Raise InputError on a bad setting or an output folder that cannot be written."""
-    checks = [
-        (args.env in ENVS, f"--env must be one of {', '.join(ENVS)}, got {args.env!r}"),
-        (args.episodes >= 0, f"--episodes must be positive (or 0 for the environment's default), got {args.episodes}"),
-        (args.max_steps > 0, f"--max-steps must be positive, got {args.max_steps}"),
-        (0 < args.alpha <= 1, f"--alpha must be in (0, 1], got {args.alpha}"),
-        (0 <= args.alpha_end <= 1, f"--alpha-end must be in [0, 1], got {args.alpha_end}"),
-        (0 <= args.gamma <= 1, f"--gamma must be in [0, 1], got {args.gamma}"),
-        (
-            0 <= args.eps_end <= 1 and 0 <= args.eps_start <= 1,
-            f"--eps-start and --eps-end must be in [0, 1], got {args.eps_start} and {args.eps_end}",
-        ),
-        (0 <= args.eps_decay <= 1, f"--eps-decay must be in [0, 1], got {args.eps_decay}"),
-        (args.evals > 0, f"--evals must be positive, got {args.evals}"),
-        (args.eval_episodes > 0, f"--eval-episodes must be positive, got {args.eval_episodes}"),
-        (args.env == "frozenlake" or not args.slippery, "--slippery applies only to --env frozenlake"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise InputError(message)
-    try:  # the output folder is checked before any work: a run that cannot save its results does not start
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, ".write_test"), "w"):
-            pass
-        os.remove(os.path.join(args.out, ".write_test"))
-    except OSError as e:
-        raise InputError(f"--out {args.out!r} is not a writable folder ({e.strerror or type(e).__name__})") from e
+    episodes: int = flag(0, "training episodes; 0 = the environment's default (grid 100, FrozenLake 10,000)", min=0)
+    max_steps: int = flag(100, "episode step limit; reaching it truncates the episode (not a terminal state)", min=1)
+    alpha: float = flag(0.1, "learning rate α in (0, 1] at the first episode", gt=0.0, max=1.0)
+    alpha_end: float = flag(0.0, "α at the last episode, linear from --alpha (= --alpha: constant)", min=0.0, max=1.0)
+    gamma: float = flag(0.99, "discount factor γ in [0, 1]", min=0.0, max=1.0)
+    eps_start: float = flag(1.0, "ε at the first episode", min=0.0, max=1.0)
+    eps_end: float = flag(0.05, "ε after the decay", min=0.0, max=1.0)
+    eps_decay: float = flag(0.5, "fraction of the episodes over which ε falls linearly to --eps-end", min=0.0, max=1.0)
+    evals: int = flag(20, "exact greedy-policy evaluations (and progress lines) during training", min=1)
+    eval_episodes: int = flag(10_000, "rollouts of the final greedy policy (the grid is deterministic: 1)", min=1)
+    out: str = flag("runs/q_learning", "folder for metrics.json, learning_curve.png and q_map.png")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -212,11 +104,6 @@ def make_env(args: Args):
     return gym.make("FrozenLake-v1", map_name="4x4", is_slippery=args.slippery, max_episode_steps=args.max_steps)
 
 
-def env_name(args: Args) -> str:
-    """The run's environment as metrics.json and the summary name it: 'grid', 'frozenlake' or 'frozenlake-slippery'."""
-    return args.env + ("-slippery" if args.slippery else "")
-
-
 @dataclass
 class Model:
     """The MDP as arrays, built from P. Terminal transitions do not bootstrap, so they are left out of p_cont."""
@@ -253,7 +140,7 @@ def env_model(env) -> Model:
 
 
 # ------------------------------------------------------------------------------------------------
-# Q-learning
+# Q-learning: act ε-greedily, then move Q(s, a) towards the TD target
 
 DEFAULT_EPISODES = {"grid": 100, "frozenlake": 10_000}
 
@@ -315,7 +202,49 @@ def run_episode(
 
 
 # ------------------------------------------------------------------------------------------------
-# The exact reference: value iteration and policy evaluation on the known model
+# The training loop
+
+
+class TrainLog(NamedTuple):
+    """What the training loop records."""
+
+    returns: list[float]  # undiscounted return of every training episode (ε-greedy)
+    evals: list[Evaluation]  # --evals exact evaluations of the greedy policy
+    env_steps: int
+    train_seconds: float  # the training episodes only, not the evaluations
+
+
+def train(env, model: Model, reference: Reference, args: Args, rng: np.random.Generator) -> tuple[np.ndarray, TrainLog]:
+    """Q-learning from a zero table for n_episodes(args) episodes. Every episodes/--evals episodes the greedy
+    policy is evaluated exactly (evaluate_greedy, below) and one progress line is printed.
+    Returns the Q-table (S, A) and the log."""
+    q = np.zeros((model.reward.shape[0], 4))
+    episodes = n_episodes(args)
+    eval_every = max(1, episodes // args.evals)
+    returns, evals = [], []
+    train_seconds, env_steps = 0.0, 0
+    for episode in range(episodes):
+        t0 = time.perf_counter()
+        eps, alpha = epsilon_at(episode, args), alpha_at(episode, args)
+        ret, steps = run_episode(env, q, eps, alpha, args.gamma, rng)
+        train_seconds += time.perf_counter() - t0
+        returns.append(ret)
+        env_steps += steps
+        if (episode + 1) % eval_every == 0 or episode + 1 == episodes:
+            evals.append(evaluate_greedy(model, q, reference, episode + 1, args))
+            recent = float(np.mean(returns[-eval_every:]))
+            sps = env_steps / max(train_seconds, 1e-9)
+            print(
+                f"episode={episode + 1} return={recent:.2f} eps={eps:.3f} alpha={alpha:.4f} "
+                f"greedy_success={evals[-1].success:.4f} optimal={evals[-1].optimal} steps={env_steps} "
+                f"sps={sps:.0f}",
+                flush=True,
+            )
+    return q, TrainLog(returns, evals, env_steps, train_seconds)
+
+
+# ------------------------------------------------------------------------------------------------
+# The exact reference (value iteration and policy evaluation on the known model) and the evaluation
 
 
 def value_iteration(model: Model, gamma: float, tol: float = 1e-10, max_iters: int = 100_000):
@@ -348,7 +277,7 @@ def policy_value(model: Model, policy: np.ndarray, gamma: float, tol: float = 1e
 def horizon_values(model: Model, horizon: int, policy: np.ndarray | None = None):
     """Undiscounted expected return and success probability within `horizon` steps, by backward induction.
 
-    With policy=None the best achievable (a non-stationary max over actions at every step-to-go):
+    With policy=None the best achievable by a policy that may change its action with the steps left:
         V_k(s) = max_a [E[r | s, a] + Σ_s' p_cont(s' | s, a) · V_{k−1}(s')],  V_0 = 0.
     Success uses the same recursion with r replaced by p_goal. Returns (return V_H, success G_H), each (S,).
     """
@@ -365,26 +294,61 @@ def horizon_values(model: Model, horizon: int, policy: np.ndarray | None = None)
     return v, g
 
 
+def greedy_policy(q: np.ndarray) -> np.ndarray:
+    """π(s) = argmax_a Q(s, a) (the first of tied actions, so the policy is deterministic)."""
+    return q.argmax(axis=1)
+
+
+def best_stationary_policy(model: Model, horizon: int) -> np.ndarray:
+    """The policy a Q-table should reach: the best policy of the form π(s), blind to the clock, for success within
+    `horizon` steps, by local search. Start from value iteration's policies at γ = 1 (the most likely to reach the
+    goal at all) and at γ = 0.99 (which breaks γ = 1's ties, such as bumping into a wall, towards arriving sooner);
+    switch one state's action at a time while that raises the success from the start; keep the better result."""
+    found = []
+    for gamma in (1.0, 0.99):
+        policy = greedy_policy(value_iteration(model, gamma)[1])
+        success = horizon_values(model, horizon, policy)[1][model.start]
+        improved = True
+        while improved:
+            improved = False
+            for s, a in np.ndindex(model.reward.shape):
+                trial = policy.copy()
+                trial[s] = a
+                trial_success = horizon_values(model, horizon, trial)[1][model.start]
+                if trial_success > success + 1e-12:
+                    policy, success, improved = trial, trial_success, True
+        found.append((success, policy))
+    return max(found, key=lambda pair: pair[0])[1]
+
+
 class Reference(NamedTuple):
     """The exact answers for one MDP, computed once from its model."""
 
     v_star: np.ndarray  # (S,):   V*(s) under the discount γ the agent learns with
     q_star: np.ndarray  # (S, A): Q*(s, a), same γ
     value_start: float  # V*(start)
-    optimal_return: float  # the best undiscounted return from the start within --max-steps steps
-    optimal_success: float  # the best P(reach the goal within --max-steps steps) from the start
+    optimal_policy: np.ndarray  # (S,): best_stationary_policy, the one a greedy Q-table policy can reach
+    optimal_return: float  # its undiscounted return within --max-steps steps, from the start
+    optimal_success: float  # its P(reach the goal within --max-steps steps), from the start
+    time_dependent_success: float  # the best P(…) of any policy, even one that reads the steps left
 
 
 def solve_reference(model: Model, args: Args) -> Reference:
-    """Value iteration under --gamma, and the finite-horizon optimum within --max-steps steps (backward induction)."""
+    """Value iteration under --gamma; the best stationary policy's exact return and success within --max-steps;
+    and the best success within --max-steps of a policy that may also read the clock (backward induction)."""
     v_star, q_star = value_iteration(model, args.gamma)
-    optimal_return, optimal_success = (x[model.start] for x in horizon_values(model, args.max_steps))
-    return Reference(v_star, q_star, float(v_star[model.start]), float(optimal_return), float(optimal_success))
-
-
-def greedy_policy(q: np.ndarray) -> np.ndarray:
-    """π(s) = argmax_a Q(s, a) (the first of tied actions, so the policy is deterministic)."""
-    return q.argmax(axis=1)
+    policy = best_stationary_policy(model, args.max_steps)
+    optimal_return, optimal_success = (x[model.start] for x in horizon_values(model, args.max_steps, policy))
+    time_dependent_success = horizon_values(model, args.max_steps)[1][model.start]
+    return Reference(
+        v_star,
+        q_star,
+        float(v_star[model.start]),
+        policy,
+        float(optimal_return),
+        float(optimal_success),
+        float(time_dependent_success),
+    )
 
 
 def is_optimal(model: Model, policy: np.ndarray, v_star: np.ndarray, gamma: float) -> tuple[bool, float]:
@@ -465,61 +429,116 @@ def episodes_to_optimal(evals: list[Evaluation]) -> int | None:
     return evals[k].episode
 
 
-# ------------------------------------------------------------------------------------------------
-# The training loop
+# Plumbing: the command line, input checks, printing, figures, metrics.json and main ---------------------------------
 
 
-class TrainLog(NamedTuple):
-    """What the training loop records."""
-
-    returns: list[float]  # undiscounted return of every training episode (ε-greedy)
-    evals: list[Evaluation]  # --evals exact evaluations of the greedy policy
-    env_steps: int
-    train_seconds: float  # the training episodes only, not the evaluations
+class InputError(Exception):
+    """Bad input: a flag value, a missing or corrupt file, an unwritable folder, a mesh that does not fit."""
 
 
-def train(env, model: Model, reference: Reference, args: Args, rng: np.random.Generator) -> tuple[np.ndarray, TrainLog]:
-    """Q-learning from a zero table for n_episodes(args) episodes. Every episodes/--evals episodes the greedy
-    policy is evaluated exactly and one progress line is printed. Returns the Q-table (S, A) and the log."""
-    q = np.zeros((model.reward.shape[0], 4))
-    episodes = n_episodes(args)
-    eval_every = max(1, episodes // args.evals)
-    returns, evals = [], []
-    train_seconds, env_steps = 0.0, 0
-    for episode in range(episodes):
-        t0 = time.perf_counter()
-        eps, alpha = epsilon_at(episode, args), alpha_at(episode, args)
-        ret, steps = run_episode(env, q, eps, alpha, args.gamma, rng)
-        train_seconds += time.perf_counter() - t0
-        returns.append(ret)
-        env_steps += steps
-        if (episode + 1) % eval_every == 0 or episode + 1 == episodes:
-            evals.append(evaluate_greedy(model, q, reference, episode + 1, args))
-            recent = float(np.mean(returns[-eval_every:]))
-            sps = env_steps / max(train_seconds, 1e-9)
-            print(
-                f"episode={episode + 1} return={recent:.2f} eps={eps:.3f} alpha={alpha:.4f} "
-                f"greedy_success={evals[-1].success:.4f} optimal={evals[-1].optimal} steps={env_steps} "
-                f"sps={sps:.0f}",
-                flush=True,
+def reports_input_errors(main):
+    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1."""
+
+    @functools.wraps(main)
+    def run(args):
+        try:
+            return main(args)
+        except InputError as e:
+            sys.exit(f"error: {e}")
+
+    return run
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line, exit status 1, instead of dumping the usage."""
+
+    def error(self, message):
+        sys.exit(f"error: {message} (see --help)")
+
+
+def parse_args(argv=None) -> Args:
+    p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in fields(Args):
+        name = "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):
+            p.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+        else:
+            p.add_argument(
+                name,
+                type=type(f.default),
+                default=f.default,
+                help=f.metadata["help"],
+                choices=f.metadata.get("choices"),
             )
-    return q, TrainLog(returns, evals, env_steps, train_seconds)
+    args = Args(**vars(p.parse_args(argv)))
+    try:
+        check_flags(args)
+    except InputError as e:
+        p.error(str(e))
+    return args
 
 
-# ------------------------------------------------------------------------------------------------
-# Output
+def bounds_text(meta: dict) -> str:
+    """'in (0, 1]', '>= 1', '> 0' … from a flag's min / max / gt ('' if it has none)."""
+    low = ("(", meta["gt"]) if meta["gt"] is not None else ("[", meta["min"]) if meta["min"] is not None else None
+    high = meta["max"]
+    if low and high is not None:
+        return f"in {low[0]}{low[1]}, {high}]"
+    if low:
+        return f"{'>' if low[0] == '(' else '>='} {low[1]}"
+    return f"<= {high}" if high is not None else ""
+
+
+def check_flags(args) -> None:
+    """Raise InputError, one line, for the first flag outside the choices or bounds its flag() declares."""
+    for f in fields(args):
+        value, meta = getattr(args, f.name), f.metadata
+        name = "--" + f.name.replace("_", "-")
+        if meta.get("choices") is not None and value not in meta["choices"]:
+            raise InputError(f"{name} must be one of {', '.join(map(str, meta['choices']))}; got {value!r}")
+        low_ok = (meta.get("gt") is None or value > meta["gt"]) and (meta.get("min") is None or value >= meta["min"])
+        if not (low_ok and (meta.get("max") is None or value <= meta["max"])):
+            raise InputError(f"{name} must be {bounds_text(meta)}, got {value}")
+
+
+def validate(args: Args) -> None:
+    """Raise InputError on a flag outside its bounds, a flag that does not fit the others, or an output folder that
+    cannot be written."""
+    check_flags(args)
+    if args.slippery and args.env != "frozenlake":  # the grid is deterministic: there is no ice to slip on
+        raise InputError("--slippery applies only to --env frozenlake")
+    try:  # the output folder is checked before any work: a run that cannot save its results does not start
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, ".write_test"), "w"):
+            pass
+        os.remove(os.path.join(args.out, ".write_test"))
+    except OSError as e:
+        raise InputError(f"--out {args.out!r} is not a writable folder ({e.strerror or type(e).__name__})") from e
+
+
+def env_name(args: Args) -> str:
+    """The run's environment as metrics.json and the summary name it: 'grid', 'frozenlake' or 'frozenlake-slippery'."""
+    return args.env + ("-slippery" if args.slippery else "")
+
+
+def board(env) -> np.ndarray:
+    """(4, 4) tiles: 'S' start, 'G' goal, 'H' hole, '.' or 'F' a free cell."""
+    if hasattr(env, "unwrapped"):
+        return env.unwrapped.desc.astype(str)
+    tiles = np.full((4, 4), ".")
+    tiles[0, 0], tiles[3, 3] = "S", "G"
+    return tiles
 
 
 def grid_text(env, policy: np.ndarray, values: np.ndarray, title: str) -> str:
     """The 4x4 board: the policy's arrow in each state and a value under it; H = hole, G = goal."""
-    desc = env.unwrapped.desc.astype(str) if hasattr(env, "unwrapped") else None
+    tiles = board(env)
     lines = [title]
     for row in range(4):
         cells = []
         for col in range(4):
             s = row * 4 + col
-            tile = desc[row, col] if desc is not None else ("G" if s == 15 else "S" if s == 0 else ".")
-            mark = tile if tile in "HG" else ARROWS[policy[s]]
+            mark = tiles[row, col] if tiles[row, col] in "HG" else ARROWS[policy[s]]
             cells.append(f"{mark} {values[s]:7.2f}")
         lines.append("  ".join(cells))
     return "\n".join(lines)
@@ -551,7 +570,21 @@ def plot_curve(path: str, log: TrainLog, reference: Reference, title: str) -> No
     ax2.plot(
         [e.episode for e in log.evals], [e.success for e in log.evals], marker="o", ms=3, label="greedy policy (exact)"
     )
-    ax2.axhline(reference.optimal_success, color="k", ls="--", lw=1, label=f"optimum {reference.optimal_success:.3f}")
+    ax2.axhline(
+        reference.optimal_success,
+        color="k",
+        ls="--",
+        lw=1,
+        label=f"best stationary policy {reference.optimal_success:.4f}",
+    )
+    if reference.time_dependent_success > reference.optimal_success + 5e-5:
+        ax2.axhline(
+            reference.time_dependent_success,
+            color="tab:red",
+            ls=":",
+            lw=1,
+            label=f"best if the policy reads the clock {reference.time_dependent_success:.4f}",
+        )
     ax2.set(
         xlabel="episode",
         ylabel="P(reach goal within step limit)",
@@ -565,6 +598,43 @@ def plot_curve(path: str, log: TrainLog, reference: Reference, title: str) -> No
     plt.close(fig)
 
 
+def plot_q_map(path: str, env, q: np.ndarray, reference: Reference, args: Args) -> None:
+    """The Q-table as a map: max_a Q(s, a) as colour and the greedy arrow in each cell, next to value iteration's
+    V*(s) and π*(s) on the same colour scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tiles = board(env)
+    panels = [
+        ("learned: max_a Q(s, a) and argmax", q.max(axis=1), greedy_policy(q)),
+        (f"value iteration (γ = {args.gamma}): V*(s) and π*(s)", reference.v_star, greedy_policy(reference.q_star)),
+    ]
+    low = min(float(v.min()) for _, v, _ in panels)
+    high = max(float(v.max()) for _, v, _ in panels)
+    fig, axes = plt.subplots(1, 2, figsize=(9.5, 4.6))
+    for ax, (title, values, policy) in zip(axes, panels):
+        image = ax.imshow(values.reshape(4, 4), cmap="viridis", vmin=low, vmax=high)
+        for s in range(16):
+            row, col = divmod(s, 4)
+            tile = tiles[row, col]
+            if tile in "HG":
+                ax.add_patch(plt.Rectangle((col - 0.5, row - 0.5), 1, 1, color="0.85" if tile == "H" else "gold"))
+                ax.text(col, row, "hole" if tile == "H" else "goal", ha="center", va="center", fontsize=11)
+                continue
+            light = values[s] < low + 0.55 * (high - low)
+            color = "white" if light else "black"
+            ax.text(col, row - 0.12, ARROWS[policy[s]], ha="center", va="center", fontsize=22, color=color)
+            ax.text(col, row + 0.3, f"{values[s]:.2f}", ha="center", va="center", fontsize=9, color=color)
+        ax.set(title=title, xticks=range(4), yticks=range(4), xlabel="column", ylabel="row")
+        ax.title.set_fontsize(10)
+    fig.colorbar(image, ax=axes, shrink=0.8, label="value")
+    fig.suptitle(f"Q-table as a map, {env_name(args)}, seed {args.seed}, {n_episodes(args)} episodes")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
 def collect_metrics(args: Args, reference: Reference, log: TrainLog, final: FinalEvaluation, wall_start: float) -> dict:
     """The numbers metrics.json records (the run's flags are added under 'args' when it is written)."""
     return {
@@ -573,7 +643,8 @@ def collect_metrics(args: Args, reference: Reference, log: TrainLog, final: Fina
         "optimal_return": reference.optimal_return,
         "greedy_success_rate": final.rollout_success,
         "optimal_success_rate": reference.optimal_success,
-        "success_gap": float(reference.optimal_success - final.rollout_success),
+        "time_dependent_success_rate": reference.time_dependent_success,
+        "success_gap": float(reference.optimal_success - final.exact_success),
         "greedy_return_exact": final.exact_return,
         "greedy_success_rate_exact": final.exact_success,
         "policy_is_optimal": bool(final.optimal),
@@ -594,7 +665,8 @@ def print_header(args: Args, reference: Reference) -> None:
     print(
         f"q-learning env={env_name(args)} episodes={n_episodes(args)} alpha={args.alpha}->{args.alpha_end} "
         f"gamma={args.gamma} optimal_return={reference.optimal_return:.4f} "
-        f"optimal_success={reference.optimal_success:.4f}",
+        f"optimal_success={reference.optimal_success:.4f} "
+        f"time_dependent_success={reference.time_dependent_success:.4f}",
         flush=True,
     )
 
@@ -612,7 +684,8 @@ def print_summary(env, q: np.ndarray, reference: Reference, log: TrainLog, final
         f"\nsummary: env={env_name(args)} greedy_return={final.rollout_return:.4f} "
         f"optimal_return={reference.optimal_return:.4f} greedy_success_rate={final.rollout_success:.4f} "
         f"(over {n} episode{'s' * (n > 1)}; exact {final.exact_success:.4f}) "
-        f"optimal_success_rate={reference.optimal_success:.4f}"
+        f"optimal_success_rate={reference.optimal_success:.4f} "
+        f"success_gap={reference.optimal_success - final.exact_success:.4f}"
     )
     print(
         f"summary: policy_is_optimal={final.optimal} value_gap={final.value_gap:.3g} "
@@ -622,8 +695,8 @@ def print_summary(env, q: np.ndarray, reference: Reference, log: TrainLog, final
     )
 
 
-def save_results(args: Args, metrics: dict, log: TrainLog, reference: Reference) -> None:
-    """metrics.json (with the run's flags under 'args') and learning_curve.png into --out."""
+def save_results(args: Args, metrics: dict, log: TrainLog, reference: Reference, env, q: np.ndarray) -> None:
+    """metrics.json (with the run's flags under 'args'), learning_curve.png and q_map.png into --out."""
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "metrics.json"), "w") as fh:
         json.dump({**metrics, "args": asdict(args)}, fh, indent=2)
@@ -633,9 +706,7 @@ def save_results(args: Args, metrics: dict, log: TrainLog, reference: Reference)
         reference,
         f"Q-learning on {env_name(args)}, seed {args.seed}",
     )
-
-
-# ------------------------------------------------------------------------------------------------
+    plot_q_map(os.path.join(args.out, "q_map.png"), env, q, reference, args)
 
 
 @reports_input_errors
@@ -654,7 +725,7 @@ def main(args: Args) -> dict:
     final = evaluate_final(env, model, q, reference, args)
     metrics = collect_metrics(args, reference, log, final, wall_start)
     print_summary(env, q, reference, log, final, args)
-    save_results(args, metrics, log, reference)
+    save_results(args, metrics, log, reference, env, q)
     return metrics
 
 

@@ -1,0 +1,145 @@
+"""Break 1_Q_Learning/Q_Learning.py on purpose, one mutation at a time, and check that the test meant to catch each
+mutation fails (a test that cannot fail is a defect).
+
+    python tools/q_mutants.py            # every mutation; exit 1 if a test survives its mutation
+
+Each mutation replaces one exact piece of the script's source in a copy of the repository in a temporary folder
+(the repository itself is not touched) and runs the named tests there with pytest. A mutation whose source piece
+is not found is reported as an error, so the list cannot silently go stale.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = "1_Q_Learning/Q_Learning.py"
+TESTS = "tests/test_q_learning.py"
+
+# (what breaks, source piece, its replacement, the tests that must fail)
+MUTANTS = [
+    (
+        "value iteration forgets the discount",
+        "q = model.reward + gamma * model.p_cont @ v  # (S, A)",
+        "q = model.reward + model.p_cont @ v  # (S, A)",
+        ["test_grid_reference_matches_hand_computation"],
+    ),
+    (
+        "the TD target bootstraps through a terminal state",
+        "gamma * float(next_q_row.max()) * (1.0 - float(terminated))",
+        "gamma * float(next_q_row.max())",
+        ["test_no_bootstrap_from_a_terminal_state"],
+    ),
+    (
+        "a time-limit cut is treated as terminal",
+        "q_update(q, s, a, r, s2, terminated, alpha, gamma)",
+        "q_update(q, s, a, r, s2, terminated or truncated, alpha, gamma)",
+        ["test_a_time_limit_cut_still_bootstraps"],
+    ),
+    (
+        "the update moves Q away from the target",
+        "q[s, a] += alpha * td_error",
+        "q[s, a] -= alpha * td_error",
+        ["test_seed_0_on_the_grid_is_optimal_after_its_documented_20_episodes"],
+    ),
+    (
+        "α stays constant (no decay)",
+        "return args.alpha + (args.alpha_end - args.alpha) * episode / n_episodes(args)",
+        "return args.alpha",
+        ["test_seed_0_on_the_grid_is_optimal_after_its_documented_20_episodes"],
+    ),
+    (
+        "every evaluation calls the greedy policy optimal",
+        "return Evaluation(episode, success, is_optimal(model, policy, reference.v_star, args.gamma)[0])",
+        "return Evaluation(episode, success, True)",
+        ["test_seed_0_on_the_grid_is_optimal_after_its_documented_20_episodes"],
+    ),
+    (
+        "ε stays at its start value (no decay)",
+        "return args.eps_start + frac * (args.eps_end - args.eps_start)",
+        "return args.eps_start",
+        ["test_seed_0_on_the_grid_is_optimal_after_its_documented_20_episodes"],
+    ),
+    (
+        "the loop does not count an episode's last step",
+        "ret, steps = ret + r, steps + 1",
+        "ret, steps = ret + r, steps + (not (terminated or truncated))",
+        ["test_env_steps_count_every_step_of_every_episode"],
+    ),
+    (
+        "the reference is the time-dependent optimum again",
+        "optimal_return, optimal_success = (x[model.start] for x in horizon_values(model, args.max_steps, policy))",
+        "optimal_return, optimal_success = (x[model.start] for x in horizon_values(model, args.max_steps))",
+        ["test_stationary_optimum_is_below_the_time_dependent_one"],
+    ),
+    (
+        "no local search: value iteration's policies as they are",
+        "        improved = True\n        while improved:",
+        "        improved = False\n        while improved:",
+        ["test_best_stationary_policy_improves_on_value_iteration_where_it_can"],
+    ),
+    (
+        "only the γ = 1 start (ties may bump into a wall forever)",
+        "for gamma in (1.0, 0.99):",
+        "for gamma in (1.0,):",
+        ["test_best_stationary_policy_improves_on_value_iteration_where_it_can"],
+    ),
+    (
+        "a rollout counts a hole as a success",
+        "wins += bool(terminated and r > 0)",
+        "wins += bool(terminated)",
+        ["test_sampled_success_lies_within_3_standard_errors_of_the_exact_one"],
+    ),
+    (
+        "the gap is taken from the sampled success",
+        '"success_gap": float(reference.optimal_success - final.exact_success)',
+        '"success_gap": float(reference.optimal_success - final.rollout_success)',
+        ["test_success_gap_uses_the_exact_success_and_is_never_negative"],
+    ),
+    (
+        "the gap is taken from the time-dependent optimum",
+        '"success_gap": float(reference.optimal_success - final.exact_success)',
+        '"success_gap": float(reference.time_dependent_success - final.exact_success)',
+        ["test_success_gap_uses_the_exact_success_and_is_never_negative"],
+    ),
+]
+
+
+def run_mutant(root: Path, original: str, piece: str, replacement: str, tests: list[str]) -> str:
+    """'caught', 'SURVIVED' or 'not found' for one mutation, tested in the copy at root."""
+    if original.count(piece) != 1:
+        return "not found"
+    (root / SCRIPT).write_text(original.replace(piece, replacement))
+    select = " or ".join(tests)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "", TESTS, "-k", select],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    (root / SCRIPT).write_text(original)
+    return "caught" if proc.returncode == 1 else "SURVIVED" if proc.returncode == 0 else f"error {proc.returncode}"
+
+
+def main() -> int:
+    original = (REPO / SCRIPT).read_text()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for part in ("1_Q_Learning", "tests"):
+            shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__", "assets"))
+        shutil.copy(REPO / "pytest.ini", root / "pytest.ini")
+        bad = 0
+        for what, piece, replacement, tests in MUTANTS:
+            verdict = run_mutant(root, original, piece, replacement, tests)
+            bad += verdict != "caught"
+            print(f"{verdict:9s} {what}  ({', '.join(tests)})", flush=True)
+    print(f"{len(MUTANTS) - bad} of {len(MUTANTS)} mutations caught")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
