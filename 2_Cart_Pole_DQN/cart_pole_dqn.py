@@ -1,9 +1,14 @@
 """Deep Q-Network (DQN) on CartPole-v1 in JAX + Flax NNX: a replay buffer, a target network and ε-greedy.
 
 A small MLP replaces the Q-table. It acts in 16 CartPole copies at once, learns from minibatches sampled
-out of a NumPy ring buffer and regresses onto TD targets computed by a slowly-moving copy of itself (the
-target network). The hot paths are plain `jax.jit` functions over `nnx.split` state: one call picks the
-greedy actions of all envs, one call runs a whole block of gradient steps with `lax.scan`.
+out of a NumPy ring buffer, and regresses onto TD targets computed by a slowly moving copy of itself (the
+target network).
+
+The file reads in the order the algorithm runs: Args and the sizes derived from them; the environments,
+the replay buffer and the ε schedule; the Q-network and its optimizer; the TD target and the loss; the
+compiled update (a block of gradient steps in one lax.scan) and the target-network sync; the training loop;
+the greedy evaluation. Below the `# Plumbing` line: the command line, input checks, checkpoints, the GIF,
+the plot, metrics.json and main.
 
     python 2_Cart_Pole_DQN/cart_pole_dqn.py                      # train 50k steps, evaluate 100 episodes
     python 2_Cart_Pole_DQN/cart_pole_dqn.py --load runs/cart_pole_dqn/q_network.npz --video   # -> <out>/eval/
@@ -37,57 +42,396 @@ def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
 
 @dataclass
 class Args:
-    seed: int = flag(0, "seeds everything: jax.random.key, nnx.Rngs, env resets, NumPy's Generator")
-    total_timesteps: int = flag(50_000, "environment steps to train for, summed over the parallel envs")
-    num_envs: int = flag(16, "CartPole-v1 copies stepped side by side; each loop step adds up to num_envs transitions")
-    learning_rate: float = flag(2.3e-3, "Adam learning rate")
+    seed: int = flag(0, "seeds everything: jax.random.key, nnx.Rngs, env resets, NumPy's Generator", min=0)
+    total_timesteps: int = flag(50_000, "environment steps to train for, summed over the parallel envs", gt=0)
+    num_envs: int = flag(16, "CartPole-v1 copies stepped side by side; a loop step stores up to num_envs", gt=0)
+    learning_rate: float = flag(2.3e-3, "Adam learning rate", gt=0)
     anneal_lr: bool = flag(True, "decay the learning rate linearly to 0 over the run's gradient steps")
-    max_grad_norm: float = flag(10.0, "clip the global gradient norm to this value (0 turns clipping off)")
-    hidden_size: int = flag(128, "width of each of the two hidden layers of the Q-network")
+    max_grad_norm: float = flag(10.0, "clip the global gradient norm to this value (0 turns clipping off)", min=0)
+    hidden_size: int = flag(128, "width of each of the two hidden layers of the Q-network", gt=0)
     layer_norm: bool = flag(False, "LayerNorm after each hidden Linear layer (before the ReLU)")
     dueling: bool = flag(False, "dueling head: Q(s, a) = V(s) + A(s, a) − mean_a' A(s, a')")
-    buffer_size: int = flag(100_000, "replay buffer capacity (transitions)")
-    batch_size: int = flag(64, "transitions per gradient step")
-    gamma: float = flag(0.999, "discount factor γ; 0.999 looks about 1,000 steps ahead, past the 500-step episode")
-    learning_starts: int = flag(1_000, "env steps of pure exploration before the first gradient step")
-    train_frequency: int = flag(256, "env steps between two training calls")
-    gradient_steps: int = flag(128, "gradient steps per training call (one jitted lax.scan)")
-    target_network_frequency: int = flag(256, "env steps between two target-network updates")
-    tau: float = flag(1.0, "target update θ⁻ ← τ·θ + (1−τ)·θ⁻; 1.0 is a hard copy (Polyak averaging if < 1)")
-    eps_start: float = flag(1.0, "ε at the start of training")
-    eps_end: float = flag(0.04, "ε after the linear decay")
-    exploration_fraction: float = flag(0.16, "fraction of total_timesteps over which ε decays linearly")
+    buffer_size: int = flag(100_000, "replay buffer capacity (transitions)", gt=0)
+    batch_size: int = flag(64, "transitions per gradient step", gt=0)
+    gamma: float = flag(0.999, "discount γ; 0.999 looks ~1,000 steps ahead, past the 500-step episode", min=0, max=1)
+    learning_starts: int = flag(1_000, "env steps of pure exploration (ε = 1) before the first gradient step", min=0)
+    train_frequency: int = flag(256, "env steps between two training calls", gt=0)
+    gradient_steps: int = flag(128, "gradient steps per training call (one jitted lax.scan)", gt=0)
+    target_network_frequency: int = flag(256, "env steps between two target-network updates", gt=0)
+    tau: float = flag(1.0, "θ⁻ ← τ·θ + (1−τ)·θ⁻ at each target update; 1.0 is a hard copy", gt=0, max=1)
+    eps_start: float = flag(1.0, "ε of the schedule's line at step 0 (followed from learning_starts on)", min=0, max=1)
+    eps_end: float = flag(0.04, "ε at the end of the schedule's line, and from then on", min=0, max=1)
+    exploration_fraction: float = flag(
+        0.16,
+        "the ε line reaches eps_end at exploration_fraction × total_timesteps; it starts at step 0, not at "
+        "learning_starts, so after the ε = 1 phase ε resumes part-way down (0.88 at step 1,000 by default)",
+        gt=0,
+        max=1,
+    )
     loss: str = flag("mse", "TD-error loss", choices=("huber", "mse"))
     double_dqn: bool = flag(True, "Double DQN: the online net picks argmax a', the target net scores it")
     bootstrap_truncated: bool = flag(
         True,
         "bootstrap from s' when the episode is cut by the time limit "
-        "(--no-bootstrap-truncated treats truncation as termination, like the spec)",
+        "(--no-bootstrap-truncated treats truncation as termination, like the original guide)",
     )
-    eval_frequency: int = flag(5_000, "env steps between two periodic greedy evaluations (learning curve)")
-    periodic_eval_episodes: int = flag(10, "greedy episodes per periodic evaluation")
-    eval_episodes: int = flag(100, "greedy episodes of the final evaluation")
-    eval_seed: int = flag(
-        10_000, "seed of the final evaluation's episodes (same for every run); periodic evaluations use eval_seed + 1"
-    )
+    eval_frequency: int = flag(5_000, "env steps between two periodic greedy evaluations (learning curve)", gt=0)
+    periodic_eval_episodes: int = flag(10, "greedy episodes per periodic evaluation", gt=0)
+    eval_episodes: int = flag(100, "greedy episodes of the final evaluation", gt=0)
+    eval_seed: int = flag(10_000, "seed of the final evaluation's episodes; periodic ones use eval_seed + 1", min=0)
     final_agent: str = flag(
         "last",
-        "which parameters are saved and finally evaluated: 'best' = the best periodic "
-        "evaluation (ties go to the later one), 'last' = those after the last step",
+        "parameters saved and finally evaluated: the 'last', or the 'best' periodic evaluation's (ties: later)",
         choices=("best", "last"),
     )
     solve_threshold: float = flag(475.0, "a periodic evaluation at or above this mean return counts as solved")
     out: str = flag("runs/cart_pole_dqn", "folder for metrics.json, the curve PNG and q_network.npz")
-    load: str = flag(
-        "",
-        "evaluate (and with --video, watch) a saved q_network.npz instead of training; "
-        "results go to <out>/eval/, never over a training run's files",
-    )
+    load: str = flag("", "evaluate (with --video, watch) a saved q_network.npz instead of training; into <out>/eval/")
     video: bool = flag(False, "also write one greedy episode of the final agent to <out>/episode.gif")
     compile_cache: str = flag(
-        "~/.cache/jax-rl-course",
-        "JAX's persistent compilation cache: later runs reuse the compiled XLA programs ('' turns it off)",
+        "~/.cache/jax-rl-course", "JAX's persistent compilation cache: later runs skip compiling ('' turns it off)"
     )
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Sizes computed from the flags (never written back into Args)."""
+
+    exploration_steps: int  # the env step at which ε reaches eps_end
+    n_train_calls: int  # training calls in the whole run
+    total_gradient_steps: int  # Adam steps in the whole run: the annealed learning rate reaches 0 after the last
+
+
+def derived(args: Args) -> Derived:
+    # A training call runs at every step s with learning_starts < s <= total_timesteps and s % train_frequency == 0:
+    # ⌊total/f⌋ − ⌊learning_starts/f⌋ calls (192 for 50,000, 1,000, 256).
+    n_train_calls = max(0, args.total_timesteps // args.train_frequency - args.learning_starts // args.train_frequency)
+    return Derived(
+        exploration_steps=max(1, int(args.exploration_fraction * args.total_timesteps)),
+        n_train_calls=n_train_calls,
+        total_gradient_steps=n_train_calls * args.gradient_steps,
+    )
+
+
+# ----------------------------------------------------------------------------- environment, replay buffer, ε
+
+ENV_ID = "CartPole-v1"  # 4 observations (x, ẋ, θ, θ̇), 2 actions, reward +1 per step, truncated at 500
+
+
+def make_envs(n: int) -> gym.vector.VectorEnv:
+    """n CartPole-v1 copies in gymnasium's own vectorised CartPole: the same physics, stepped in NumPy for all
+    n at once. Its autoreset is NEXT_STEP: the step that ends an episode returns the true final observation,
+    and the *next* step() call of that env only resets it (its action is ignored, nothing is learned from it)."""
+    return gym.make_vec(ENV_ID, num_envs=n, vectorization_mode="vector_entry_point")
+
+
+class Batch(NamedTuple):
+    """Transitions (s, a, r, s', terminated, truncated); each field has the same leading axes."""
+
+    obs: np.ndarray  # s, (..., obs_dim) float32
+    actions: np.ndarray  # a, (...,) int32
+    rewards: np.ndarray  # r, (...,) float32
+    next_obs: np.ndarray  # s', (..., obs_dim) float32
+    terminated: np.ndarray  # 1.0 where s' ended the episode in a failure, (...,) float32
+    truncated: np.ndarray  # 1.0 where s' hit the time limit, (...,) float32
+
+
+class ReplayBuffer:
+    """A preallocated ring buffer of transitions (s, a, r, s', terminated, truncated) in NumPy arrays.
+
+    `add` writes rows at index `pos` and advances `pos` modulo the capacity, so once full the oldest
+    transitions are overwritten. `sample` draws uniformly from the filled rows, one gather per field.
+    """
+
+    def __init__(self, capacity: int, obs_dim: int):
+        self.capacity, self.pos, self.size = capacity, 0, 0
+        self.obs = np.zeros((capacity, obs_dim), np.float32)
+        self.next_obs = np.zeros((capacity, obs_dim), np.float32)
+        self.actions = np.zeros(capacity, np.int32)
+        self.rewards = np.zeros(capacity, np.float32)
+        self.terminated = np.zeros(capacity, np.float32)
+        self.truncated = np.zeros(capacity, np.float32)
+
+    def add(self, obs, actions, rewards, next_obs, terminated, truncated) -> None:
+        """Write n transitions (one per env; arrays with a leading axis n) at rows pos … pos + n − 1 (mod capacity)."""
+        i = (self.pos + np.arange(len(actions))) % self.capacity
+        self.obs[i], self.actions[i], self.rewards[i] = obs, actions, rewards
+        self.next_obs[i], self.terminated[i], self.truncated[i] = next_obs, terminated, truncated
+        self.pos = (self.pos + len(actions)) % self.capacity
+        self.size = min(self.size + len(actions), self.capacity)
+
+    def sample(self, rng: np.random.Generator, batch_size: int, n_batches: int) -> Batch:
+        """`n_batches` minibatches at once, each field shaped (n_batches, batch_size, ...)."""
+        idx = rng.integers(0, self.size, size=(n_batches, batch_size))
+        columns = (self.obs, self.actions, self.rewards, self.next_obs, self.terminated, self.truncated)
+        return Batch(*(column[idx] for column in columns))
+
+
+def epsilon_schedule(step: int, eps_start: float, eps_end: float, learning_starts: int, decay_steps: int) -> float:
+    """ε_t, the probability of a uniform random action at env step t, in two phases:
+
+    1. t < learning_starts: ε = 1, pure exploration while the buffer fills (no gradient step yet).
+    2. t >= learning_starts: the straight line from eps_start at t = 0 to eps_end at t = decay_steps, then eps_end.
+       The line is counted from step 0, so phase 2 starts part-way down it: with the defaults (1.0 → 0.04
+       over 8,000 steps) ε drops from 1 to 0.88 at step 1,000.
+    """
+    if step < learning_starts:
+        return 1.0
+    return max(eps_end, eps_start + (eps_end - eps_start) * step / decay_steps)
+
+
+# ----------------------------------------------------------------------------- Q-network and optimizer
+
+
+class QNetwork(nnx.Module):
+    """Q_θ(s, ·): an MLP from the 4 state numbers to one Q-value per action."""
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden_size: int, layer_norm=False, dueling=False, *, rngs):
+        self.hidden1 = nnx.Linear(obs_dim, hidden_size, rngs=rngs)
+        self.hidden2 = nnx.Linear(hidden_size, hidden_size, rngs=rngs)
+        self.head = nnx.Linear(hidden_size, n_actions, rngs=rngs)
+        self.value = nnx.Linear(hidden_size, 1, rngs=rngs) if dueling else None  # V(s) of the dueling head
+        self.norm1 = nnx.LayerNorm(hidden_size, rngs=rngs) if layer_norm else None
+        self.norm2 = nnx.LayerNorm(hidden_size, rngs=rngs) if layer_norm else None
+
+    def __call__(self, obs: jax.Array) -> jax.Array:  # (..., obs_dim) -> (..., n_actions)
+        x = self.hidden1(obs)
+        x = nnx.relu(self.norm1(x) if self.norm1 is not None else x)
+        x = self.hidden2(x)
+        x = nnx.relu(self.norm2(x) if self.norm2 is not None else x)
+        if self.value is None:
+            return self.head(x)
+        advantage = self.head(x)  # Q = V + A − mean_a A: only differences between actions reach A
+        return self.value(x) + advantage - advantage.mean(axis=-1, keepdims=True)
+
+
+def make_optimizer(args: Args) -> optax.GradientTransformation:
+    """Adam, optionally behind global-norm clipping and with a linearly annealed learning rate."""
+    lr = args.learning_rate
+    if args.anneal_lr:
+        lr = optax.linear_schedule(args.learning_rate, 0.0, max(1, derived(args).total_gradient_steps))
+    adam = optax.adam(lr)
+    return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), adam) if args.max_grad_norm > 0 else adam
+
+
+def create_agent(args: Args, obs_dim: int, n_actions: int) -> tuple[QNetwork, nnx.Optimizer]:
+    """The Q-network and its optimizer, built in one compiled call (nnx.jit): one XLA program for the init."""
+
+    def build():
+        q_network = QNetwork(
+            obs_dim, n_actions, args.hidden_size, args.layer_norm, args.dueling, rngs=nnx.Rngs(args.seed)
+        )
+        return q_network, nnx.Optimizer(q_network, make_optimizer(args), wrt=nnx.Param)
+
+    return nnx.jit(build)()
+
+
+# ----------------------------------------------------------------------------- TD target and loss
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What td_target, the loss and train_block need at trace time; bound once by `make_step_fns`."""
+
+    gamma: float  # discount γ
+    loss: str = "mse"  # "mse" (½·e²) or "huber"
+    double_dqn: bool = True  # the online network picks a*, the target network scores it
+    bootstrap_truncated: bool = True  # a time-limit truncation still bootstraps from s'
+
+
+def td_target(rewards, next_q_target, next_q_online, terminated, truncated, config: TrainConfig) -> jax.Array:
+    """y = r + γ·(1 − done)·Q⁻(s', a*), with a* = argmax_a' Q⁻(s', a') or, for Double DQN, argmax_a' Q(s', a').
+
+    `done` is `terminated` alone: a time-limit truncation still has a future, so it bootstraps.
+    With bootstrap_truncated=False, done = terminated OR truncated (the original guide's merged flag).
+    Shapes: rewards/terminated/truncated (batch,), next_q_* (batch, n_actions).
+    """
+    done = terminated if config.bootstrap_truncated else jnp.maximum(terminated, truncated)
+    if config.double_dqn:
+        a_star = jnp.argmax(next_q_online, axis=-1)  # (batch,)
+        next_v = jnp.take_along_axis(next_q_target, a_star[:, None], axis=-1)[:, 0]  # Q⁻(s', argmax Q(s', ·))
+    else:
+        next_v = jnp.max(next_q_target, axis=-1)  # max_a' Q⁻(s', a')
+    return rewards + config.gamma * (1.0 - done) * next_v
+
+
+def loss_fn(q_network: QNetwork, batch: Batch, y: jax.Array, loss: str = "mse") -> jax.Array:
+    """L(θ) = mean_i ℓ(y_i − Q_θ(s_i, a_i)), ℓ = ½·squared error (mse) or Huber (δ=1). y, the TD targets
+    (batch,), come in as a constant: the gradient flows only through Q_θ(s, a)."""
+    q = q_network(batch.obs)  # (batch, n_actions)
+    q_taken = jnp.take_along_axis(q, batch.actions[:, None], axis=-1)[:, 0]  # Q_θ(s, a), (batch,)
+    if loss == "huber":
+        return optax.huber_loss(q_taken, y, delta=1.0).mean()
+    return optax.l2_loss(q_taken, y).mean()  # ½(y − Q)²
+
+
+# ----------------------------------------------------------------------------- the compiled update
+# nnx.split((q_network, optimizer)) gives a static graphdef and one pytree of arrays, `state`; state[0] is
+# the Q-network's part (its parameters θ). The functions below take that state and nnx.merge inside the
+# trace; make_step_fns binds the graphdefs and the TrainConfig with functools.partial and compiles each with
+# plain jax.jit, once, so a call only passes arrays.
+
+
+def greedy_actions(q_graphdef: nnx.GraphDef, params: nnx.State, obs: jax.Array) -> jax.Array:
+    """a = argmax_a Q_θ(s, a) for a batch of observations (n, obs_dim) -> (n,)."""
+    return jnp.argmax(nnx.merge(q_graphdef, params)(obs), axis=-1)
+
+
+def train_block(graphdef, q_graphdef, config: TrainConfig, state: nnx.State, target_params: nnx.State, batches: Batch):
+    """One Adam step per minibatch of `batches` (leading axis K) in one lax.scan; θ⁻ is fixed throughout.
+
+    state: nnx.state((q_network, optimizer)). Returns the new state and the mean loss over the K steps.
+    """
+    target_network = nnx.merge(q_graphdef, target_params)  # Q⁻, the same θ⁻ for the whole block
+
+    def gradient_step(state, batch):
+        q_network, optimizer = nnx.merge(graphdef, state)
+        next_q_target = target_network(batch.next_obs)  # Q⁻(s', ·), (batch, n_actions)
+        next_q_online = q_network(batch.next_obs) if config.double_dqn else next_q_target  # picks a* (Double DQN)
+        y = td_target(batch.rewards, next_q_target, next_q_online, batch.terminated, batch.truncated, config)
+        loss, grads = nnx.value_and_grad(loss_fn)(q_network, batch, y, config.loss)  # ∇θ L, y held constant
+        optimizer.update(q_network, grads)  # θ ← Adam(θ, ∇θ L), in place on the merged modules
+        return nnx.state((q_network, optimizer)), loss
+
+    state, losses = jax.lax.scan(gradient_step, state, batches)
+    return state, losses.mean()
+
+
+@jax.jit
+def soft_update(params: nnx.State, target_params: nnx.State, tau: float) -> nnx.State:
+    """θ⁻ ← τ·θ + (1 − τ)·θ⁻ (Polyak averaging)."""
+    return optax.incremental_update(params, target_params, tau)
+
+
+def sync_target(params: nnx.State, target_params: nnx.State, tau: float) -> nnx.State:
+    """Hard copy θ⁻ ← θ when τ = 1 (JAX arrays are immutable, so sharing them is an exact copy), else Polyak.
+
+    On modules, the hard copy would read nnx.update(target_network, nnx.state(q_network)).
+    """
+    return params if tau == 1.0 else soft_update(params, target_params, tau)
+
+
+def make_step_fns(args: Args, graphdef: nnx.GraphDef, q_graphdef: nnx.GraphDef):
+    """The two hot functions, compiled once: act(params, obs) -> greedy actions (n,) and
+    update(state, target_params, batches) -> (state, mean loss), one training call.
+    graphdef is that of (q_network, optimizer), q_graphdef that of q_network alone."""
+    config = TrainConfig(args.gamma, args.loss, args.double_dqn, args.bootstrap_truncated)
+    act = jax.jit(partial(greedy_actions, q_graphdef))
+    update = jax.jit(partial(train_block, graphdef, q_graphdef, config))
+    return act, update
+
+
+# ----------------------------------------------------------------------------- the training loop
+
+
+def train(args: Args, act, update, state: nnx.State) -> tuple[nnx.State, dict]:
+    """Collect with ε-greedy in num_envs envs, learn from replay: the DQN loop.
+
+    state: nnx.state((q_network, optimizer)). Returns the Q-network's last parameters and a log.
+    env_steps counts the real transitions (s, a, r, s') stored so far. Each time it passes a multiple of
+    train_frequency after learning_starts, one compiled call runs gradient_steps Adam steps on fresh
+    minibatches; each time it passes a multiple of target_network_frequency, the target network is synced.
+    """
+    rng = np.random.default_rng(args.seed)
+    envs = make_envs(args.num_envs)
+    n, n_actions = args.num_envs, int(envs.single_action_space.n)
+    buffer = ReplayBuffer(args.buffer_size, envs.single_observation_space.shape[0])
+    decay_steps = derived(args).exploration_steps
+    target_params = state[0]  # θ⁻ starts as an exact copy of θ (state[0]: the Q-network's part)
+
+    def crossed(every: int, before: int, after: int) -> bool:  # did env_steps pass a multiple of `every`?
+        return after // every > before // every
+
+    obs, _ = envs.reset(seed=args.seed)
+    resetting = np.zeros(n, bool)  # envs whose episode ended last step: this step only resets them
+    episode_returns, train_returns, losses, curve = np.zeros(n), [], [], []
+    best = dict(params=state[0], eval_return=-np.inf, step=0)
+    solved_step = solved_seconds = None
+    env_steps, t_train = 0, time.perf_counter()
+    while env_steps < args.total_timesteps:
+        # ε-greedy in every env: a uniform random action with probability ε_t, else a = argmax_a Q_θ(s, a)
+        epsilon = epsilon_schedule(env_steps, args.eps_start, args.eps_end, args.learning_starts, decay_steps)
+        explore = rng.random(n) < epsilon
+        actions = np.where(explore, rng.integers(n_actions, size=n), np.asarray(act(state[0], obs)))
+        next_obs, rewards, terminated, truncated, _ = envs.step(actions)
+        # Keep the real transitions (s, a, r, s'): not the reset steps, and no more than total_timesteps in all.
+        keep = ~resetting & (np.cumsum(~resetting) <= args.total_timesteps - env_steps)
+        buffer.add(obs[keep], actions[keep], rewards[keep], next_obs[keep], terminated[keep], truncated[keep])
+        before, env_steps = env_steps, env_steps + int(keep.sum())
+        resetting = terminated | truncated
+        episode_returns += rewards * keep
+        train_returns += episode_returns[resetting & keep].tolist()
+        episode_returns[resetting] = 0.0
+        obs = next_obs
+
+        if env_steps > args.learning_starts:
+            if crossed(args.train_frequency, max(before, args.learning_starts), env_steps):
+                batches = buffer.sample(rng, args.batch_size, args.gradient_steps)
+                state, loss = update(state, target_params, batches)
+                losses.append(loss)
+            if crossed(args.target_network_frequency, max(before, args.learning_starts), env_steps):
+                target_params = sync_target(state[0], target_params, args.tau)
+
+        if crossed(args.eval_frequency, before, env_steps) or env_steps == args.total_timesteps:
+            eval_return = float(evaluate(act, state[0], args.periodic_eval_episodes, args.eval_seed + 1).returns.mean())
+            elapsed = time.perf_counter() - t_train
+            train_return = float(np.mean(train_returns[-10:])) if train_returns else 0.0
+            mean_loss = float(np.mean(losses[-10:])) if losses else float("nan")
+            row = dict(step=env_steps, eval_return=eval_return, train_return=train_return, loss=mean_loss)
+            curve.append(dict(row, seconds=round(elapsed, 2)))
+            if eval_return >= best["eval_return"]:  # ties go to the later, longer-trained parameters
+                best = dict(params=state[0], eval_return=eval_return, step=env_steps)
+            if solved_step is None and eval_return >= args.solve_threshold:
+                solved_step, solved_seconds = env_steps, round(elapsed, 2)
+            print(
+                f"step={env_steps} return={train_return:.1f} eval_return={eval_return:.1f} loss={mean_loss:.4f} "
+                f"eps={epsilon:.3f} sps={env_steps / elapsed:.0f}",
+                flush=True,
+            )
+    envs.close()
+    log = dict(curve=curve, best=best, solved_step=solved_step, solved_seconds=solved_seconds)
+    log.update(train_seconds=time.perf_counter() - t_train, train_episodes=len(train_returns))
+    return state[0], dict(log, gradient_steps_total=len(losses) * args.gradient_steps)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+class Evaluation(NamedTuple):
+    returns: np.ndarray  # (n_episodes,) greedy returns
+    ends: dict  # how the episodes ended: {"time_limit": n, "cart_left_track": n, "pole_fell": n}
+
+
+X_LIMIT, THETA_LIMIT = 2.4, 12 * 2 * np.pi / 360  # CartPole-v1 terminates when |x| > 2.4 or |θ| > 12°
+
+
+def evaluate(act, params: nnx.State, n_episodes: int, seed: int) -> Evaluation:
+    """Greedy returns of `n_episodes` episodes, all run side by side in the vectorised CartPole: one batched
+    Q call per time step. `seed` fixes the episodes' initial states, so every evaluation with the same seed is
+    the same test. The last observation of each episode tells how it ended: time limit, cart off the track, or
+    pole down."""
+    envs = make_envs(n_episodes)
+    obs, _ = envs.reset(seed=seed)
+    returns, last_obs = np.zeros(n_episodes), np.zeros_like(obs)
+    alive = np.ones(n_episodes, bool)  # an episode that ended is auto-reset by the vector env: mask it out
+    while alive.any():
+        obs, reward, terminated, truncated, _ = envs.step(np.asarray(act(params, obs)))
+        returns += reward * alive
+        ended = alive & (terminated | truncated)
+        last_obs[ended] = obs[ended]  # NEXT_STEP autoreset: the step that ends an episode returns its final obs
+        alive &= ~ended
+    envs.close()
+    cart_out = np.abs(last_obs[:, 0]) > X_LIMIT
+    pole_down = ~cart_out & (np.abs(last_obs[:, 2]) > THETA_LIMIT)
+    ends = dict(
+        time_limit=int((~cart_out & ~pole_down).sum()),
+        cart_left_track=int(cart_out.sum()),
+        pole_fell=int(pole_down.sum()),
+    )
+    return Evaluation(returns, ends)
+
+
+# Plumbing: the command line, input checks, checkpoints, the GIF, the plot, metrics.json and main ------------
 
 
 class InputError(Exception):
@@ -160,49 +504,31 @@ def check_flags(args) -> None:
 
 
 def validate(args: Args) -> None:
-    """Raise InputError on a bad flag value or an output folder that cannot be written."""
+    """Raise InputError (one line) before any work: a flag outside its bounds (check_flags), two flags that do
+    not fit together, a --load file that does not exist, or an output folder that cannot be written."""
+    check_flags(args)
 
     def need(ok: bool, msg: str):
         if not ok:
             raise InputError(msg)
 
-    need(args.total_timesteps > 0, f"--total-timesteps must be > 0, got {args.total_timesteps}")
-    need(args.learning_rate > 0, f"--learning-rate must be > 0, got {args.learning_rate}")
-    need(args.max_grad_norm >= 0, f"--max-grad-norm must be >= 0, got {args.max_grad_norm}")
-    need(args.hidden_size > 0, f"--hidden-size must be > 0, got {args.hidden_size}")
-    need(args.buffer_size > 0, f"--buffer-size must be > 0, got {args.buffer_size}")
+    # a minibatch is drawn from the buffer, so it cannot be larger than the buffer
     need(
-        0 < args.batch_size <= args.buffer_size,
-        f"--batch-size must be in [1, --buffer-size={args.buffer_size}], got {args.batch_size}",
+        args.batch_size <= args.buffer_size,
+        f"--batch-size ({args.batch_size}) must be <= --buffer-size ({args.buffer_size})",
     )
-    need(0 <= args.gamma <= 1, f"--gamma must be in [0, 1], got {args.gamma}")
-    need(args.learning_starts >= 0, f"--learning-starts must be >= 0, got {args.learning_starts}")
-    need(args.num_envs > 0, f"--num-envs must be > 0, got {args.num_envs}")
-    for name in ("train_frequency", "target_network_frequency", "eval_frequency"):  # at most one event per loop step
+    # one loop step adds up to num_envs transitions, and runs at most one training call, sync or evaluation
+    for name in ("train_frequency", "target_network_frequency", "eval_frequency"):
         value = getattr(args, name)
         need(value >= args.num_envs, f"--{name.replace('_', '-')} ({value}) must be >= --num-envs ({args.num_envs})")
-    for name in (
-        "train_frequency",
-        "gradient_steps",
-        "target_network_frequency",
-        "eval_frequency",
-        "periodic_eval_episodes",
-        "eval_episodes",
-    ):
-        value = getattr(args, name)
-        need(value > 0, f"--{name.replace('_', '-')} must be > 0, got {value}")
-    need(0 < args.tau <= 1, f"--tau must be in (0, 1], got {args.tau}")
+    # ε falls along the schedule's line; it never rises
     need(
-        0 <= args.eps_end <= args.eps_start <= 1,
-        f"need 0 <= --eps-end <= --eps-start <= 1, got --eps-start {args.eps_start} --eps-end {args.eps_end}",
+        args.eps_end <= args.eps_start,
+        f"--eps-end ({args.eps_end}) must be <= --eps-start ({args.eps_start})",
     )
-    need(
-        0 < args.exploration_fraction <= 1, f"--exploration-fraction must be in (0, 1], got {args.exploration_fraction}"
-    )
-    need(args.eval_seed >= 0, f"--eval-seed must be >= 0, got {args.eval_seed}")
     if args.load:
         need(os.path.isfile(args.load), f"--load: no such file {args.load!r}")
-    out = output_folder(args)  # checked before any work: a run that cannot save its results does not start
+    out = output_folder(args)  # a run that cannot save its results does not start
     try:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, ".write_test"), "w"):
@@ -215,331 +541,6 @@ def validate(args: Args) -> None:
 def output_folder(args: Args) -> str:
     """Where this run writes: --out for training, <out>/eval/ for a --load run (a training run's files stay)."""
     return os.path.join(args.out, "eval") if args.load else args.out
-
-
-# ----------------------------------------------------------------------------- environment
-
-ENV_ID = "CartPole-v1"  # 4 observations (x, ẋ, θ, θ̇), 2 actions, reward +1 per step, truncated at 500
-
-
-def make_env(render_mode: str | None = None) -> gym.Env:
-    return gym.make(ENV_ID, render_mode=render_mode)
-
-
-def make_envs(n: int) -> gym.vector.VectorEnv:
-    """n CartPole-v1 copies in gymnasium's own vectorised CartPole: the same physics, stepped in NumPy for all
-    n at once. Its autoreset is NEXT_STEP: the step that ends an episode returns the true final observation,
-    and the *next* step() call of that env only resets it (its action is ignored, nothing is learned from it)."""
-    return gym.make_vec(ENV_ID, num_envs=n, vectorization_mode="vector_entry_point")
-
-
-class Batch(NamedTuple):
-    """Transitions (s, a, r, s', terminated, truncated); each field has the same leading axes."""
-
-    obs: np.ndarray  # s, (..., obs_dim) float32
-    actions: np.ndarray  # a, (...,) int32
-    rewards: np.ndarray  # r, (...,) float32
-    next_obs: np.ndarray  # s', (..., obs_dim) float32
-    terminated: np.ndarray  # 1.0 where s' ended the episode in a failure, (...,) float32
-    truncated: np.ndarray  # 1.0 where s' hit the time limit, (...,) float32
-
-
-class ReplayBuffer:
-    """A preallocated ring buffer of transitions (s, a, r, s', terminated, truncated) in NumPy arrays.
-
-    `add` writes one row at index `pos` and advances `pos` modulo the capacity, so once full the
-    oldest transition is overwritten. `sample` draws uniformly from the filled rows with one gather per
-    field, instead of `random.sample` over a `deque` of tuples followed by `np.stack`.
-    """
-
-    def __init__(self, capacity: int, obs_dim: int):
-        self.capacity, self.pos, self.size = capacity, 0, 0
-        self.obs = np.zeros((capacity, obs_dim), np.float32)
-        self.next_obs = np.zeros((capacity, obs_dim), np.float32)
-        self.actions = np.zeros(capacity, np.int32)
-        self.rewards = np.zeros(capacity, np.float32)
-        self.terminated = np.zeros(capacity, np.float32)
-        self.truncated = np.zeros(capacity, np.float32)
-
-    def add(self, obs, actions, rewards, next_obs, terminated, truncated) -> None:
-        """Write n transitions (one per env; arrays with a leading axis n) at rows pos … pos + n − 1 (mod capacity)."""
-        i = (self.pos + np.arange(len(actions))) % self.capacity
-        self.obs[i], self.actions[i], self.rewards[i] = obs, actions, rewards
-        self.next_obs[i], self.terminated[i], self.truncated[i] = next_obs, terminated, truncated
-        self.pos = (self.pos + len(actions)) % self.capacity
-        self.size = min(self.size + len(actions), self.capacity)
-
-    def sample(self, rng: np.random.Generator, batch_size: int, n_batches: int) -> Batch:
-        """`n_batches` minibatches at once, each field shaped (n_batches, batch_size, ...)."""
-        idx = rng.integers(0, self.size, size=(n_batches, batch_size))
-        return Batch(
-            self.obs[idx],
-            self.actions[idx],
-            self.rewards[idx],
-            self.next_obs[idx],
-            self.terminated[idx],
-            self.truncated[idx],
-        )
-
-
-def linear_schedule(eps_start: float, eps_end: float, duration: int, t: int) -> float:
-    """ε_t falls linearly from eps_start to eps_end over `duration` steps, then stays at eps_end."""
-    return max(eps_end, eps_start + (eps_end - eps_start) * t / duration)
-
-
-# ----------------------------------------------------------------------------- network
-
-
-class QNetwork(nnx.Module):
-    """Q_θ(s, ·): an MLP from the 4 state numbers to one Q-value per action."""
-
-    def __init__(
-        self,
-        obs_dim: int,
-        n_actions: int,
-        hidden_size: int,
-        layer_norm: bool = False,
-        dueling: bool = False,
-        *,
-        rngs: nnx.Rngs,
-    ):
-        self.hidden1 = nnx.Linear(obs_dim, hidden_size, rngs=rngs)
-        self.hidden2 = nnx.Linear(hidden_size, hidden_size, rngs=rngs)
-        self.head = nnx.Linear(hidden_size, n_actions, rngs=rngs)
-        self.value = nnx.Linear(hidden_size, 1, rngs=rngs) if dueling else None  # V(s) of the dueling head
-        self.norm1 = nnx.LayerNorm(hidden_size, rngs=rngs) if layer_norm else None
-        self.norm2 = nnx.LayerNorm(hidden_size, rngs=rngs) if layer_norm else None
-
-    def __call__(self, obs: jax.Array) -> jax.Array:  # (..., obs_dim) -> (..., n_actions)
-        x = self.hidden1(obs)
-        x = nnx.relu(self.norm1(x) if self.norm1 is not None else x)
-        x = self.hidden2(x)
-        x = nnx.relu(self.norm2(x) if self.norm2 is not None else x)
-        if self.value is None:
-            return self.head(x)
-        advantage = self.head(x)  # Q = V + A − mean_a A: only differences between actions reach A
-        return self.value(x) + advantage - advantage.mean(axis=-1, keepdims=True)
-
-
-def derived(args: Args) -> dict:
-    """Sizes computed from the flags (never written back into args)."""
-    # A training call runs at every step s with learning_starts < s <= total_timesteps and s % train_frequency == 0:
-    # ⌊total/f⌋ − ⌊learning_starts/f⌋ calls (192 for 50,000, 1,000, 256). The annealed rate reaches 0 after the last.
-    n_train_calls = max(0, args.total_timesteps // args.train_frequency - args.learning_starts // args.train_frequency)
-    return dict(
-        exploration_steps=max(1, int(args.exploration_fraction * args.total_timesteps)),
-        n_train_calls=n_train_calls,
-        total_gradient_steps=n_train_calls * args.gradient_steps,
-    )
-
-
-def make_optimizer(args: Args) -> optax.GradientTransformation:
-    """Adam, optionally behind global-norm clipping and with a linearly annealed learning rate."""
-    lr = args.learning_rate
-    if args.anneal_lr:
-        lr = optax.linear_schedule(args.learning_rate, 0.0, max(1, derived(args)["total_gradient_steps"]))
-    adam = optax.adam(lr)
-    return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), adam) if args.max_grad_norm > 0 else adam
-
-
-def create_agent(args: Args, obs_dim: int, n_actions: int) -> tuple[QNetwork, nnx.Optimizer]:
-    """Build the Q-network and its optimizer inside one nnx.jit: one compilation instead of one per init op."""
-
-    def build():
-        q_network = QNetwork(
-            obs_dim, n_actions, args.hidden_size, args.layer_norm, args.dueling, rngs=nnx.Rngs(args.seed)
-        )
-        return q_network, nnx.Optimizer(q_network, make_optimizer(args), wrt=nnx.Param)
-
-    return nnx.jit(build)()
-
-
-# ----------------------------------------------------------------------------- losses
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """What the loss and train_block need at trace time; bound once by `make_step_fns`."""
-
-    gamma: float  # discount γ
-    loss: str = "mse"  # "mse" (½·e²) or "huber"
-    double_dqn: bool = True  # the online network picks a*, the target network scores it
-    bootstrap_truncated: bool = True  # a time-limit truncation still bootstraps from s'
-
-
-def td_target(
-    rewards,
-    next_q_target,
-    next_q_online,
-    terminated,
-    truncated,
-    gamma: float,
-    double_dqn: bool = False,
-    bootstrap_truncated: bool = True,
-) -> jax.Array:
-    """y = r + γ·(1 − done)·Q⁻(s', a*), with a* = argmax_a' Q⁻(s', a') or, for Double DQN, argmax_a' Q(s', a').
-
-    `done` is `terminated` alone: a time-limit truncation still has a future, so it bootstraps.
-    With bootstrap_truncated=False, done = terminated OR truncated (the spec's merged flag).
-    Shapes: rewards/terminated/truncated (batch,), next_q_* (batch, n_actions).
-    """
-    done = terminated if bootstrap_truncated else jnp.maximum(terminated, truncated)
-    if double_dqn:
-        a_star = jnp.argmax(next_q_online, axis=-1)  # (batch,)
-        next_v = jnp.take_along_axis(next_q_target, a_star[:, None], axis=-1)[:, 0]  # Q⁻(s', argmax Q(s', ·))
-    else:
-        next_v = jnp.max(next_q_target, axis=-1)  # max_a' Q⁻(s', a')
-    return rewards + gamma * (1.0 - done) * next_v
-
-
-def loss_fn(q_network: QNetwork, target_network: QNetwork, batch: Batch, config: TrainConfig) -> jax.Array:
-    """L(θ) = mean_i ℓ(y_i − Q_θ(s_i, a_i)), ℓ = ½·squared error (mse) or Huber (δ=1); y is held constant."""
-    q = q_network(batch.obs)  # (batch, n_actions)
-    q_taken = jnp.take_along_axis(q, batch.actions[:, None], axis=-1)[:, 0]  # Q_θ(s, a), (batch,)
-    next_q_target = target_network(batch.next_obs)  # Q⁻(s', ·)
-    next_q_online = q_network(batch.next_obs) if config.double_dqn else next_q_target
-    y = jax.lax.stop_gradient(
-        td_target(
-            batch.rewards,
-            next_q_target,
-            next_q_online,
-            batch.terminated,
-            batch.truncated,
-            config.gamma,
-            config.double_dqn,
-            config.bootstrap_truncated,
-        )
-    )
-    if config.loss == "huber":
-        return optax.huber_loss(q_taken, y, delta=1.0).mean()
-    return optax.l2_loss(q_taken, y).mean()  # ½(y − Q)²
-
-
-# ----------------------------------------------------------------------------- jitted steps
-# `nnx.split` turns a module into (graphdef, state): a static description plus a pytree of arrays.
-# These functions take that state and `nnx.merge` inside; `make_step_fns` wraps them in plain `jax.jit`
-# with the graphdefs and the TrainConfig bound by `functools.partial`, so a call only flattens a few arrays
-# instead of walking the module graph the way nnx.jit does on every call (README: measured costs).
-
-
-def greedy_actions(graphdef: nnx.GraphDef, params: nnx.State, obs: jax.Array) -> jax.Array:
-    """a = argmax_a Q_θ(s, a) for a batch of observations (n, obs_dim) -> (n,)."""
-    return jnp.argmax(nnx.merge(graphdef, params)(obs), axis=-1)
-
-
-def train_block(
-    graphdef: nnx.GraphDef,
-    opt_graphdef: nnx.GraphDef,
-    config: TrainConfig,
-    params: nnx.State,
-    opt_state: nnx.State,
-    target_params: nnx.State,
-    batches: Batch,
-):
-    """Run one gradient step per minibatch of `batches` (leading axis) in one compiled lax.scan; the target
-    network is fixed throughout.
-
-    Returns the new (params, opt_state) and the mean loss over the block.
-    """
-
-    def gradient_step(carry, batch):
-        params, opt_state = carry
-
-        def loss_of_params(p):  # pure in the parameter pytree, so jax.value_and_grad (not nnx.value_and_grad)
-            return loss_fn(nnx.merge(graphdef, p), nnx.merge(graphdef, target_params), batch, config)
-
-        value, grads = jax.value_and_grad(loss_of_params)(params)
-        q_network, optimizer = nnx.merge(graphdef, params), nnx.merge(opt_graphdef, opt_state)
-        optimizer.update(q_network, grads)  # θ ← Adam(θ, ∇θ L), in place on the merged copies
-        return (nnx.state(q_network), nnx.state(optimizer)), value
-
-    (params, opt_state), losses = jax.lax.scan(gradient_step, (params, opt_state), batches)
-    return params, opt_state, losses.mean()
-
-
-@jax.jit
-def soft_update(params: nnx.State, target_params: nnx.State, tau: float) -> nnx.State:
-    """θ⁻ ← τ·θ + (1 − τ)·θ⁻ (Polyak averaging)."""
-    return optax.incremental_update(params, target_params, tau)
-
-
-def sync_target(params: nnx.State, target_params: nnx.State, tau: float) -> nnx.State:
-    """Hard copy θ⁻ ← θ when τ = 1 (JAX arrays are immutable, so sharing them is an exact copy), else Polyak.
-
-    On modules, the hard copy would read nnx.update(target_network, nnx.state(q_network)).
-    """
-    return params if tau == 1.0 else soft_update(params, target_params, tau)
-
-
-def make_step_fns(args: Args, graphdef: nnx.GraphDef, opt_graphdef: nnx.GraphDef):
-    """The two hot functions, compiled once: act(params, obs) -> actions and
-    train(params, opt_state, target_params, batches) -> (params, opt_state, mean_loss)."""
-    config = TrainConfig(args.gamma, args.loss, args.double_dqn, args.bootstrap_truncated)
-    act = jax.jit(partial(greedy_actions, graphdef))
-    train = jax.jit(partial(train_block, graphdef, opt_graphdef, config))
-    return act, train
-
-
-# ----------------------------------------------------------------------------- evaluation
-
-
-class Evaluation(NamedTuple):
-    returns: np.ndarray  # (n_episodes,) greedy returns
-    ends: dict  # how the episodes ended: {"time_limit": n, "cart_left_track": n, "pole_fell": n}
-
-
-X_LIMIT, THETA_LIMIT = 2.4, 12 * 2 * np.pi / 360  # CartPole-v1 terminates when |x| > 2.4 or |θ| > 12°
-
-
-def evaluate(act, params: nnx.State, n_episodes: int, seed: int) -> Evaluation:
-    """Greedy returns of `n_episodes` episodes, all run side by side in gymnasium's vectorised CartPole
-    (the same physics, stepped in NumPy for all episodes at once): one batched Q call per time step.
-    `seed` fixes the episodes' initial states, so every evaluation with the same seed is the same test.
-    The last observation of each episode tells how it ended: time limit, cart off the track, or pole down."""
-    envs = gym.make_vec(ENV_ID, num_envs=n_episodes, vectorization_mode="vector_entry_point")
-    obs, _ = envs.reset(seed=seed)
-    returns, last_obs = np.zeros(n_episodes), np.zeros_like(obs)
-    alive = np.ones(n_episodes, bool)  # an episode that ended is auto-reset by the vector env: mask it out
-    while alive.any():
-        obs, reward, terminated, truncated, _ = envs.step(np.asarray(act(params, obs)))
-        returns += reward * alive
-        ended = alive & (terminated | truncated)
-        last_obs[ended] = obs[ended]  # NEXT_STEP autoreset: the step that ends an episode returns its final obs
-        alive &= ~ended
-    envs.close()
-    cart_out = np.abs(last_obs[:, 0]) > X_LIMIT
-    pole_down = ~cart_out & (np.abs(last_obs[:, 2]) > THETA_LIMIT)
-    ends = dict(
-        time_limit=int((~cart_out & ~pole_down).sum()),
-        cart_left_track=int(cart_out.sum()),
-        pole_fell=int(pole_down.sum()),
-    )
-    return Evaluation(returns, ends)
-
-
-def record_gif(act, params: nnx.State, path: str, seed: int, frame_skip: int = 2, scale: float = 0.5) -> float:
-    """Render one greedy episode into an animated GIF (every `frame_skip`-th frame, downscaled); return its return."""
-    from PIL import Image
-
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen; no display needed
-    env = make_env(render_mode="rgb_array")
-    obs, _ = env.reset(seed=seed)
-    frames, total, t, done = [], 0.0, 0, False
-    while not done:
-        if t % frame_skip == 0:
-            frame = Image.fromarray(env.render())
-            frames.append(frame.resize((int(frame.width * scale), int(frame.height * scale))))
-        action = int(act(params, obs[None])[0])
-        obs, reward, terminated, truncated, _ = env.step(action)
-        total, t, done = total + reward, t + 1, terminated or truncated
-    env.close()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    frames = [f.convert("P", palette=Image.Palette.ADAPTIVE, colors=32) for f in frames]
-    frames[0].save(path, save_all=True, append_images=frames[1:], duration=40 * frame_skip, loop=0)
-    return total
-
-
-# ----------------------------------------------------------------------------- checkpoints (.npz, no pickle)
 
 
 def save_checkpoint(path: str, parts: dict) -> None:
@@ -593,6 +594,28 @@ def checkpoint_key(name: str, keys) -> str:
     return f"{name}/{jax.tree_util.keystr(keys, simple=True, separator='/')}"
 
 
+def record_gif(act, params: nnx.State, path: str, seed: int, frame_skip: int = 2, scale: float = 0.5) -> float:
+    """Render one greedy episode into an animated GIF (every `frame_skip`-th frame, downscaled); return its return."""
+    from PIL import Image
+
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen; no display needed
+    env = gym.make(ENV_ID, render_mode="rgb_array")
+    obs, _ = env.reset(seed=seed)
+    frames, total, t, done = [], 0.0, 0, False
+    while not done:
+        if t % frame_skip == 0:
+            frame = Image.fromarray(env.render())
+            frames.append(frame.resize((int(frame.width * scale), int(frame.height * scale))))
+        action = int(act(params, obs[None])[0])
+        obs, reward, terminated, truncated, _ = env.step(action)
+        total, t, done = total + reward, t + 1, terminated or truncated
+    env.close()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    frames = [f.convert("P", palette=Image.Palette.ADAPTIVE, colors=32) for f in frames]
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=40 * frame_skip, loop=0)
+    return total
+
+
 def plot_curve(path: str, curve: list[dict], threshold: float, title: str, chosen_step: int | None = None) -> None:
     import matplotlib
 
@@ -611,95 +634,6 @@ def plot_curve(path: str, curve: list[dict], threshold: float, title: str, chose
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-# ----------------------------------------------------------------------------- training loop
-
-
-def train(args: Args, act, train_fn, params: nnx.State, opt_state: nnx.State) -> tuple[nnx.State, dict]:
-    """Collect with ε-greedy in num_envs envs, learn from replay: the DQN loop. Returns the last params and a log.
-
-    env_steps counts the real transitions (s, a, r, s') stored so far. Each time it passes a multiple of
-    train_frequency after learning_starts, one jitted call runs gradient_steps Adam steps on fresh minibatches;
-    each time it passes a multiple of target_network_frequency, the target network is synced.
-    """
-    rng = np.random.default_rng(args.seed)
-    envs = make_envs(args.num_envs)
-    n, n_actions = args.num_envs, int(envs.single_action_space.n)
-    buffer = ReplayBuffer(args.buffer_size, envs.single_observation_space.shape[0])
-    exploration_steps = derived(args)["exploration_steps"]
-    target_params = params  # the target network starts as an exact copy of the online network
-
-    def crossed(every: int, before: int, after: int) -> bool:  # did env_steps pass a multiple of `every`?
-        return after // every > before // every
-
-    obs, _ = envs.reset(seed=args.seed)
-    resetting = np.zeros(n, bool)  # envs whose episode ended last step: this step only resets them
-    episode_returns, train_returns, losses, curve = np.zeros(n), [], [], []
-    best = dict(params=params, eval_return=-np.inf, step=0)
-    solved_step = solved_seconds = None
-    env_steps, t_train = 0, time.perf_counter()
-    while env_steps < args.total_timesteps:
-        # ε-greedy in every env: explore with probability ε_t, else a = argmax_a Q_θ(s, a)
-        epsilon = linear_schedule(args.eps_start, args.eps_end, exploration_steps, env_steps)
-        explore = rng.random(n) < (1.0 if env_steps < args.learning_starts else epsilon)
-        actions = np.where(explore, rng.integers(n_actions, size=n), np.asarray(act(params, obs)))
-        next_obs, rewards, terminated, truncated, _ = envs.step(actions)
-        # Keep the real transitions (s, a, r, s'): not the reset steps, and no more than total_timesteps in all.
-        keep = ~resetting & (np.cumsum(~resetting) <= args.total_timesteps - env_steps)
-        buffer.add(obs[keep], actions[keep], rewards[keep], next_obs[keep], terminated[keep], truncated[keep])
-        before, env_steps = env_steps, env_steps + int(keep.sum())
-        resetting = terminated | truncated
-        episode_returns += rewards * keep
-        train_returns += episode_returns[resetting & keep].tolist()
-        episode_returns[resetting] = 0.0
-        obs = next_obs
-
-        if env_steps > args.learning_starts:
-            if crossed(args.train_frequency, max(before, args.learning_starts), env_steps):
-                batches = buffer.sample(rng, args.batch_size, args.gradient_steps)
-                params, opt_state, loss = train_fn(params, opt_state, target_params, batches)
-                losses.append(loss)
-            if crossed(args.target_network_frequency, max(before, args.learning_starts), env_steps):
-                target_params = sync_target(params, target_params, args.tau)
-
-        if crossed(args.eval_frequency, before, env_steps) or env_steps == args.total_timesteps:
-            eval_return = float(evaluate(act, params, args.periodic_eval_episodes, args.eval_seed + 1).returns.mean())
-            elapsed = time.perf_counter() - t_train
-            train_return = float(np.mean(train_returns[-10:])) if train_returns else 0.0
-            mean_loss = float(np.mean(losses[-10:])) if losses else float("nan")
-            curve.append(
-                dict(
-                    step=env_steps,
-                    eval_return=eval_return,
-                    train_return=train_return,
-                    loss=mean_loss,
-                    seconds=round(elapsed, 2),
-                )
-            )
-            if eval_return >= best["eval_return"]:  # ties go to the later, longer-trained parameters
-                best = dict(params=params, eval_return=eval_return, step=env_steps)
-            if solved_step is None and eval_return >= args.solve_threshold:
-                solved_step, solved_seconds = env_steps, round(elapsed, 2)
-            print(
-                f"step={env_steps} return={train_return:.1f} eval_return={eval_return:.1f} loss={mean_loss:.4f} "
-                f"eps={epsilon:.3f} sps={env_steps / elapsed:.0f}",
-                flush=True,
-            )
-    envs.close()
-    log = dict(
-        curve=curve,
-        best=best,
-        train_seconds=time.perf_counter() - t_train,
-        solved_step=solved_step,
-        solved_seconds=solved_seconds,
-        train_episodes=len(train_returns),
-        gradient_steps_total=len(losses) * args.gradient_steps,
-    )
-    return params, log
-
-
-# ----------------------------------------------------------------------------- main
 
 
 def save_metrics(folder: str, metrics: dict, args: Args) -> None:
@@ -799,9 +733,8 @@ def use_compile_cache(folder: str) -> None:
 def use_sequential_xla_scheduler() -> None:
     """Ask XLA's CPU runtime to run a program's operations one after another. By default it runs independent
     operations side by side on its thread pool; the operations of one gradient step here are tiny (64×128
-    matrix products), and handing them between threads costs more than it saves: a 128-step training block
-    takes 17 ms instead of 23 ms, with bit-identical numbers (README, "Why it is fast"). XLA reads
-    XLA_FLAGS once, when JAX starts its backend, so the command line sets it before anything else."""
+    matrix products), so handing them between threads costs more than it saves. The numbers do not change.
+    XLA reads XLA_FLAGS once, when JAX starts its backend, so the command line sets it before anything else."""
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_cpu_enable_concurrency_optimized_scheduler" not in flags:  # a user's own setting wins
         os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_enable_concurrency_optimized_scheduler=false".strip()
@@ -814,13 +747,13 @@ def main(args: Args) -> dict:
     t_start = time.perf_counter()
     obs_dim, n_actions = 4, 2  # CartPole-v1: (x, ẋ, θ, θ̇) and {push left, push right}
     q_network, optimizer = create_agent(args, obs_dim, n_actions)
-    graphdef, params = nnx.split(q_network)
-    opt_graphdef, opt_state = nnx.split(optimizer)
-    act, train_fn = make_step_fns(args, graphdef, opt_graphdef)
+    graphdef, state = nnx.split((q_network, optimizer))  # the hot loop calls compiled functions of `state`
+    q_graphdef = nnx.graphdef(q_network)
+    act, update = make_step_fns(args, graphdef, q_graphdef)
     if args.load:
         return evaluate_saved(args, act, q_network)
 
-    last_params, log = train(args, act, train_fn, params, opt_state)
+    last_params, log = train(args, act, update, state)
 
     # Final greedy evaluation with a fixed seed, other than the periodic evaluations' seed used to pick `best`.
     last = evaluate(act, last_params, args.eval_episodes, args.eval_seed)
@@ -828,7 +761,7 @@ def main(args: Args) -> dict:
     if args.final_agent == "best":
         params = log["best"]["params"]
         final = evaluate(act, params, args.eval_episodes, args.eval_seed)
-    save_checkpoint(os.path.join(args.out, "q_network.npz"), {"q_network": nnx.merge(graphdef, params)})
+    save_checkpoint(os.path.join(args.out, "q_network.npz"), {"q_network": nnx.merge(q_graphdef, params)})
     metrics = training_metrics(args, final, last, log, t_start)
     save_metrics(args.out, metrics, args)
     plot_curve(

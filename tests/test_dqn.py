@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -43,12 +44,21 @@ TINY = [
 ]
 
 
-def _agent(hidden_size=16, seed=0, **kw):
+class Agent(NamedTuple):
+    args: object  # dqn.Args
+    q_graphdef: object  # the Q-network's graphdef
+    state: object  # nnx.state((q_network, optimizer)); state[0] holds θ
+    act: object  # act(params, obs) -> greedy actions
+    update: object  # update(state, target_params, batches) -> (state, mean loss)
+
+
+def _agent(hidden_size=16, seed=0, **kw) -> Agent:
+    """The script's own construction: create_agent, one nnx.split of (q_network, optimizer), make_step_fns."""
     args = dqn.Args(hidden_size=hidden_size, seed=seed, **kw)
     q_network, optimizer = dqn.create_agent(args, obs_dim=4, n_actions=2)
-    graphdef, params = dqn.nnx.split(q_network)
-    opt_graphdef, opt_state = dqn.nnx.split(optimizer)
-    return args, graphdef, params, opt_graphdef, opt_state
+    graphdef, state = dqn.nnx.split((q_network, optimizer))
+    q_graphdef = dqn.nnx.graphdef(q_network)
+    return Agent(args, q_graphdef, state, *dqn.make_step_fns(args, graphdef, q_graphdef))
 
 
 def _fixed_batch(n=32, seed=0):
@@ -156,7 +166,7 @@ def test_replay_buffer_wraps_around_and_samples_shapes():
     np.testing.assert_array_equal(buf.next_obs[:, 0], [5.5, 6.5, 2.5, 3.5, 4.5])
     np.testing.assert_array_equal(buf.terminated, [0, 1, 0, 0, 0])
     np.testing.assert_array_equal(buf.truncated, [0, 0, 1, 0, 0])
-    _add(buf, [], [], [])  # an iteration where every env was only resetting adds nothing
+    _add(buf, [], [], [])  # an empty add changes nothing (what train() passes in is tested by the loop tests below)
     assert (buf.pos, buf.size) == (2, 5)
     batch = buf.sample(np.random.default_rng(1), batch_size=200, n_batches=1)
     assert set(np.unique(batch.obs[..., 0])) == {2.0, 3.0, 4.0, 5.0, 6.0}
@@ -172,46 +182,52 @@ def test_td_target_matches_hand_computed_numbers():
     next_q_online = jnp.array([[5.0, 1.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
     terminated = jnp.array([0.0, 1.0, 0.0, 0.0])
     truncated = jnp.array([0.0, 0.0, 1.0, 0.0])  # row 2 hit the time limit: it still bootstraps
-    y = dqn.td_target(r, next_q_target, next_q_online, terminated, truncated, gamma=0.9)
+    config = dqn.TrainConfig(gamma=0.9, double_dqn=False)
+    y = dqn.td_target(r, next_q_target, next_q_online, terminated, truncated, config)
     # y = r + γ·(1 − terminated)·max_a' Q⁻(s', a')
     np.testing.assert_allclose(y, [1 + 0.9 * 2, 1.0, 1 + 0.9 * 5, 0.5 + 0.9 * -1], rtol=1e-6)
-    # the spec's merged flag (done = terminated or truncated) cuts the bootstrap of row 2
-    y = dqn.td_target(r, next_q_target, next_q_online, terminated, truncated, gamma=0.9, bootstrap_truncated=False)
+    # the original guide's merged flag (done = terminated or truncated) cuts the bootstrap of row 2
+    config = dqn.TrainConfig(gamma=0.9, double_dqn=False, bootstrap_truncated=False)
+    y = dqn.td_target(r, next_q_target, next_q_online, terminated, truncated, config)
     np.testing.assert_allclose(y, [2.8, 1.0, 1.0, 0.5 - 0.9], rtol=1e-6)
     # Double DQN: a* = argmax_a' Q(s', a') = [0, 1, 0, 1], scored by Q⁻: [1, 0.5, 4, -2]
-    y = dqn.td_target(r, next_q_target, next_q_online, terminated, truncated, gamma=0.9, double_dqn=True)
+    y = dqn.td_target(r, next_q_target, next_q_online, terminated, truncated, dqn.TrainConfig(gamma=0.9))
     np.testing.assert_allclose(y, [1 + 0.9 * 1, 1.0, 1 + 0.9 * 4, 0.5 + 0.9 * -2], rtol=1e-6)
 
 
 @pytest.mark.unit
 def test_loss_fn_huber_and_mse_match_hand_computed_numbers():
-    _, graphdef, params, _, _ = _agent()
-    q_network = dqn.nnx.merge(graphdef, params)
+    agent = _agent()
+    q_network = dqn.nnx.merge(agent.q_graphdef, agent.state[0])
     batch = jax.tree.map(jnp.asarray, _fixed_batch(8))
+    y = jnp.asarray(np.random.default_rng(5).normal(size=8) * 2, jnp.float32)  # TD targets, errors on both sides of 1
     q = np.asarray(q_network(batch.obs))[np.arange(8), np.asarray(batch.actions)]
-    next_max = np.asarray(q_network(batch.next_obs)).max(-1)
-    y = np.asarray(batch.rewards) + 0.99 * (1 - np.asarray(batch.terminated)) * next_max
-    err = y - q
-    mse = dqn.loss_fn(q_network, q_network, batch, dqn.TrainConfig(0.99, loss="mse", double_dqn=False))
-    huber = dqn.loss_fn(q_network, q_network, batch, dqn.TrainConfig(0.99, loss="huber", double_dqn=False))
-    np.testing.assert_allclose(mse, np.mean(0.5 * err**2), rtol=1e-5)
-    h = np.where(np.abs(err) <= 1, 0.5 * err**2, np.abs(err) - 0.5)
-    np.testing.assert_allclose(huber, np.mean(h), rtol=1e-5)
+    err = np.asarray(y) - q
+    assert (np.abs(err) > 1).any() and (np.abs(err) < 1).any()  # both branches of the Huber loss are used
+    np.testing.assert_allclose(dqn.loss_fn(q_network, batch, y, "mse"), np.mean(0.5 * err**2), rtol=1e-5)
+    huber = np.where(np.abs(err) <= 1, 0.5 * err**2, np.abs(err) - 0.5)
+    np.testing.assert_allclose(dqn.loss_fn(q_network, batch, y, "huber"), np.mean(huber), rtol=1e-5)
+    # the gradient flows through Q_θ(s, a) only: ∂L/∂Q(s_i, a_i) = −(y_i − Q(s_i, a_i)) / batch for the mse
+    grads = dqn.nnx.grad(lambda net: dqn.loss_fn(net, batch, y, "mse"))(q_network)
+    h = np.maximum(0, np.asarray(q_network.hidden2(dqn.nnx.relu(q_network.hidden1(batch.obs)))))  # (8, hidden)
+    dq = np.zeros((8, 2), np.float32)
+    dq[np.arange(8), np.asarray(batch.actions)] = -err / 8
+    np.testing.assert_allclose(grads["head"]["kernel"][...], h.T @ dq, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.unit
 def test_polyak_sync_averages_and_hard_sync_is_the_online_network():
-    args, graphdef, params, opt_graphdef, opt_state = _agent()
-    target = params
-    _, train = dqn.make_step_fns(args, graphdef, opt_graphdef)
-    params, opt_state, _ = train(params, opt_state, target, _stacked(*[_fixed_batch()] * 3))
+    agent = _agent()
+    target = agent.state[0]
+    state, _ = agent.update(agent.state, target, _stacked(*[_fixed_batch()] * 3))
+    params = state[0]
     assert not _leaves_equal(params, target)  # training moved the online network
     # Polyak: θ⁻ ← τ·θ + (1 − τ)·θ⁻
     soft = dqn.sync_target(params, target, tau=0.25)
     for s, p, t in zip(jax.tree.leaves(soft), jax.tree.leaves(params), jax.tree.leaves(target)):
         np.testing.assert_allclose(s, 0.25 * np.asarray(p) + 0.75 * np.asarray(t), rtol=1e-6, atol=1e-7)
     # the module-level way, nnx.update, gives the same values as the hard copy
-    target_network = dqn.nnx.merge(graphdef, target)
+    target_network = dqn.nnx.merge(agent.q_graphdef, target)
     dqn.nnx.update(target_network, dqn.sync_target(params, target, tau=1.0))
     assert _leaves_equal(dqn.nnx.state(target_network), params)
 
@@ -222,124 +238,107 @@ def _perturbed(params, scale=0.5, seed=7):
     return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
 
 
+def _hand_computed_loss(online, target, batch, gamma, double):
+    """½·mean (y − Q_θ(s, a))² with y = r + γ(1 − terminated)·Q⁻(s', a*), in NumPy from the two networks."""
+    a = np.asarray(batch.actions)
+    q = np.asarray(online(batch.obs))[np.arange(len(a)), a]  # Q_θ(s, a)
+    next_target = np.asarray(target(batch.next_obs))  # Q⁻(s', ·)
+    if double:
+        next_v = next_target[np.arange(len(a)), np.asarray(online(batch.next_obs)).argmax(-1)]  # Q⁻(s', argmax Q)
+    else:
+        next_v = next_target.max(-1)
+    y = np.asarray(batch.rewards) + gamma * (1 - np.asarray(batch.terminated)) * next_v
+    return np.mean(0.5 * (y - q) ** 2)
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize("double", [False, True])
-def test_train_block_really_uses_the_target_network(double):
-    # A broken train_block that bootstrapped from the online network would ignore target_params entirely.
-    args, graphdef, params, opt_graphdef, opt_state = _agent(double_dqn=double)
-    _, train = dqn.make_step_fns(args, graphdef, opt_graphdef)
-    batches = _stacked(_fixed_batch())
-    other_target = _perturbed(params)
-    a, _, loss_a = train(params, opt_state, params, batches)
-    b, _, loss_b = train(params, opt_state, other_target, batches)
-    assert float(loss_a) != pytest.approx(float(loss_b), rel=1e-3)  # other TD targets, other loss
-    assert not _leaves_equal(a, b)  # and other gradients, so other updated parameters
-    # The TD targets themselves: y = r + γ(1 − terminated)·Q⁻(s', a*) moves with the target network.
-    batch = jax.tree.map(jnp.asarray, _fixed_batch())
-    config = dqn.TrainConfig(0.99, double_dqn=double)
-
-    def grads(target):
-        return jax.grad(
-            lambda p: dqn.loss_fn(dqn.nnx.merge(graphdef, p), dqn.nnx.merge(graphdef, target), batch, config)
-        )(params)
-
-    assert not _leaves_equal(grads(params), grads(other_target))
+def test_update_regresses_the_online_network_onto_the_target_networks_td_target(double):
+    """The loss of a one-step block equals the hand-computed loss of the online network θ against TD targets
+    from the target network θ⁻. Mutations caught: bootstrapping from the online network (ignoring
+    target_params), swapping the two networks' roles, Double DQN's a* picked by the wrong network."""
+    agent = _agent(double_dqn=double, gamma=0.99)
+    target = _perturbed(agent.state[0])  # θ⁻ ≠ θ
+    batch = _fixed_batch(8)
+    online_net, target_net = (dqn.nnx.merge(agent.q_graphdef, p) for p in (agent.state[0], target))
+    expected = _hand_computed_loss(online_net, target_net, jax.tree.map(jnp.asarray, batch), 0.99, double)
+    _, loss = agent.update(agent.state, target, _stacked(batch))
+    np.testing.assert_allclose(loss, expected, rtol=1e-5)
+    swapped = _hand_computed_loss(target_net, online_net, jax.tree.map(jnp.asarray, batch), 0.99, double)
+    assert not np.isclose(swapped, expected, rtol=1e-3)  # the check above can tell the roles apart
+    _, loss_self = agent.update(agent.state, agent.state[0], _stacked(batch))
+    assert not np.isclose(float(loss_self), expected, rtol=1e-3)  # and θ⁻ = θ gives another loss
 
 
 @pytest.mark.unit
 def test_scan_over_two_batches_equals_two_single_steps():
     # A scan that reused batch 0 for every step would pass a test with one batch stacked many times; not this one.
-    args, graphdef, params, opt_graphdef, opt_state = _agent()
-    _, train = dqn.make_step_fns(args, graphdef, opt_graphdef)
+    agent = _agent()
     b1, b2 = _fixed_batch(seed=1), _fixed_batch(seed=2)
-    target = _perturbed(params, scale=0.1)
-    both, opt_both, loss_both = train(params, opt_state, target, _stacked(b1, b2))
-    p1, o1, l1 = train(params, opt_state, target, _stacked(b1))
-    p2, o2, l2 = train(p1, o1, target, _stacked(b2))
-    for x, y in zip(jax.tree.leaves(both), jax.tree.leaves(p2)):
+    target = _perturbed(agent.state[0], scale=0.1)
+    both, loss_both = agent.update(agent.state, target, _stacked(b1, b2))
+    one, l1 = agent.update(agent.state, target, _stacked(b1))
+    two, l2 = agent.update(one, target, _stacked(b2))
+    for x, y in zip(jax.tree.leaves(both), jax.tree.leaves(two)):  # θ and Adam's moments
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(loss_both, (l1 + l2) / 2, rtol=1e-5)
-    swapped, _, _ = train(params, opt_state, target, _stacked(b2, b1))
+    swapped, _ = agent.update(agent.state, target, _stacked(b2, b1))
     assert not all(
         np.allclose(x, y, rtol=1e-5, atol=1e-6) for x, y in zip(jax.tree.leaves(swapped), jax.tree.leaves(both))
     )
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("double", [False, True])
-def test_loss_fn_with_two_different_networks(double):
-    # Online and target networks differ, so swapping their roles inside loss_fn changes the number.
-    _, graphdef, params, _, _ = _agent(seed=0)
-    _, _, target_params, _, _ = _agent(seed=1)
-    online, target = dqn.nnx.merge(graphdef, params), dqn.nnx.merge(graphdef, target_params)
-    batch = jax.tree.map(jnp.asarray, _fixed_batch(8))
-    a = np.asarray(batch.actions)
-    q = np.asarray(online(batch.obs))[np.arange(8), a]  # Q_θ(s, a)
-    next_target = np.asarray(target(batch.next_obs))  # Q⁻(s', ·)
-    if double:
-        a_star = np.asarray(online(batch.next_obs)).argmax(-1)  # argmax_a' Q_θ(s', a')
-        next_v = next_target[np.arange(8), a_star]
-    else:
-        next_v = next_target.max(-1)
-    y = np.asarray(batch.rewards) + 0.99 * (1 - np.asarray(batch.terminated)) * next_v
-    expected = np.mean(0.5 * (y - q) ** 2)
-    config = dqn.TrainConfig(0.99, loss="mse", double_dqn=double)
-    got = dqn.loss_fn(online, target, batch, config)
-    np.testing.assert_allclose(got, expected, rtol=1e-5)
-    swapped = dqn.loss_fn(target, online, batch, config)
-    assert not np.isclose(float(swapped), expected, rtol=1e-3)
-
-
-@pytest.mark.unit
 def test_learning_rate_schedule_spans_exactly_the_gradient_steps_made():
     # Default flags: training calls at every multiple of 256 from 1,024 to 49,920, i.e. 195 − 3 = 192 calls.
     args = dqn.Args()
-    d = dqn.derived(args)
-    assert d["n_train_calls"] == 192 and d["total_gradient_steps"] == 192 * args.gradient_steps
-    lr = optax.linear_schedule(args.learning_rate, 0.0, d["total_gradient_steps"])
-    assert float(lr(d["total_gradient_steps"] - 1)) > 0  # the last step still learns
-    assert dqn.derived(dqn.Args(total_timesteps=1000, learning_starts=100, train_frequency=300))["n_train_calls"] == 3
+    sizes = dqn.derived(args)
+    assert isinstance(sizes, dqn.Derived)
+    assert sizes.n_train_calls == 192 and sizes.total_gradient_steps == 192 * args.gradient_steps
+    lr = optax.linear_schedule(args.learning_rate, 0.0, sizes.total_gradient_steps)
+    assert float(lr(sizes.total_gradient_steps - 1)) > 0  # the last step still learns
+    assert dqn.derived(dqn.Args(total_timesteps=1000, learning_starts=100, train_frequency=300)).n_train_calls == 3
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize("loss,double", [("huber", False), ("mse", True)])
 def test_a_few_updates_on_a_fixed_batch_lower_the_loss(loss, double):
-    args, graphdef, params, opt_graphdef, opt_state = _agent(learning_rate=3e-3, loss=loss, double_dqn=double)
-    _, train = dqn.make_step_fns(args, graphdef, opt_graphdef)
-    batch = _fixed_batch()
-    target = params
-
-    def current_loss(p):
-        return float(
-            dqn.loss_fn(
-                dqn.nnx.merge(graphdef, p),
-                dqn.nnx.merge(graphdef, target),
-                jax.tree.map(jnp.asarray, batch),
-                dqn.TrainConfig(args.gamma, loss, double),
-            )
-        )
-
-    before = current_loss(params)
-    params, opt_state, _ = train(params, opt_state, target, _stacked(*[batch] * 20))
-    after = current_loss(params)
-    assert after < 0.7 * before, (before, after)
+    agent = _agent(learning_rate=3e-3, loss=loss, double_dqn=double)
+    batch, target = _fixed_batch(), agent.state[0]
+    _, before = agent.update(agent.state, target, _stacked(batch))  # a one-step block reports L(θ) before its step
+    state, _ = agent.update(agent.state, target, _stacked(*[batch] * 20))
+    _, after = agent.update(state, target, _stacked(batch))
+    assert float(after) < 0.7 * float(before), (before, after)
 
 
 @pytest.mark.unit
-def test_linear_epsilon_schedule():
-    assert dqn.linear_schedule(1.0, 0.04, 100, 0) == 1.0
-    assert dqn.linear_schedule(1.0, 0.04, 100, 50) == pytest.approx(0.52)
-    assert dqn.linear_schedule(1.0, 0.04, 100, 100) == pytest.approx(0.04)
-    assert dqn.linear_schedule(1.0, 0.04, 100, 10_000) == pytest.approx(0.04)
+def test_epsilon_schedule_is_one_then_resumes_the_line_from_step_0():
+    """ε = 1 for the first learning_starts steps, then the straight line that started at step 0.
+    Mutations caught: a line counted from learning_starts (ε would still be 1.0 at step 1,000, not 0.88);
+    a first phase that already follows the line (0.94 at step 500, not 1); a line that never stops at eps_end."""
+    args = dqn.Args()
+    decay = dqn.derived(args).exploration_steps
+    assert decay == 8_000  # 0.16 × 50,000
+
+    def eps(t):
+        return dqn.epsilon_schedule(t, args.eps_start, args.eps_end, args.learning_starts, decay)
+
+    assert eps(0) == eps(500) == eps(999) == 1.0  # phase 1: pure exploration
+    assert eps(1_000) == pytest.approx(0.88)  # phase 2 starts part-way down: 1 − 0.96 · 1,000 / 8,000
+    assert eps(4_000) == pytest.approx(0.52)
+    assert eps(8_000) == pytest.approx(0.04) and eps(50_000) == pytest.approx(0.04)
+    # phase 1 is ε = 1 (uniform random actions) whatever eps_start; phase 2 follows eps_start's line
+    assert dqn.epsilon_schedule(10, 0.5, 0.1, 100, 1_000) == 1.0
+    assert dqn.epsilon_schedule(100, 0.5, 0.1, 100, 1_000) == pytest.approx(0.46)
 
 
 @pytest.mark.unit
 def test_checkpoint_round_trip_is_exact(tmp_path):
-    _, graphdef, params, _, _ = _agent(seed=3)
+    agent = _agent(seed=3)
+    params = agent.state[0]
     path = tmp_path / "q.npz"
-    dqn.save_checkpoint(str(path), {"q_network": dqn.nnx.merge(graphdef, params), "step": np.array(7)})
-    _, _, fresh_params, _, _ = _agent(seed=4)
-    fresh = dqn.nnx.merge(graphdef, fresh_params)
+    dqn.save_checkpoint(str(path), {"q_network": dqn.nnx.merge(agent.q_graphdef, params), "step": np.array(7)})
+    fresh = dqn.nnx.merge(agent.q_graphdef, _agent(seed=4).state[0])
     assert not _leaves_equal(dqn.nnx.state(fresh), params)
     others = dqn.load_checkpoint(str(path), {"q_network": fresh, "step": np.array(0)})  # fills `fresh` in place
     assert _leaves_equal(dqn.nnx.state(fresh), params) and list(others) == ["step"] and int(others["step"]) == 7
@@ -388,13 +387,14 @@ def test_bad_flag_values_exit_with_one_line(flags, message, tmp_path):
 def test_load_rejects_a_corrupt_or_mismatched_checkpoint(tmp_path):
     corrupt = tmp_path / "corrupt.npz"
     corrupt.write_bytes(b"this is not a zip file")
-    _, graphdef, params, _, _ = _agent()
-    parts = {"q_network": dqn.nnx.merge(graphdef, params)}
+    agent = _agent()
+    params = agent.state[0]
+    parts = {"q_network": dqn.nnx.merge(agent.q_graphdef, params)}
     with pytest.raises(dqn.InputError, match="not a readable .npz"):
         dqn.load_checkpoint(str(corrupt), parts)
     other = tmp_path / "other.npz"
-    _, small_graphdef, small, _, _ = _agent(hidden_size=8)
-    dqn.save_checkpoint(str(other), {"q_network": dqn.nnx.merge(small_graphdef, small)})
+    small = _agent(hidden_size=8)
+    dqn.save_checkpoint(str(other), {"q_network": dqn.nnx.merge(small.q_graphdef, small.state[0])})
     with pytest.raises(dqn.InputError, match="--hidden-size"):
         dqn.load_checkpoint(str(other), parts)
     old_format = tmp_path / "old.npz"  # keys without the part's name, as written before save_checkpoint
@@ -402,6 +402,100 @@ def test_load_rejects_a_corrupt_or_mismatched_checkpoint(tmp_path):
     with pytest.raises(dqn.InputError, match="missing"):
         dqn.load_checkpoint(str(old_format), parts)
     assert _leaves_equal(dqn.nnx.state(parts["q_network"]), params)  # a refused file changes nothing
+
+
+class RecordingBuffer(dqn.ReplayBuffer):
+    """Stands in for dqn.ReplayBuffer inside train(): the real buffer, which also keeps a copy of every add()."""
+
+    made: list = []
+
+    def __init__(self, capacity, obs_dim):
+        super().__init__(capacity, obs_dim)
+        self.added = []
+        RecordingBuffer.made.append(self)
+
+    def add(self, *transition):
+        self.added.append(dqn.Batch(*(np.array(x) for x in transition)))
+        super().add(*transition)
+
+    def stored(self) -> dqn.Batch:
+        return dqn.Batch(*(np.concatenate(column) for column in zip(*self.added)))
+
+
+def _train_recording(monkeypatch, max_episode_steps=None, **flags):
+    """Run the script's train() with a recording buffer; return (stored transitions, the add() calls, the log)."""
+    RecordingBuffer.made = []
+    monkeypatch.setattr(dqn, "ReplayBuffer", RecordingBuffer)
+    if max_episode_steps:  # a short time limit, so that truncations happen too
+        make = dqn.make_envs
+        monkeypatch.setattr(dqn, "make_envs", lambda n: make(n) if n != agent.args.num_envs else short(n))
+
+        def short(n):
+            return dqn.gym.make_vec(
+                dqn.ENV_ID, num_envs=n, vectorization_mode="vector_entry_point", max_episode_steps=max_episode_steps
+            )
+
+    agent = _agent(**flags)
+    _, log = dqn.train(agent.args, agent.act, agent.update, agent.state)
+    (buffer,) = RecordingBuffer.made
+    return buffer.stored(), buffer.added, log
+
+
+def _cartpole_step(obs, actions):
+    """CartPole's own physics, one step from each (s, a): the true s' (float32) and whether it terminates."""
+    from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+
+    env = CartPoleVectorEnv(num_envs=len(actions))
+    env.reset(seed=0)
+    env.state = obs.astype(np.float64).T  # (4, n): x, ẋ, θ, θ̇
+    next_obs, _, terminated, _, _ = env.step(actions.astype(np.int64))
+    return next_obs, terminated
+
+
+LOOP_FLAGS = dict(
+    num_envs=4,
+    total_timesteps=1_203,
+    learning_starts=300,
+    train_frequency=100,
+    gradient_steps=2,
+    target_network_frequency=100,
+    eval_frequency=600,
+    periodic_eval_episodes=1,
+    batch_size=16,
+    buffer_size=5_000,
+    exploration_fraction=1.0,  # ε from 1 to 0.5 over the run: many random, short episodes
+    eps_end=0.5,
+)
+
+
+@pytest.mark.unit
+def test_train_stores_only_true_transitions_none_across_a_reset(monkeypatch):
+    """Every transition train() stores is one real CartPole step: replaying (s, a) through CartPole's physics
+    gives its s' and its terminated flag, and r = 1. Episodes end by failure and by a short time limit.
+    Mutation caught: storing the reset step's transition (keep without ~resetting: its s is a final state,
+    its s' a fresh start and its r 0)."""
+    stored, _, log = _train_recording(monkeypatch, max_episode_steps=15, **LOOP_FLAGS)
+    assert stored.truncated.sum() >= 5 and stored.terminated.sum() >= 5  # both kinds of episode end occur
+    assert log["train_episodes"] == int(np.maximum(stored.terminated, stored.truncated).sum())
+    np.testing.assert_array_equal(stored.rewards, 1.0)
+    true_next, true_terminated = _cartpole_step(stored.obs, stored.actions)
+    np.testing.assert_allclose(stored.next_obs, true_next, rtol=0, atol=1e-5)  # float32 rounding of s only
+    np.testing.assert_array_equal(stored.terminated.astype(bool), true_terminated)
+
+
+@pytest.mark.unit
+def test_train_stores_exactly_the_budgeted_transitions(monkeypatch):
+    """train() stores exactly total_timesteps transitions, even when the last loop step has more envs running
+    than steps are left (1,203 is not a multiple of 4 envs). Mutations caught: one step past the budget (the
+    cap `<= total − env_steps` off by one), no cap on the last loop step, reset steps counted as env steps."""
+    stored, added, log = _train_recording(monkeypatch, **LOOP_FLAGS)
+    assert len(stored.actions) == LOOP_FLAGS["total_timesteps"]
+    assert log["curve"][-1]["step"] == LOOP_FLAGS["total_timesteps"]
+    sizes = [len(call.actions) for call in added]
+    assert max(sizes) <= LOOP_FLAGS["num_envs"] and min(sizes) < LOOP_FLAGS["num_envs"]  # some steps only reset
+    # the budget bound: the last call was cut short (some envs were still running), so the cap was exercised
+    assert sizes[-1] < LOOP_FLAGS["num_envs"]
+    assert log["gradient_steps_total"] == dqn.derived(dqn.Args(**LOOP_FLAGS)).total_gradient_steps
 
 
 # ----------------------------------------------------------------------------- smoke
@@ -421,7 +515,7 @@ def test_cli_trains_saves_and_load_round_trip(tmp_path):
     assert metrics["eval_episodes"] == 3 and metrics["env_steps"] == 600
     assert sum(metrics["eval_ends"].values()) == 3 and "episodes ended: time_limit=" in proc.stdout
     # exactly the gradient steps the learning-rate schedule was built for
-    scheduled = dqn.derived(dqn.parse_args(TINY))["total_gradient_steps"]
+    scheduled = dqn.derived(dqn.parse_args(TINY)).total_gradient_steps
     assert metrics["gradient_steps_total"] == scheduled == 8 * 4  # 8 calls (250, 300, …, 600) of 4 steps
     assert (out / "learning_curve.png").stat().st_size > 0
     assert (out / "episode.gif").read_bytes()[:6] == b"GIF89a"  # the video goes under --out
