@@ -72,8 +72,8 @@ class Args:
     double_dqn: bool = flag(True, "Double DQN: the online net picks argmax a', the target net scores it")
     bootstrap_truncated: bool = flag(
         True,
-        "bootstrap from s' when the episode is cut by the time limit "
-        "(--no-bootstrap-truncated treats truncation as termination, like the original guide)",
+        "bootstrap from s' when the time limit cuts an episode "
+        "(--no-bootstrap-truncated treats the cut as termination, as the original guide does)",
     )
     eval_frequency: int = flag(5_000, "env steps between two periodic greedy evaluations (learning curve)", gt=0)
     periodic_eval_episodes: int = flag(10, "greedy episodes per periodic evaluation", gt=0)
@@ -86,7 +86,7 @@ class Args:
     )
     solve_threshold: float = flag(475.0, "a periodic evaluation at or above this mean return counts as solved")
     out: str = flag("runs/cart_pole_dqn", "folder for metrics.json, the curve PNG and q_network.npz")
-    load: str = flag("", "evaluate (with --video, watch) a saved q_network.npz instead of training; into <out>/eval/")
+    load: str = flag("", "evaluate a saved q_network.npz without training (--video: watch it); writes into <out>/eval/")
     video: bool = flag(False, "also write one greedy episode of the final agent to <out>/episode.gif")
     compile_cache: str = flag(
         "~/.cache/jax-rl-course", "JAX's persistent compilation cache: later runs skip compiling ('' turns it off)"
@@ -423,12 +423,8 @@ def evaluate(act, params: nnx.State, n_episodes: int, seed: int) -> Evaluation:
     envs.close()
     cart_out = np.abs(last_obs[:, 0]) > X_LIMIT
     pole_down = ~cart_out & (np.abs(last_obs[:, 2]) > THETA_LIMIT)
-    ends = dict(
-        time_limit=int((~cart_out & ~pole_down).sum()),
-        cart_left_track=int(cart_out.sum()),
-        pole_fell=int(pole_down.sum()),
-    )
-    return Evaluation(returns, ends)
+    ends = dict(time_limit=~cart_out & ~pole_down, cart_left_track=cart_out, pole_fell=pole_down)
+    return Evaluation(returns, {how: int(episodes.sum()) for how, episodes in ends.items()})
 
 
 # Plumbing: the command line, input checks, checkpoints, the GIF, the plot, metrics.json and main ------------
