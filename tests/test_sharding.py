@@ -128,6 +128,41 @@ def test_nnx_eager_sharding_needs_every_logical_name_in_the_rules():
     assert nnx_spec == sm.logical_to_mesh_axes(("embed", "mlp"), sm.RULE_SETS["tp"]) == (None, "model")
 
 
+@pytest.mark.unit
+def test_the_original_guides_dict_of_rules_fails_on_both_flax_paths():
+    """Common bug 1 of the README: rules written as a dict."""
+    import flax.linen as nn
+    from flax import nnx
+
+    rules = {"embed": "data", "mlp": "model"}
+    with pytest.raises(ValueError, match="Unknown axis rule specification type"):
+        nn.logical_to_mesh_axes(("embed", "mlp"), rules)
+    init = nnx.with_partitioning(nnx.initializers.normal(0.02), ("embed", "mlp"))
+    with jax.set_mesh(sm.make_mesh((1, 1), jax.devices()[:1])), nnx.logical_axis_rules(rules):
+        with pytest.raises(ValueError, match="too many values to unpack"):
+            nnx.Linear(8, 16, use_bias=False, kernel_init=init, rngs=nnx.Rngs(0))
+    # the same rules as a sequence of pairs resolve
+    assert sm.logical_to_mesh_axes(("embed", "mlp"), tuple(rules.items())) == ("data", "model")
+
+
+@pytest.mark.unit
+def test_a_linear_without_with_partitioning_is_replicated_by_every_rule_set():
+    """Common bug 2 of the README: a plain nnx.Linear carries no logical names, so no rule splits its kernel."""
+    from flax import nnx
+    from jax.sharding import PartitionSpec as P
+
+    plain = nnx.Linear(64, 256, use_bias=False, rngs=nnx.Rngs(0))
+    with nnx.use_eager_sharding(False):  # as the script builds its model: names stored, nothing placed yet
+        named = nnx.Linear(64, 256, use_bias=False, kernel_init=sm.with_axes(("embed", "mlp")), rngs=nnx.Rngs(0))
+    sizes = {"data": 4, "model": 2}
+    for rules in sm.RULE_SETS.values():
+        assert nnx.to_pure_dict(sm.mesh_specs(nnx.state(plain), rules))["kernel"] == P()
+    spec = nnx.to_pure_dict(sm.mesh_specs(nnx.state(named), sm.RULE_SETS["fsdp"]))["kernel"]
+    assert spec == P("data", "model")
+    assert sm.analytic_bytes((64, 256), 4, (), sizes) == 65_536  # the README's numbers
+    assert sm.analytic_bytes((64, 256), 4, spec, sizes) == 8_192
+
+
 # ---------------------------------------------------------------- unit: bytes
 
 
@@ -482,3 +517,44 @@ def test_training_lowers_the_loss(tmp_path):
     assert saved["devices"] == len(jax.devices())
     if saved["devices"] == 1:
         assert saved["check_passed"] is None
+
+
+# ---------------------------------------------------------------- the tool behind the README's bytes table
+
+
+def _fake_metrics(devices, mesh, totals, diff):
+    """The parts of a metrics.json that tools/mesh_bytes.py reads."""
+    rule_sets = {
+        name: dict(
+            bytes_per_device=dict(params=t // 4, grads=t // 4, adam=t // 2, total=t),
+            max_abs_diff_vs_single_device=diff,
+            fresh_adam_step1_max_abs_diff=10 * diff,
+        )
+        for name, t in totals.items()
+    }
+    return dict(
+        devices=devices,
+        mesh=dict(zip(("data", "model"), mesh)),
+        rules=list(totals),
+        tolerance=1e-5,
+        check_passed=None if devices == 1 else True,
+        bytes_per_device=totals,
+        rule_sets=rule_sets,
+    )
+
+
+@pytest.mark.unit
+def test_mesh_bytes_tables_read_every_run():
+    tool = load_script("tools/mesh_bytes.py")
+    runs = [
+        _fake_metrics(1, (1, 1), {"dp": 800, "fsdp": 800}, 0.0),
+        _fake_metrics(8, (4, 2), {"dp": 800, "fsdp": 200}, 3e-8),
+    ]
+    lines = tool.tables(runs).splitlines()
+    assert lines[0].startswith("bytes per device on 8 (4x2) devices")
+    assert lines[3].split() == ["fsdp", "50", "50", "100", "200", "0.25"]  # params grads adam total, vs dp
+    assert "1 (1x1)" in lines[6] and "8 (4x2)" in lines[6]
+    assert lines[8].split() == ["fsdp", "800", "200"]  # the total on each mesh
+    assert lines[13].split() == ["fsdp", "n/a", "3.00e-08"]  # the check: n/a on one device
+    assert "1: n/a, 8: True" in lines[14]
+    assert lines[-1].split() == ["fsdp", "0.00e+00", "3.00e-07"]  # step 1 of two separate runs
