@@ -564,7 +564,13 @@ def plot_curve(path: str, log: TrainLog, reference: Reference, title: str) -> No
             lw=1.8,
             label=f"mean of the last {w} episodes",
         )
-    ax1.axhline(reference.optimal_return, color="k", ls="--", lw=1, label=f"optimum {reference.optimal_return:.3g}")
+    ax1.axhline(
+        reference.optimal_return,
+        color="k",
+        ls="--",
+        lw=1,
+        label=f"best stationary policy {reference.optimal_return:.4g}",
+    )
     ax1.set(xlabel="episode", ylabel="return (ε-greedy, while training)", title="Return per episode")
     ax1.legend(loc="best")
     ax2.plot(
