@@ -109,6 +109,9 @@ def plot(runs: list[dict], path: Path) -> None:
         title="total per device as the mesh grows",
     )
     ax_count.minorticks_off()
+    low, high = min(map(min, totals.values())) / 1024, max(map(max, totals.values())) / 1024
+    ticks = [2.0**k for k in range(-10, 40) if low / 2 <= 2**k <= high * 2]  # powers of two: halvings line up
+    ax_count.set_yticks(ticks, [f"{t:g}" for t in ticks])
     ax_count.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
