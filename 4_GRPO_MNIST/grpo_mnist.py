@@ -7,16 +7,13 @@ The group's own mean and standard deviation turn the rewards into advantages, so
 rollout, with a KL penalty towards a frozen reference policy π_ref, the initial actor: the exact
 KL(π_θ ‖ π_ref) over the ten answers (`--kl exact`), or the sampled k3 estimator (`--kl k3`).
 
-The file reads in the order the algorithm runs: Args → the data split → the policy network (and the
-critic GRPO does without) → group advantages → KL → the GRPO loss → the compiled update and epoch →
-the training loop → evaluation. Below the `# Plumbing` banner: the command line, input checks, reading
-and downloading MNIST, checkpoints, the figure, metrics.json and main.
+`--group-mode batch` is the original guide's variant: one baseline for all B·G answers of a batch
+(`--group-size 1` gives its one answer per image). `--objective supervised` trains the same MLP with
+cross-entropy on the labels. Every choice is made on a validation split; the test set is scored once.
 
-`--group-mode batch` is the original guide's variant: one baseline for the whole batch of B·G sampled
-answers (G = `--group-size` per image; `--group-size 1` gives its one answer per image).
-`--objective supervised` trains the same MLP with cross-entropy on the labels, for comparison.
-Every epoch reports the greedy (argmax) accuracy on a validation split carved from the training images;
-the held-out test accuracy is computed once, after the last epoch.
+Order: Args → data split → policy network (and the critic GRPO does without) → group advantages → KL →
+the GRPO loss → the compiled update and epoch → the training loop → evaluation. Below the `# Plumbing`
+banner: the command line, input checks, reading MNIST, checkpoints, the figure, metrics.json and main.
 """
 
 from __future__ import annotations
@@ -75,10 +72,14 @@ class Args:
     )
     val_size: float = flag(
         0.1,
-        "fraction of the training images held out as the validation split (a fixed "
-        "shuffle, the same for every --seed); every choice is made on it, never on test",
+        "share of the training images held out for validation (fixed shuffle); every choice is made on it",
         gt=0,
         max=0.5,
+    )
+    score_test: bool = flag(
+        True,
+        "score the held-out test set once, after training; --no-score-test leaves it unread (for runs that "
+        "make a choice, such as tools/grpo_val_sweep.py's), so metrics.json holds no test number",
     )
     data_dir: str = flag(
         "",
@@ -110,9 +111,7 @@ class Args:
     learning_rate: float = flag(1e-3, "Adam learning rate", gt=0)
     clip_eps: float = flag(0.2, "ε of the PPO clip: the ratio π/π_old is clipped to [1 − ε, 1 + ε]", gt=0, max=1)
     beta: float = flag(
-        1.0,
-        "β, weight of the KL penalty towards the frozen reference policy (the initial actor); 0 turns it off",
-        min=0,
+        1.0, "β, weight of the KL penalty towards π_ref, the frozen initial actor; 0 turns it off", min=0
     )
     kl: str = flag(
         "exact",
@@ -123,21 +122,18 @@ class Args:
     adv_eps: float = flag(1e-4, "ε in (r − mean) / (std + ε)", gt=0)
     hidden_size: int = flag(128, "width of the actor's two hidden layers", min=1)
     out: str = flag("runs/grpo_mnist", "folder for metrics.json, the curve PNG and actor.npz")
-    compile_cache: str = flag(
-        "~/.cache/jax-rl-course",
-        "JAX's persistent compilation cache: later runs reuse the compiled XLA programs ('' turns it off)",
-    )
+    compile_cache: str = flag("~/.cache/jax-rl-course", "JAX's persistent compilation cache folder ('' turns it off)")
 
 
 # ---- Data: every image is a prompt; its label is what the verifier checks an answer against
 class Data(NamedTuple):
-    x_train: np.ndarray  # (N, 784) float32 in [0, 1]
-    y_train: np.ndarray  # (N,) int32
+    x_train: np.ndarray  # (N, 784) float32 in [0, 1]: the prompts
+    y_train: np.ndarray  # (N,) int32: what the verifier checks an answer against
     x_val: np.ndarray  # (V, 784) validation images, carved from the training images: every choice is made here
     y_val: np.ndarray
-    x_test: np.ndarray  # (M, 784) held-out test images, scored once at the end
-    y_test: np.ndarray
-    source: str  # what the numbers were measured on, e.g. "bundled MNIST test digits: ..."
+    x_test: np.ndarray | None  # (M, 784) held-out test images, scored once at the end (None: --no-score-test)
+    y_test: np.ndarray | None
+    source: str  # what the numbers were measured on
 
 
 SPLIT_SEED = 0  # the fixed shuffles behind --split-test-set and --val-size: the same digits for every --seed
@@ -220,12 +216,16 @@ def k3_kl(logp: jax.Array, logp_ref: jax.Array) -> jax.Array:
 
 # ---- The GRPO loss: the clipped surrogate plus β·KL (and cross-entropy for the supervised baseline)
 def clipped_surrogate(logp: jax.Array, logp_old: jax.Array, adv: jax.Array, clip_eps: float):
-    """PPO-clip objective to MAXIMISE, averaged over samples, and the fraction of samples clipped.
-    ρ = π_θ(a|s) / π_old(a|s) = exp(log π_θ − log π_old);  L = mean(min(ρ·A, clip(ρ, 1 − ε, 1 + ε)·A))."""
+    """PPO-clip objective to MAXIMISE, averaged over samples, and two shares of the samples.
+    ρ = π_θ(a|s) / π_old(a|s) = exp(log π_θ − log π_old);  L = mean(min(ρ·A, clip(ρ, 1 − ε, 1 + ε)·A)).
+
+    clip_frac: where the clip binds (ρ > 1 + ε with A > 0, or ρ < 1 − ε with A < 0); there the clipped
+    constant is the minimum and the sample's gradient is 0. outside_frac: |ρ − 1| > ε, whatever A's sign."""
     ratio = jnp.exp(logp - logp_old)
     objective = jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
-    clip_frac = jnp.mean((jnp.abs(ratio - 1) > clip_eps).astype(jnp.float32))
-    return objective.mean(), clip_frac
+    binds = ((ratio > 1 + clip_eps) & (adv > 0)) | ((ratio < 1 - clip_eps) & (adv < 0))
+    outside = jnp.abs(ratio - 1) > clip_eps
+    return objective.mean(), {"clip_frac": binds.mean(), "outside_frac": outside.mean()}
 
 
 def grpo_loss(actor: Actor, x, actions, logp_old, adv, ref_logits, clip_eps: float, beta: float, kl: str):
@@ -234,14 +234,14 @@ def grpo_loss(actor: Actor, x, actions, logp_old, adv, ref_logits, clip_eps: flo
     kl="exact": mean over images of KL(π_θ ‖ π_ref) (`exact_kl`); kl="k3": mean of k3 over the sampled answers."""
     dist = actor(x)
     logp = dist.log_prob(actions.T).T  # (B, G): log π_θ of each sampled answer
-    surrogate, clip_frac = clipped_surrogate(logp, logp_old, adv, clip_eps)
+    surrogate, clip_shares = clipped_surrogate(logp, logp_old, adv, clip_eps)
     if kl == "exact":
         kl_value = exact_kl(dist.logits, ref_logits).mean()
     else:
         logp_ref = tfd.Categorical(logits=ref_logits).log_prob(actions.T).T  # (B, G)
         kl_value = k3_kl(logp, logp_ref).mean()
     loss = -surrogate + beta * kl_value
-    return loss, {"loss": loss, "clip_frac": clip_frac, "kl": kl_value}
+    return loss, {"loss": loss, **clip_shares, "kl": kl_value}
 
 
 def supervised_loss(actor: Actor, x, labels):
@@ -377,12 +377,7 @@ def train(args: Args, data: Data) -> tuple[Actor, Actor, list[dict], dict]:
             **{k: float(v) for k, v in metrics.items() if k != "reward"},
         }
         history.append(row)
-        extra = "".join(f" {k}={row[k]:.4f}" for k in ("clip_frac", "zero_signal", "kl") if k in row)
-        print(
-            f"epoch={epoch} val_acc={accuracy:.4f} train_reward={row['train_reward']:.4f} loss={row['loss']:.4f}"
-            f"{extra} kl_ref={kl_ref:.4f} sec={seconds:.2f} img/s={len(data.y_train) / seconds:.0f}",
-            flush=True,
-        )
+        print_progress(row, len(data.y_train))
     actor, _ = nnx.merge(graphdef, state)
     timings = {
         "train_seconds": time.perf_counter() - t0,
@@ -785,32 +780,36 @@ def load_checkpoint(path: str, parts: dict) -> dict:
     return loaded
 
 
-def plot_curve(path: str, history: list[dict], test_accuracy: float, title: str) -> None:
-    """Left: validation accuracy, sampled train reward and the one test score; right: clip fraction,
-    zero-signal groups and KL(π ‖ π_ref), per epoch."""
+def plot_curve(path: str, history: list[dict], test_accuracy: float | None, title: str) -> None:
+    """Per epoch: accuracy and sampled reward (%); for GRPO, the clip and zero-signal shares (%); the KL to
+    π_ref (nats). The test score is one star at the end, drawn only if the test set was scored."""
     epochs = [h["epoch"] for h in history]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    left.plot(epochs, [100 * h["val_accuracy"] for h in history], "o-", label="greedy validation accuracy")
     trained = [h for h in history if h["epoch"] > 0]
-    left.plot(
-        [h["epoch"] for h in trained], [100 * h["train_reward"] for h in trained], "s--", label="sampled train reward"
-    )
-    left.plot([epochs[-1]], [100 * test_accuracy], "k*", ms=12, label="test accuracy (scored once, at the end)")
-    left.set(xlabel="epoch", ylabel="%", title="accuracy / reward")
-    left.grid(alpha=0.3)
-    left.legend()
-    if "clip_frac" in trained[0]:  # GRPO only; the supervised objective has neither
-        right.plot([h["epoch"] for h in trained], [h["clip_frac"] for h in trained], "o-", label="clip fraction")
-        right.plot(
-            [h["epoch"] for h in trained],
-            [h["zero_signal"] for h in trained],
-            "s-",
-            label="groups with all-equal rewards",
-        )
-    right.plot(epochs, [h["kl_ref"] for h in history], "^-", label="KL(π ‖ π_ref) on validation")
-    right.set(xlabel="epoch", title="clip fraction, zero-signal groups, KL to π_ref")
-    right.grid(alpha=0.3)
-    right.legend()
+    trained_epochs = [h["epoch"] for h in trained]
+    grpo = "clip_frac" in trained[0]  # the supervised objective has no clip and no groups
+    fig, axes = plt.subplots(1, 3 if grpo else 2, figsize=(15 if grpo else 10, 3.8))
+    accuracy, kl_axis = axes[0], axes[-1]
+    accuracy.plot(epochs, [100 * h["val_accuracy"] for h in history], "o-", label="greedy validation accuracy")
+    accuracy.plot(trained_epochs, [100 * h["train_reward"] for h in trained], "s--", label="sampled train reward")
+    if test_accuracy is not None:
+        accuracy.plot([epochs[-1]], [100 * test_accuracy], "k*", ms=12, label="test accuracy (scored once, at the end)")
+    accuracy.set(xlabel="epoch", ylabel="%", title="accuracy and reward")
+    if grpo:
+        shares = axes[1]
+        for key, style, text in (
+            ("clip_frac", "o-", "clip binds (clip_frac)"),
+            ("outside_frac", "x--", "ratio outside [1 − ε, 1 + ε] (outside_frac)"),
+            ("zero_signal", "s-", "groups with all-equal rewards (zero_signal)"),
+        ):
+            shares.plot(trained_epochs, [100 * h[key] for h in trained], style, label=text)
+        shares.set(xlabel="epoch", ylabel="% of samples / groups", title="clip and zero-signal shares")
+    kl_axis.plot(epochs, [h["kl_ref"] for h in history], "^-", label="KL(π ‖ π_ref) on validation")
+    if "kl" in trained[0]:
+        kl_axis.plot(trained_epochs, [h["kl"] for h in trained], "v--", label="KL term of the loss (--kl), training")
+    kl_axis.set(xlabel="epoch", ylabel="nats", title="KL to the initial policy π_ref")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -818,6 +817,17 @@ def plot_curve(path: str, history: list[dict], test_accuracy: float, title: str)
 
 
 # ---- main: check the flags, load the data, train, score the test set once, save
+def print_progress(row: dict, n_train: int) -> None:
+    """One grep-able line per epoch; GRPO adds the clip shares, the zero-signal share and the loss's KL term."""
+    extra = "".join(f" {k}={row[k]:.4f}" for k in ("clip_frac", "outside_frac", "zero_signal", "kl") if k in row)
+    print(
+        f"epoch={row['epoch']} val_acc={row['val_accuracy']:.4f} train_reward={row['train_reward']:.4f} "
+        f"loss={row['loss']:.4f}{extra} kl_ref={row['kl_ref']:.4f} sec={row['seconds']:.2f} "
+        f"img/s={n_train / row['seconds']:.0f}",
+        flush=True,
+    )
+
+
 def run_label(args: Args) -> str:
     if args.objective == "supervised":
         return "supervised"
@@ -842,7 +852,7 @@ def save_outputs(args: Args, results: dict, actor: Actor, title: str) -> None:
     """metrics.json, learning_curve.png and the actor's checkpoint actor.npz, all in --out."""
     with open(os.path.join(args.out, "metrics.json"), "w") as f:
         json.dump(results, f, indent=2)
-    plot_curve(os.path.join(args.out, "learning_curve.png"), results["history"], results["test_accuracy"], title)
+    plot_curve(os.path.join(args.out, "learning_curve.png"), results["history"], results.get("test_accuracy"), title)
     save_checkpoint(os.path.join(args.out, "actor.npz"), {"actor": actor})
 
 
@@ -851,8 +861,15 @@ def print_summary(args: Args, results: dict, label: str) -> None:
     print(f"data:              {results['data']}")
     print(f"objective:         {label}")
     print(f"val_accuracy:      {results['val_accuracy']:.4f}  (greedy, validation split, after epoch {args.epochs})")
-    print(f"test_accuracy:     {results['test_accuracy']:.4f}  (greedy, held-out test set, scored once)")
+    if "test_accuracy" in results:
+        print(f"test_accuracy:     {results['test_accuracy']:.4f}  (greedy, held-out test set, scored once)")
+    else:
+        print("test_accuracy:     not scored (--no-score-test)")
     print(f"train_reward:      {results['train_reward']:.4f}  (sampled, last epoch)")
+    if "clip_frac" in results:
+        binds = "ρ > 1+ε with A > 0, or ρ < 1−ε with A < 0"
+        print(f"clip_frac:         {results['clip_frac']:.4f}  (last epoch; the clip binds: {binds})")
+        print(f"outside_frac:      {results['outside_frac']:.4f}  (last epoch; |ρ − 1| > ε, whatever the sign of A)")
     print(
         f"seconds_per_epoch: {results['seconds_per_epoch']:.2f}  ({results['seconds_per_epoch_at_60k']:.2f} s "
         f"scaled to 60,000 images; compile {results['compile_seconds']:.1f} s, total "
@@ -875,31 +892,36 @@ def main(args: Args) -> dict:
     validate(args)  # flag values and the output folder, before any work
     use_compile_cache(args.compile_cache)
     data = load_data(args)
+    if not args.score_test:  # the test images are dropped before training: nothing below can read them
+        data = data._replace(x_test=None, y_test=None)
     if args.batch_size > len(data.y_train):
         raise InputError(f"--batch-size {args.batch_size} exceeds the {len(data.y_train)} training images")
     label = run_label(args)
     param_counts = print_header(args, data, label)
 
     actor, reference, history, timings = train(args, data)
-    # The held-out test set is scored once, here, after every choice has been made on validation.
-    test_accuracy, test_kl_ref = score_test_set(actor, reference, data)
-    results = {
-        "val_accuracy": history[-1]["val_accuracy"],
-        "test_accuracy": test_accuracy,
-        "test_kl_ref": test_kl_ref,
-        "train_reward": history[-1]["train_reward"],
-        "epochs": args.epochs,
-        **timings,
-        "train_images": len(data.y_train),
-        "val_images": len(data.y_val),
-        "test_images": len(data.y_test),
-        "seconds_per_epoch_at_60k": timings["seconds_per_epoch"] * 60_000 / len(data.y_train),
-        "data": data.source,
-        **param_counts,
-        "history": history,
-        "args": asdict(args),
-    }
-    save_outputs(args, results, actor, f"{label} | {data.source}")
+    results = {"val_accuracy": history[-1]["val_accuracy"]}
+    if args.score_test:  # the held-out test set is scored once, here, after every choice was made on validation
+        test_accuracy, test_kl_ref = score_test_set(actor, reference, data)
+        results.update(test_accuracy=test_accuracy, test_kl_ref=test_kl_ref, test_images=len(data.y_test))
+    last = history[-1]
+    results.update(
+        {
+            "train_reward": last["train_reward"],
+            **{k: last[k] for k in ("clip_frac", "outside_frac") if k in last},
+            "epochs": args.epochs,
+            **timings,
+            "train_images": len(data.y_train),
+            "val_images": len(data.y_val),
+            "seconds_per_epoch_at_60k": timings["seconds_per_epoch"] * 60_000 / len(data.y_train),
+            "data": data.source,
+            **param_counts,
+            "history": history,
+            "args": asdict(args),
+        }
+    )
+    title = f"{label} | train {len(data.y_train)} / validation {len(data.y_val)} images"
+    save_outputs(args, results, actor, title)
     print_summary(args, results, label)
     return results
 

@@ -7,6 +7,7 @@ import functools
 import gzip
 import hashlib
 import http.server
+import importlib.util
 import json
 import struct
 import threading
@@ -17,11 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import load_script, run_script
+from conftest import REPO, load_script, run_script
 from flax import nnx
 
 SCRIPT = "4_GRPO_MNIST/grpo_mnist.py"
 g = load_script(SCRIPT)
+# The script's own compilation cache (outside the repository): a second `pytest` reuses the compiled programs.
+g.use_compile_cache(g.Args().compile_cache)
 # Real digits: the official MNIST test set that ships with the module (4_GRPO_MNIST/data/, see its README.md).
 REAL_MNIST = Path(g.BUNDLED_DIR)
 
@@ -91,18 +94,23 @@ def test_batch_advantages_use_one_baseline_for_all_images():
 
 @pytest.mark.unit
 def test_clipped_surrogate_value_clip_fraction_and_gradient():
+    """The objective, its gradient, and the two shares on a hand case. clip_frac counts only the samples whose
+    gradient the clip zeroes (2 of 4), outside_frac every ratio outside the band (3 of 4). Catches: clip_frac
+    counting |ρ − 1| > ε whatever A's sign (0.75), or the two shares swapped."""
     ratio = jnp.array([1.5, 0.5, 1.1, 0.7])
     adv = jnp.array([1.0, 1.0, -1.0, -1.0])
     logp_old = jnp.array([-1.0, -2.0, -0.5, -3.0])
     logp = logp_old + jnp.log(ratio)
-    # min(ρA, clip(ρ, 0.8, 1.2)A): min(1.5, 1.2) = 1.2, min(0.5, 0.8) = 0.5,
-    #                             min(-1.1, -1.1) = -1.1, min(-0.7, -0.8) = -0.8
-    objective, clip_frac = g.clipped_surrogate(logp, logp_old, adv, 0.2)
+    # min(ρA, clip(ρ, 0.8, 1.2)A): min(1.5, 1.2) = 1.2 (clip binds), min(0.5, 0.8) = 0.5 (outside, not binding),
+    #                             min(-1.1, -1.1) = -1.1 (inside), min(-0.7, -0.8) = -0.8 (clip binds)
+    objective, shares = g.clipped_surrogate(logp, logp_old, adv, 0.2)
     np.testing.assert_allclose(objective, (1.2 + 0.5 - 1.1 - 0.8) / 4, rtol=1e-6)
-    np.testing.assert_allclose(clip_frac, 0.75, rtol=1e-6)  # |ρ − 1| > 0.2 for 1.5, 0.5, 0.7
+    assert float(shares["clip_frac"]) == 0.5  # ρ = 1.5 with A > 0 and ρ = 0.7 with A < 0
+    assert float(shares["outside_frac"]) == 0.75  # |ρ − 1| > 0.2 for 1.5, 0.5 and 0.7
     # d/dlogp of ρA is ρA where the unclipped term is the minimum, 0 where the clipped constant wins
     grad = jax.grad(lambda lp: g.clipped_surrogate(lp, logp_old, adv, 0.2)[0])(logp)
     np.testing.assert_allclose(grad, np.array([0.0, 0.5, -1.1, 0.0]) / 4, rtol=1e-5, atol=1e-7)
+    assert float(shares["clip_frac"]) == float(jnp.mean(grad == 0))  # binding = zero gradient
 
 
 @pytest.mark.unit
@@ -198,15 +206,17 @@ def grpo_config(**changes) -> g.GRPOConfig:
     return g.GRPOConfig(**{**base, **changes})
 
 
-def _one_update(inner_steps: int, learning_rate: float):
+def _params_after_one_update(inner_steps: int, clip_eps: float):
+    """The actor's parameters after one grpo_update (μ = inner_steps Adam steps at learning rate 1e-2)."""
     actor = g.Actor(32, rngs=nnx.Rngs(0))
-    reference = nnx.clone(actor)
-    optimizer = nnx.Optimizer(actor, optax.adam(learning_rate), wrt=nnx.Param)
+    optimizer = nnx.Optimizer(actor, optax.adam(1e-2), wrt=nnx.Param)
     x = jax.random.uniform(jax.random.key(1), (64, 784))
     y = jnp.arange(64) % 10
-    config = grpo_config(inner_steps=inner_steps)
-    update = nnx.jit(g.grpo_update, static_argnames="config")  # compiled: eager tfp ops are slow
-    return update(actor, optimizer, reference, x, y, jax.random.key(2), config=config)
+    config = grpo_config(inner_steps=inner_steps, clip_eps=clip_eps)
+    metrics = g.grpo_update(
+        actor, optimizer, nnx.clone(actor), x, y, jax.random.key(2), config
+    )  # eager: 4 compilations cost more
+    return [np.asarray(p) for p in jax.tree.leaves(nnx.state(actor, nnx.Param))], metrics
 
 
 class FixedActor(nnx.Module):
@@ -245,11 +255,102 @@ def test_groups_are_rows_of_one_image(group_mode):
 
 
 @pytest.mark.unit
-def test_one_inner_step_never_clips_but_several_do():
-    # μ = 1 (the spec): the loss is evaluated at π_old itself, so ρ = 1 and the clip cannot act
-    assert float(_one_update(inner_steps=1, learning_rate=1e-2)["clip_frac"]) == 0.0
-    # μ = 2 with a large step: the second step sees ρ ≠ 1 and some samples leave [0.8, 1.2]
-    assert float(_one_update(inner_steps=2, learning_rate=1e-2)["clip_frac"]) > 0.0
+def test_the_clip_acts_only_from_the_second_inner_step():
+    """With ε = 0.2 and with ε = 1e6 (no clip), one update gives the same parameters at μ = 1, where every
+    ratio is exactly 1, and different ones at μ = 2, where the second step sees ratios outside the band.
+    Catches: a surrogate without the clip (identical at μ = 2), or one that clips at μ = 1 (for instance a
+    ratio taken against the current parameters' own stop_gradient copy after the first step)."""
+    one_clip, one_clip_metrics = _params_after_one_update(1, 0.2)
+    one_free, _ = _params_after_one_update(1, 1e6)
+    for a, b in zip(one_clip, one_free):
+        np.testing.assert_array_equal(a, b)
+    assert float(one_clip_metrics["clip_frac"]) == 0.0 and float(one_clip_metrics["outside_frac"]) == 0.0
+    two_clip, two_clip_metrics = _params_after_one_update(2, 0.2)
+    two_free, two_free_metrics = _params_after_one_update(2, 1e6)
+    assert max(np.abs(a - b).max() for a, b in zip(two_clip, two_free)) > 1e-4
+    assert float(two_clip_metrics["clip_frac"]) > 0.0  # the clip bound for some samples of the second step
+    assert float(two_free_metrics["clip_frac"]) == 0.0  # with ε = 1e6 nothing leaves the band
+
+
+def _small_run_args(tmp_path, **changes) -> g.Args:
+    """A small, fast run on synthetic digits: 400 of them split 300 / 100, hidden size 16, B = 32, G = 4."""
+    folder = synthetic_digits(tmp_path / "digits", n_test=400, splits=("t10k",))
+    base = dict(data_dir=str(folder), split_test_set=300, hidden_size=16, batch_size=32, group_size=4, epochs=2)
+    return g.Args(**{**base, "out": str(tmp_path / "out"), "compile_cache": "", **changes})
+
+
+@pytest.mark.unit
+def test_the_reference_stays_the_initial_actor(tmp_path):
+    """π_ref is the initial actor, frozen for the whole run. Checked three ways: the returned reference holds the
+    initial weights; kl_ref is 0 at epoch 0 and, at the end, equals KL(final actor ‖ initial actor) computed here;
+    the KL term of the loss in epoch 2 is of the size of KL to the initial actor, not of one epoch's drift.
+    Catches: refreshing π_ref from the actor after every epoch (kl_ref at the end is then measured against the
+    epoch-1 actor), refreshing it at the start of every epoch inside the update (epoch 2's KL term collapses),
+    or a reference with its own weights (kl_ref > 0 at epoch 0)."""
+    args = _small_run_args(tmp_path, beta=0.1, learning_rate=3e-3)
+    data = g.load_data(args)
+    actor, reference, history, _ = g.train(args, data)
+    initial = g.Actor(args.hidden_size, rngs=nnx.Rngs(args.seed))
+    leaves = lambda m: jax.tree.leaves(nnx.state(m, nnx.Param))  # noqa: E731
+    for ref_leaf, init_leaf, trained_leaf in zip(leaves(reference), leaves(initial), leaves(actor)):
+        np.testing.assert_array_equal(ref_leaf, init_leaf)
+        assert not np.array_equal(trained_leaf, init_leaf)  # training did move the actor
+    assert history[0]["kl_ref"] == 0.0
+    x_val = jnp.asarray(data.x_val)
+    kl_to_initial = float(g.exact_kl(actor(x_val).logits, initial(x_val).logits).mean())
+    assert kl_to_initial > 1e-3
+    np.testing.assert_allclose(history[-1]["kl_ref"], kl_to_initial, rtol=1e-4)
+    # the loss's KL (exact, on training batches, averaged over epoch 2) lies near KL to the initial actor
+    assert history[2]["kl"] > 0.5 * history[1]["kl_ref"]
+
+
+@pytest.mark.unit
+def test_no_score_test_leaves_the_test_set_unread(tmp_path, monkeypatch):
+    """--no-score-test: training never sees test images (they are dropped before training), the test scorer is
+    never called, and metrics.json holds no test number. Catches: scoring the test set anyway, writing a
+    test_* key, or passing the test images on to training."""
+
+    def no_test_scoring(*a, **k):
+        raise AssertionError("score_test_set called with --no-score-test")
+
+    real_train = g.train
+
+    def train_without_test_images(args, data):
+        assert data.x_test is None and data.y_test is None
+        return real_train(args, data)
+
+    monkeypatch.setattr(g, "score_test_set", no_test_scoring)
+    monkeypatch.setattr(g, "train", train_without_test_images)
+    args = _small_run_args(tmp_path, epochs=1, score_test=False)
+    result = g.main(args)
+    saved = json.loads((Path(args.out) / "metrics.json").read_text())
+    for metrics in (result, saved):
+        assert not [k for k in metrics if k.startswith("test")]
+        assert not [k for row in metrics["history"] for k in row if k.startswith("test")]
+        assert "val_accuracy" in metrics and metrics["args"]["score_test"] is False
+
+
+@pytest.mark.unit
+def test_the_validation_sweep_never_scores_the_test_set(monkeypatch):
+    """Every run of tools/grpo_val_sweep.py passes --no-score-test. Catches: a sweep configuration without it."""
+    spec = importlib.util.spec_from_file_location("grpo_val_sweep", REPO / "tools" / "grpo_val_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    calls = []
+
+    def fake_seeds_main(argv):
+        calls.append(argv)
+        return {"mean": 0.5, "min": 0.5, "per_seed": {"0": 0.5}}
+
+    monkeypatch.setattr(sweep.seeds, "main", fake_seeds_main)
+    monkeypatch.setattr(sweep.Path, "write_text", lambda self, text: None)
+    monkeypatch.setattr(sweep.Path, "mkdir", lambda self, **k: None)
+    sweep.main(["--seeds", "0", "--epochs", "1"])
+    assert len(calls) == 2 * sweep.BUDGET
+    for argv in calls:
+        flags = argv[argv.index("--") + 1 :]
+        assert "--no-score-test" in flags and "--score-test" not in flags
+        assert argv[argv.index("--metric") + 1] == "val_accuracy"
 
 
 @pytest.mark.unit
@@ -337,13 +438,20 @@ def test_idx_reader_on_the_real_mnist_test_set():
 
 
 @pytest.mark.unit
-def test_tfds_path_under_mock_data():
+def test_tfds_path_under_mock_data_returns_the_source_pixels():
+    """load_tfds_split returns exactly the pixels / 255 and the labels tfds holds, in its order. Catches: a wrong
+    scale (/ 256, no scaling), transposed or flipped images, a shuffled order, labels out of step with images."""
     tfds = pytest.importorskip("tensorflow_datasets")
     with tfds.testing.mock_data(num_examples=24):
         x, y = g.load_tfds_split("mnist", "train", download=False)
-    assert x.shape == (24, 784) and x.dtype == np.float32
-    assert 0.0 <= x.min() and x.max() <= 1.0
-    assert y.dtype == np.int32 and ((0 <= y) & (y <= 9)).all()
+        source = tfds.data_source("mnist", split="train", download=False)
+        examples = [source[i] for i in range(len(source))]
+    images = np.stack([np.asarray(ex["image"]) for ex in examples])  # (24, 28, 28, 1) uint8
+    assert images.shape == (24, 28, 28, 1) and images.std() > 0  # random mock pixels, not a constant
+    expected = np.array([[px / 255.0 for px in img[..., 0].ravel()] for img in images], dtype=np.float32)
+    assert x.dtype == np.float32 and y.dtype == np.int32
+    np.testing.assert_array_equal(x, expected)
+    np.testing.assert_array_equal(y, [int(ex["label"]) for ex in examples])
 
 
 @contextlib.contextmanager
@@ -488,12 +596,16 @@ def test_cli_runs_and_writes_outputs(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "actor only (GRPO)" in r.stdout and "actor + critic (PPO)" in r.stdout
     lines = [line for line in r.stdout.splitlines() if line.startswith("epoch=")]
-    assert len(lines) == 3 and "clip_frac=" in lines[-1] and " kl=" in lines[-1] and "val_acc=" in lines[-1]
+    assert len(lines) == 3 and "val_acc=" in lines[-1]
+    for field in ("clip_frac=", "outside_frac=", "zero_signal=", " kl=", "kl_ref="):
+        assert field in lines[-1], field
+    assert "clip_frac:" in r.stdout and "outside_frac:" in r.stdout  # the summary
     assert "test_acc" not in " ".join(lines)  # the test set is scored once, after training, not per epoch
     assert "kl exact" in r.stdout and "learning rate 0.002" in r.stdout
     metrics = json.loads((out / "metrics.json").read_text())
-    for key in ("val_accuracy", "test_accuracy", "train_reward", "epochs", "train_seconds", "seconds_per_epoch"):
+    for key in ("val_accuracy", "test_accuracy", "train_reward", "clip_frac", "outside_frac", "seconds_per_epoch"):
         assert key in metrics
+    assert all("clip_frac" in row and "outside_frac" in row for row in metrics["history"][1:])
     assert metrics["epochs"] == 2 and len(metrics["history"]) == 3
     assert all("test_accuracy" not in row for row in metrics["history"])
     assert (metrics["train_images"], metrics["val_images"]) == (461, 51)  # 10 % of 512 carved for validation
@@ -523,11 +635,8 @@ def test_cli_without_data_names_data_dir(tmp_path):
     data = synthetic_digits(tmp_path / "data", n_train=64, n_test=64)
     blob = (data / "train-images-idx3-ubyte.gz").read_bytes()
     (data / "train-images-idx3-ubyte.gz").write_bytes(blob[: len(blob) // 3])  # truncated download
-    r = run_script(
-        SCRIPT, "--data", "full", "--data-dir", str(data), "--out", str(tmp_path / "o"), cwd=tmp_path, timeout=120
-    )
-    assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1 and "train-images-idx3-ubyte.gz" in r.stderr
+    with pytest.raises(SystemExit, match=r"^error: \S*train-images-idx3-ubyte.gz is not a complete gzip file"):
+        g.main(g.Args(data="full", data_dir=str(data), out=str(tmp_path / "o")))
 
 
 # ------------------------------------------------------------------ learning: short real runs

@@ -1,15 +1,16 @@
 """Choose GRPO's and the supervised baseline's hyperparameters on the VALIDATION split, with the same budget.
 
-    python tools/grpo_val_sweep.py --data-dir DIR            # DIR: a folder with the MNIST IDX .gz files
-    python tools/grpo_val_sweep.py --data-dir DIR --seeds 0-2 --epochs 10 -- --dataset fashion_mnist
+    python tools/grpo_val_sweep.py                        # the bundled digits: 7,200 train / 800 validation
+    python tools/grpo_val_sweep.py --seeds 0-2 --epochs 10 -- --data full --dataset fashion_mnist
 
 Each objective gets the same number of configurations (BUDGET), each run on the same seeds through
 `tools/seeds.py --metric val_accuracy`. GRPO searches in two stages: first the KL term (β, and `--kl`
 exact or k3) at the base learning rate, G and μ; then one knob at a time (the learning rate, G, μ) away
 from the best of stage 1. The supervised baseline tries the learning rate × the batch size. The chosen
 configuration of each objective is the one with the highest mean validation accuracy over the seeds. The test images
-are never read for a choice: every run here scores `val_accuracy`, and the test accuracy is measured
-afterwards, once, with `tools/seeds.py` (see 4_GRPO_MNIST/README.md, "Results").
+are never read for a choice: every run here gets `--no-score-test`, so the script drops the test images before
+training and its metrics.json holds no test number. The test accuracy is measured afterwards, once, with
+`tools/seeds.py` (see 4_GRPO_MNIST/README.md, "Results"). Flags after `--` go to every run.
 
 Writes `<out>/summary.md` (the table for the README, with this command) and `<out>/summary.json`.
 """
@@ -93,8 +94,6 @@ def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     ours, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data-dir", default="", help="folder with the IDX .gz files (default: tensorflow-datasets)")
-    p.add_argument("--split-test-set", type=int, default=8000, help="passed to the script (0: train / test)")
     p.add_argument("--seeds", default="0-2", help="seeds of every configuration")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--out", default="runs/grpo_val_sweep", help="folder of the table; runs go under <out>/seeds")
@@ -105,9 +104,9 @@ def main(argv: list[str] | None = None) -> dict:
         "sweep with the same command instead of running it again",
     )
     a = p.parse_args(ours)
-    common = ["--epochs", str(a.epochs), "--split-test-set", str(a.split_test_set), *extra]
-    if a.data_dir:
-        common = ["--data-dir", a.data_dir, *common]
+    if "--score-test" in extra:
+        p.error("--score-test: the sweep makes choices, so its runs never score the test set")
+    common = ["--epochs", str(a.epochs), "--no-score-test", *extra]  # choices never see the test set
     out = Path(a.out)
     rows: list[dict] = []
 
