@@ -354,25 +354,26 @@ def train(args: Args, data: Data) -> tuple[Actor, Actor, list[dict], dict]:
     score = jax.jit(partial(evaluate, actor_graphdef))
     compile_seconds = time.perf_counter() - t0
 
-    def score_validation(state):  # greedy accuracy and exact KL(π ‖ π_ref) on the validation images
-        accuracy, kl_ref = score(state[0], ref_state, x_val, y_val)  # state[0]: the actor's part
-        return float(accuracy), float(kl_ref)
+    def score_validation(state) -> dict:  # state[0]: the actor's part of (actor, optimizer)
+        scores = {k: float(v) for k, v in score(state[0], ref_state, x_val, y_val).items()}
+        return {
+            "val_accuracy": scores["accuracy"],
+            "val_sampled_accuracy": scores["sampled_accuracy"],
+            "kl_ref": scores["kl_ref"],
+        }
 
-    accuracy, kl_ref = score_validation(state)
-    history = [{"epoch": 0, "val_accuracy": accuracy, "kl_ref": kl_ref}]
-    print(f"epoch=0 val_acc={accuracy:.4f} (untrained)", flush=True)
+    history = [{"epoch": 0, **score_validation(state)}]
+    print_progress(history[0], len(data.y_train))
     for epoch in range(1, args.epochs + 1):
         key, epoch_key = jax.random.split(key)
         t_epoch = time.perf_counter()
         state, metrics = run_epoch(state, ref_state, x_train, y_train, epoch_key)
         jax.block_until_ready(state)
         seconds = time.perf_counter() - t_epoch
-        accuracy, kl_ref = score_validation(state)
         row = {
             "epoch": epoch,
-            "val_accuracy": accuracy,
+            **score_validation(state),
             "train_reward": float(metrics["reward"]),
-            "kl_ref": kl_ref,
             "seconds": seconds,
             **{k: float(v) for k, v in metrics.items() if k != "reward"},
         }
@@ -388,21 +389,23 @@ def train(args: Args, data: Data) -> tuple[Actor, Actor, list[dict], dict]:
 
 
 # ---- Evaluation: greedy accuracy and KL to π_ref on held-out images; the test set once, at the end
-def evaluate(graphdef: nnx.GraphDef, state, ref_state, x, y):
-    """Greedy (argmax) accuracy on held-out images, and the exact mean KL(π_θ ‖ π_ref) over them.
+def evaluate(graphdef: nnx.GraphDef, state, ref_state, x, y) -> dict:
+    """On held-out images: the greedy (argmax) accuracy; the sampled accuracy, i.e. the expected reward of one
+    answer drawn from π, mean π(y | x), exact without sampling; and the exact mean KL(π_θ ‖ π_ref).
     `graphdef` is the actor's; `state` and `ref_state` are the actor's and the frozen reference's."""
     actor, reference = nnx.merge(graphdef, state), nnx.merge(graphdef, ref_state)
     dist = actor(x)
     accuracy = jnp.mean(dist.mode() == y)
     kl_ref = jnp.mean(dist.kl_divergence(reference(x)))  # exact: only 10 actions to sum over
-    return accuracy, kl_ref
+    return {"accuracy": accuracy, "sampled_accuracy": jnp.mean(dist.prob(y)), "kl_ref": kl_ref}
 
 
-def score_test_set(actor: Actor, reference: Actor, data: Data) -> tuple[float, float]:
-    """Greedy accuracy and exact KL(π ‖ π_ref) on the held-out test images: called once, after training."""
+def score_test_set(actor: Actor, reference: Actor, data: Data) -> dict:
+    """evaluate() on the held-out test images, called once, after training: test_accuracy, test_sampled_accuracy
+    and test_kl_ref."""
     score = jax.jit(partial(evaluate, nnx.graphdef(actor)))
-    accuracy, kl_ref = score(nnx.state(actor), nnx.state(reference), jnp.asarray(data.x_test), jnp.asarray(data.y_test))
-    return float(accuracy), float(kl_ref)
+    scores = score(nnx.state(actor), nnx.state(reference), jnp.asarray(data.x_test), jnp.asarray(data.y_test))
+    return {f"test_{name}": float(value) for name, value in scores.items()}
 
 
 # =============================================================================================
@@ -697,8 +700,8 @@ def count_params(model: nnx.Module) -> int:
     return sum(int(p.size) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
-BYTES_PER_PARAM = 2 + 2 + 2 * 2  # bf16 weight + bf16 gradient + Adam's m and v in bf16 (the guide's module 6)
-LLM_ACTOR_PARAMS = 8e9  # the guide's 8B example
+BYTES_PER_PARAM = 2 + 2 + 2 * 2  # bf16 weight + bf16 gradient + Adam's m and v in bf16 (the original guide's module 6)
+LLM_ACTOR_PARAMS = 8e9  # the original guide's 8B example
 
 
 def param_table(hidden_size: int) -> tuple[str, dict]:
@@ -790,6 +793,8 @@ def plot_curve(path: str, history: list[dict], test_accuracy: float | None, titl
     fig, axes = plt.subplots(1, 3 if grpo else 2, figsize=(15 if grpo else 10, 3.8))
     accuracy, kl_axis = axes[0], axes[-1]
     accuracy.plot(epochs, [100 * h["val_accuracy"] for h in history], "o-", label="greedy validation accuracy")
+    sampled = [100 * h["val_sampled_accuracy"] for h in history]
+    accuracy.plot(epochs, sampled, "d-", label="sampled validation accuracy, mean π(label | x)")
     accuracy.plot(trained_epochs, [100 * h["train_reward"] for h in trained], "s--", label="sampled train reward")
     if test_accuracy is not None:
         accuracy.plot([epochs[-1]], [100 * test_accuracy], "k*", ms=12, label="test accuracy (scored once, at the end)")
@@ -819,11 +824,14 @@ def plot_curve(path: str, history: list[dict], test_accuracy: float | None, titl
 # ---- main: check the flags, load the data, train, score the test set once, save
 def print_progress(row: dict, n_train: int) -> None:
     """One grep-able line per epoch; GRPO adds the clip shares, the zero-signal share and the loss's KL term."""
+    line = f"epoch={row['epoch']} val_acc={row['val_accuracy']:.4f} val_sampled={row['val_sampled_accuracy']:.4f}"
+    if row["epoch"] == 0:
+        print(f"{line} kl_ref={row['kl_ref']:.4f} (untrained)", flush=True)
+        return
     extra = "".join(f" {k}={row[k]:.4f}" for k in ("clip_frac", "outside_frac", "zero_signal", "kl") if k in row)
     print(
-        f"epoch={row['epoch']} val_acc={row['val_accuracy']:.4f} train_reward={row['train_reward']:.4f} "
-        f"loss={row['loss']:.4f}{extra} kl_ref={row['kl_ref']:.4f} sec={row['seconds']:.2f} "
-        f"img/s={n_train / row['seconds']:.0f}",
+        f"{line} train_reward={row['train_reward']:.4f} loss={row['loss']:.4f}{extra} kl_ref={row['kl_ref']:.4f} "
+        f"sec={row['seconds']:.2f} img/s={n_train / row['seconds']:.0f}",
         flush=True,
     )
 
@@ -861,8 +869,10 @@ def print_summary(args: Args, results: dict, label: str) -> None:
     print(f"data:              {results['data']}")
     print(f"objective:         {label}")
     print(f"val_accuracy:      {results['val_accuracy']:.4f}  (greedy, validation split, after epoch {args.epochs})")
+    print(f"val_sampled_acc:   {results['val_sampled_accuracy']:.4f}  (mean π(label | x): one sampled answer)")
     if "test_accuracy" in results:
         print(f"test_accuracy:     {results['test_accuracy']:.4f}  (greedy, held-out test set, scored once)")
+        print(f"test_sampled_acc:  {results['test_sampled_accuracy']:.4f}  (mean π(label | x): one sampled answer)")
     else:
         print("test_accuracy:     not scored (--no-score-test)")
     print(f"train_reward:      {results['train_reward']:.4f}  (sampled, last epoch)")
@@ -900,10 +910,9 @@ def main(args: Args) -> dict:
     param_counts = print_header(args, data, label)
 
     actor, reference, history, timings = train(args, data)
-    results = {"val_accuracy": history[-1]["val_accuracy"]}
+    results = {k: history[-1][k] for k in ("val_accuracy", "val_sampled_accuracy")}
     if args.score_test:  # the held-out test set is scored once, here, after every choice was made on validation
-        test_accuracy, test_kl_ref = score_test_set(actor, reference, data)
-        results.update(test_accuracy=test_accuracy, test_kl_ref=test_kl_ref, test_images=len(data.y_test))
+        results.update(**score_test_set(actor, reference, data), test_images=len(data.y_test))
     last = history[-1]
     results.update(
         {

@@ -272,6 +272,22 @@ def test_the_clip_acts_only_from_the_second_inner_step():
     assert float(two_free_metrics["clip_frac"]) == 0.0  # with ε = 1e6 nothing leaves the band
 
 
+@pytest.mark.unit
+def test_evaluate_greedy_and_sampled_accuracy_on_a_hand_case():
+    """Greedy accuracy is the share of argmax answers that are right; sampled accuracy is the expected reward of
+    one answer drawn from π, mean π(label | x), exactly. Here π = softmax(x) for three images. Catches: sampled
+    accuracy taken from the argmax, as max π, or as π of the argmax answer."""
+    x = jnp.log(jnp.array([[0.6, 0.3, 0.1], [0.2, 0.5, 0.3], [0.1, 0.1, 0.8]]))
+    x = jnp.pad(x, ((0, 0), (0, 784 - 3)), constant_values=-1e9)  # the other answers get probability 0
+    y = jnp.array([0, 2, 2])  # right, wrong (π = 0.3 on the label), right
+    actor = FixedActor()
+    graphdef, state = nnx.split(actor)
+    scores = g.evaluate(graphdef, state, state, x, y)
+    np.testing.assert_allclose(scores["accuracy"], 2 / 3, rtol=1e-6)
+    np.testing.assert_allclose(scores["sampled_accuracy"], (0.6 + 0.3 + 0.8) / 3, rtol=1e-5)
+    assert float(scores["kl_ref"]) == 0.0  # π_ref = π
+
+
 def _small_run_args(tmp_path, **changes) -> g.Args:
     """A small, fast run on synthetic digits: 400 of them split 300 / 100, hidden size 16, B = 32, G = 4."""
     folder = synthetic_digits(tmp_path / "digits", n_test=400, splits=("t10k",))
@@ -597,13 +613,13 @@ def test_cli_runs_and_writes_outputs(tmp_path):
     assert "actor only (GRPO)" in r.stdout and "actor + critic (PPO)" in r.stdout
     lines = [line for line in r.stdout.splitlines() if line.startswith("epoch=")]
     assert len(lines) == 3 and "val_acc=" in lines[-1]
-    for field in ("clip_frac=", "outside_frac=", "zero_signal=", " kl=", "kl_ref="):
+    for field in ("val_sampled=", "clip_frac=", "outside_frac=", "zero_signal=", " kl=", "kl_ref="):
         assert field in lines[-1], field
     assert "clip_frac:" in r.stdout and "outside_frac:" in r.stdout  # the summary
     assert "test_acc" not in " ".join(lines)  # the test set is scored once, after training, not per epoch
     assert "kl exact" in r.stdout and "learning rate 0.002" in r.stdout
     metrics = json.loads((out / "metrics.json").read_text())
-    for key in ("val_accuracy", "test_accuracy", "train_reward", "clip_frac", "outside_frac", "seconds_per_epoch"):
+    for key in ("val_accuracy", "val_sampled_accuracy", "test_accuracy", "test_sampled_accuracy", "clip_frac"):
         assert key in metrics
     assert all("clip_frac" in row and "outside_frac" in row for row in metrics["history"][1:])
     assert metrics["epochs"] == 2 and len(metrics["history"]) == 3
