@@ -206,19 +206,6 @@ def grpo_config(**changes) -> g.GRPOConfig:
     return g.GRPOConfig(**{**base, **changes})
 
 
-def _params_after_one_update(inner_steps: int, clip_eps: float):
-    """The actor's parameters after one grpo_update (μ = inner_steps Adam steps at learning rate 1e-2)."""
-    actor = g.Actor(32, rngs=nnx.Rngs(0))
-    optimizer = nnx.Optimizer(actor, optax.adam(1e-2), wrt=nnx.Param)
-    x = jax.random.uniform(jax.random.key(1), (64, 784))
-    y = jnp.arange(64) % 10
-    config = grpo_config(inner_steps=inner_steps, clip_eps=clip_eps)
-    metrics = g.grpo_update(
-        actor, optimizer, nnx.clone(actor), x, y, jax.random.key(2), config
-    )  # eager: 4 compilations cost more
-    return [np.asarray(p) for p in jax.tree.leaves(nnx.state(actor, nnx.Param))], metrics
-
-
 class FixedActor(nnx.Module):
     """π(a | x) = softmax(x @ W) with W = 1 on the diagonal: x = 12·e_c makes the answer c almost certain
     (π(c) = 1 − 5.5e-5), yet keeps ∇log π large enough for Adam to act on."""
@@ -228,6 +215,18 @@ class FixedActor(nnx.Module):
 
     def __call__(self, x):
         return g.tfd.Categorical(logits=x @ self.w[...])
+
+
+def _params_after_one_update(inner_steps: int, clip_eps: float):
+    """FixedActor's weights after one grpo_update (μ = inner_steps Adam steps at learning rate 1e-2) on eight random
+    images, G = 4: the shapes of test_groups_are_rows_of_one_image, so the eager ops compiled there are reused."""
+    actor = FixedActor()
+    optimizer = nnx.Optimizer(actor, optax.adam(1e-2), wrt=nnx.Param)
+    x = jax.random.uniform(jax.random.key(1), (8, 784))
+    y = jnp.arange(8)
+    config = grpo_config(group_size=4, batch_size=8, inner_steps=inner_steps, clip_eps=clip_eps)
+    metrics = g.grpo_update(actor, optimizer, FixedActor(), x, y, jax.random.key(2), config)
+    return [np.asarray(actor.w[...])], metrics
 
 
 @pytest.mark.unit
@@ -337,7 +336,7 @@ def test_no_score_test_leaves_the_test_set_unread(tmp_path, monkeypatch):
 
     monkeypatch.setattr(g, "score_test_set", no_test_scoring)
     monkeypatch.setattr(g, "train", train_without_test_images)
-    args = _small_run_args(tmp_path, epochs=1, score_test=False)
+    args = _small_run_args(tmp_path, beta=0.1, learning_rate=3e-3, epochs=1, score_test=False)  # as above: cached
     result = g.main(args)
     saved = json.loads((Path(args.out) / "metrics.json").read_text())
     for metrics in (result, saved):
