@@ -813,6 +813,7 @@ def plot_curve(path: str, history: list[dict], test_accuracy: float | None, titl
         kl_axis.plot(trained_epochs, [h["kl"] for h in trained], "v--", label="KL term of the loss (--kl), training")
     kl_axis.set(xlabel="epoch", ylabel="nats", title="KL to the initial policy π_ref")
     for ax in axes:
+        ax.xaxis.get_major_locator().set_params(integer=True)  # epochs are whole numbers
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
