@@ -1,0 +1,141 @@
+"""Figure: where the cart goes during one greedy episode, for a DQN agent trained with γ = 0.99 and one with 0.999.
+
+Both agents are trained by 2_Cart_Pole_DQN/cart_pole_dqn.py's own `main` with the default flags, the same
+--seed, and only --gamma changed (or loaded from <out>/gamma_<γ>/q_network.npz when that file exists and
+--retrain is not given). Each then plays the same greedy episode: one CartPole-v1 whose initial state comes
+from --episode-seed (the default is the script's --eval-seed, the episode its --video records). The figure
+shows the cart's position x(t) against the track's ends at ±2.4, and the pole's angle θ(t) against ±12°:
+
+    python tools/dqn_cart_drift.py                  # seed 0 -> 2_Cart_Pole_DQN/assets/cart_drift.png
+    python tools/dqn_cart_drift.py --seed 3 --figure runs/dqn_cart_drift/seed3.png
+
+It prints one line per agent: γ, the training run's 100-episode evaluation, and how this episode went.
+The course script is imported by path; the script itself imports nothing from here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "2_Cart_Pole_DQN" / "cart_pole_dqn.py"
+GAMMAS = (0.99, 0.999)
+COLORS = {0.99: "tab:red", 0.999: "tab:blue"}
+
+
+def load_dqn():
+    spec = importlib.util.spec_from_file_location("course_dqn", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["course_dqn"] = module  # dataclasses need the module registered
+    spec.loader.exec_module(module)
+    return module
+
+
+def trained_agent(dqn, seed: int, gamma: float, out: Path, retrain: bool):
+    """The Q-network of `cart_pole_dqn.py --seed SEED --gamma GAMMA` (trained now, or loaded) and its metrics."""
+    from flax import nnx
+
+    folder = out / f"seed_{seed}_gamma_{gamma:g}"
+    checkpoint = folder / "q_network.npz"
+    if retrain or not checkpoint.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "train.log", "w") as log, contextlib.redirect_stdout(log):  # its progress lines
+            dqn.main(dqn.Args(seed=seed, gamma=gamma, out=str(folder)))
+    args = dqn.Args(seed=seed, gamma=gamma)
+    q_network = dqn.QNetwork(4, 2, args.hidden_size, args.layer_norm, args.dueling, rngs=nnx.Rngs(0))
+    dqn.load_checkpoint(str(checkpoint), {"q_network": q_network})
+    metrics = json.loads((folder / "metrics.json").read_text())
+    return q_network, metrics
+
+
+def greedy_episode(q_network, episode_seed: int) -> tuple[np.ndarray, bool]:
+    """Observations (T + 1, 4) of one greedy episode from reset(seed=episode_seed); True if it was truncated."""
+    import gymnasium as gym
+    import jax.numpy as jnp
+    from flax import nnx
+
+    act = nnx.jit(lambda model, obs: jnp.argmax(model(obs[None]), axis=-1)[0])
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=episode_seed)
+    trajectory, terminated, truncated = [obs], False, False
+    while not (terminated or truncated):
+        obs, _, terminated, truncated, _ = env.step(int(act(q_network, obs)))
+        trajectory.append(obs)
+    env.close()
+    return np.array(trajectory), bool(truncated)
+
+
+def how_it_ended(trajectory: np.ndarray, truncated: bool) -> str:
+    x, theta = trajectory[-1, 0], trajectory[-1, 2]
+    if truncated:
+        return "time_limit"
+    return "cart_left_track" if abs(x) > 2.4 else "pole_fell" if abs(theta) > np.radians(12) else "?"
+
+
+def plot(path: Path, runs: dict, seed: int, episode_seed: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_x, ax_theta) = plt.subplots(2, 1, figsize=(7, 5), sharex=True, height_ratios=(2, 1))
+    for gamma, (trajectory, ended) in runs.items():
+        t = np.arange(len(trajectory))
+        label = f"γ = {gamma:g}: {len(trajectory) - 1} steps, {ended.replace('_', ' ')}"
+        ax_x.plot(t, trajectory[:, 0], color=COLORS[gamma], label=label)
+        ax_theta.plot(t, np.degrees(trajectory[:, 2]), color=COLORS[gamma], lw=1)
+    for ax, limit, name in ((ax_x, 2.4, "track ends"), (ax_theta, 12.0, "pole down")):
+        ax.axhline(limit, color="gray", ls="--", lw=1, label=name if ax is ax_x else None)
+        ax.axhline(-limit, color="gray", ls="--", lw=1)
+        ax.axhline(0, color="lightgray", lw=0.5)
+    ax_x.set(ylabel="cart position x", ylim=(-3, 3))
+    ax_x.set_title(f"One greedy episode (episode seed {episode_seed}), agents trained with seed {seed}", fontsize=10)
+    ax_x.legend(loc="upper left", fontsize=8)
+    ax_theta.set(xlabel="time step", ylabel="pole angle θ (°)", ylim=(-15, 15), xlim=(0, 505))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seed", type=int, default=0, help="training seed of both agents (the script's --seed)")
+    p.add_argument("--episode-seed", type=int, default=None, help="the episode's reset seed (default: --eval-seed)")
+    p.add_argument("--out", default="runs/dqn_cart_drift", help="folder for the two training runs")
+    p.add_argument("--figure", default="2_Cart_Pole_DQN/assets/cart_drift.png", help="where the PNG goes")
+    p.add_argument("--retrain", action="store_true", help="train again even if a checkpoint is there")
+    args = p.parse_args(argv)
+
+    os.chdir(REPO)  # --out and --figure are relative to the repository root
+    dqn = load_dqn()
+    dqn.use_sequential_xla_scheduler()  # as the script's command line does, before JAX starts its backend
+    episode_seed = dqn.Args().eval_seed if args.episode_seed is None else args.episode_seed
+    runs = {}
+    for gamma in GAMMAS:
+        q_network, metrics = trained_agent(dqn, args.seed, gamma, Path(args.out), args.retrain)
+        trajectory, truncated = greedy_episode(q_network, episode_seed)
+        ended = how_it_ended(trajectory, truncated)
+        runs[gamma] = (trajectory, ended)
+        ends = " ".join(f"{k}={v}" for k, v in metrics["eval_ends"].items())
+        print(
+            f"gamma={gamma:g} seed={args.seed}: 100-episode evaluation eval_return_mean="
+            f"{metrics['eval_return_mean']:.1f} ({ends}); episode seed {episode_seed}: "
+            f"{len(trajectory) - 1} steps, ended {ended}, max |x|={np.abs(trajectory[:, 0]).max():.3f}, "
+            f"max |θ|={np.degrees(np.abs(trajectory[:, 2])).max():.1f}°",
+            flush=True,
+        )
+    plot(Path(args.figure), runs, args.seed, episode_seed)
+    print(f"wrote {args.figure}")
+
+
+if __name__ == "__main__":
+    main()
