@@ -1,23 +1,16 @@
 """PPO (actor-critic, GAE, clipped surrogate) that swings up and balances Pendulum-v1, in JAX + Flax NNX.
 
-The script reads top to bottom like the algorithm:
-  Args → environments → actor / critic → GAE → losses → the compiled PPO update → evaluation → training loops → main.
-
-One iteration = collect a rollout of `--num-envs × --num-steps` transitions with the current policy
-(gymnasium's vector API), compute GAE(λ) advantages, then run `--update-epochs` epochs of minibatch
-updates of the clipped surrogate (actor) and the value regression (critic), all inside one jitted call.
-`--preset spec` switches every hyperparameter to the values of the course specification.
-
-`--backend jax` runs the same algorithm on a JAX port of Pendulum-v1: the rollout is a lax.scan, and
-rollout, GAE and update are one compiled call per iteration, vmapped over `--num-seeds` seeds and
-sharded across one CPU device per core (`--host-devices`).
-`--algo` walks the policy-gradient ladder of chapters 4–5: reinforce → reinforce-baseline → a2c → ppo.
-Either way, every seed's final policy is scored on gymnasium's Pendulum-v1.
+The lesson, in the order the algorithm runs: Args → environments → Normal → actor / critic → GAE → losses →
+the update → the rollout → the training loop → evaluation. One iteration collects `--num-envs × --num-steps`
+transitions, computes GAE(λ) advantages and runs `--update-epochs` epochs of minibatch steps on the clipped
+surrogate (actor) and the value regression (critic). `--algo` picks a rung of the ladder (`ladder`).
+Below the `# Plumbing` line: `--backend jax`, the same algorithm as one compiled program (a JAX port of
+Pendulum-v1; `make_train(args)` returns a pure `train(key)`, vmapped over seeds and sharded over devices), then
+the command line, checks, checkpoints, GIF, plot, metrics.json and main.
 
     python 3_Pendulum/pendulum.py                  # train with the defaults (100k steps), then evaluate
-    python 3_Pendulum/pendulum.py --preset spec    # the specification's hyperparameters
-    python 3_Pendulum/pendulum.py --backend jax --num-seeds 16              # 16 seeds in one vmapped run
-    python 3_Pendulum/pendulum.py --backend jax --num-seeds 16 --algo reinforce --num-envs 10 --num-steps 200
+    python 3_Pendulum/pendulum.py --preset guide   # the original guide's hyperparameters
+    python 3_Pendulum/pendulum.py --backend jax --num-seeds 16 [--algo reinforce]   # 16 seeds in one vmapped run
     python 3_Pendulum/pendulum.py --load runs/pendulum/params.npz --video   # -> runs/pendulum/eval/episode.gif
 """
 
@@ -47,7 +40,7 @@ from gymnasium.wrappers.vector import RecordEpisodeStatistics
 MAX_TORQUE = 2.0  # Pendulum-v1's action space is [-2, 2]
 ENV_ID = "Pendulum-v1"
 EPISODE_STEPS = 200  # Pendulum-v1's TimeLimit: every episode is truncated after 200 steps, none terminates
-ALGOS = ("reinforce", "reinforce-baseline", "a2c", "ppo")  # the policy-gradient ladder, chapter 4 → 5
+ALGOS = ("reinforce", "reinforce-baseline", "a2c", "ppo")  # the policy-gradient ladder
 
 
 def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
@@ -61,297 +54,83 @@ class Args:
     seed: int = flag(0, "seeds everything: jax.random.key, nnx.Rngs, env resets, NumPy's Generator")
     preset: str = flag(
         "default",
-        "'spec' makes the specification's hyperparameters the defaults "
-        "(flags given explicitly still win; in Python: Args(preset='spec', **SPEC_PRESET))",
-        choices=("default", "spec"),
+        "'guide' = the original guide's hyperparameters as defaults, truncation as termination included (explicit "
+        "flags win; Args(preset='guide', **GUIDE_PRESET)); not its (B,1)−(B,) value-loss bug, nor its init",
+        choices=("default", "guide"),
     )
     backend: str = flag(
-        "gymnasium",
-        "'gymnasium' = NumPy envs stepped from a Python loop (the pattern for any "
-        "gymnasium env); 'jax' = a JAX port of Pendulum-v1, rollout + update compiled into one "
-        "call per iteration",
-        choices=("gymnasium", "jax"),
+        "gymnasium", "NumPy envs in a Python loop, or 'jax': one compiled make_train", choices=("gymnasium", "jax")
     )
-    num_seeds: int = flag(1, "with --backend jax, train seeds --seed … --seed+N−1 together through jax.vmap")
-    host_devices: int = flag(
-        -1,
-        "with --backend jax, split the CPU into this many JAX devices and shard the seeds "
-        "across them (must divide --num-seeds); -1 = one per core, as many as divide --num-seeds",
-    )
-    algo: str = flag(
-        "ppo",
-        "policy-gradient rung: 'reinforce' (Monte-Carlo G_t), 'reinforce-baseline' "
-        "(G_t − V(s_t)), 'a2c' (GAE, one epoch, no clip), 'ppo' (GAE, clipped surrogate)",
-        choices=ALGOS,
-    )
-    total_timesteps: int = flag(100_000, "environment steps to train for (summed over all envs)")
-    num_envs: int = flag(16, "parallel Pendulum-v1 copies in a gymnasium SyncVectorEnv")
-    num_steps: int = flag(125, "steps per env in one rollout; a rollout holds num_envs × num_steps transitions")
-    update_epochs: int = flag(10, "passes over each rollout (K)")
-    minibatch_size: int = flag(250, "transitions per gradient step")
-    gamma: float = flag(0.99, "discount factor γ")
-    gae_lambda: float = flag(0.95, "GAE λ: 0 = one-step TD error, 1 = Monte Carlo return minus V")
-    clip_eps: float = flag(0.2, "PPO clip range ε: the ratio is clipped to [1-ε, 1+ε]")
-    actor_learning_rate: float = flag(1e-3, "Adam learning rate of the actor")
-    critic_learning_rate: float = flag(1e-3, "Adam learning rate of the critic")
+    num_seeds: int = flag(1, "with --backend jax, train seeds --seed … --seed+N−1 together through jax.vmap", min=1)
+    host_devices: int = flag(-1, "jax: shard the seeds over N CPU devices (-1 one per core, 0 as is)", min=-1)
+    algo: str = flag("ppo", "rung of the ladder; the reinforce rungs default to 10 envs × 200 steps", choices=ALGOS)
+    total_timesteps: int = flag(100_000, "environment steps to train for (summed over all envs)", min=1)
+    num_envs: int = flag(16, "parallel Pendulum-v1 copies in a gymnasium SyncVectorEnv", min=1)
+    num_steps: int = flag(125, "steps per env in one rollout of num_envs × num_steps transitions", min=1)
+    update_epochs: int = flag(10, "passes over each rollout (K)", min=1)
+    minibatch_size: int = flag(250, "transitions per gradient step", min=1)
+    gamma: float = flag(0.99, "discount factor γ", min=0.0, max=1.0)
+    gae_lambda: float = flag(0.95, "GAE λ: 0 = one-step TD error, 1 = Monte Carlo return minus V", min=0.0, max=1.0)
+    clip_eps: float = flag(0.2, "PPO clip range ε: the ratio is clipped to [1-ε, 1+ε]", gt=0.0)
+    actor_learning_rate: float = flag(1e-3, "Adam learning rate of the actor", gt=0.0, max=1.0)
+    critic_learning_rate: float = flag(1e-3, "Adam learning rate of the critic", gt=0.0, max=1.0)
     anneal_lr: bool = flag(True, "decay both learning rates linearly to 0 over training")
-    ent_coef: float = flag(0.0, "entropy bonus coefficient (0 = off)")
-    max_grad_norm: float = flag(0.5, "clip each network's gradient to this global norm (0 = off)")
+    ent_coef: float = flag(0.0, "entropy bonus coefficient (0 = off)", min=0.0, max=1.0)
+    max_grad_norm: float = flag(0.5, "clip each network's gradient to this global norm (0 = off)", min=0.0)
     norm_adv: bool = flag(True, "normalise advantages to mean 0, std 1 in each minibatch")
     norm_obs: bool = flag(False, "normalise observations with running mean/std (updated after each rollout)")
-    reward_scale: float = flag(0.1, "multiply rewards by this before GAE (returns are logged unscaled)")
-    bootstrap_truncated: bool = flag(
-        True,
-        "at a time-limit truncation, bootstrap from V(final obs); "
-        "--no-bootstrap-truncated treats it as a termination, as the spec does",
-    )
+    reward_scale: float = flag(0.1, "multiply rewards by this before GAE (logged returns are not)", gt=0.0, max=1e3)
+    bootstrap_truncated: bool = flag(True, "bootstrap from V(final obs) at a time limit (no: the original guide's)")
     sigma: str = flag(
-        "param",
-        "σ of the Normal policy: 'param' = one learned log σ per action dim, "
-        "'state' = a softplus head on the hidden layer (the spec's)",
-        choices=("param", "state"),
+        "param", "σ: one learned log σ, or 'state': a softplus head (the guide's)", choices=("param", "state")
     )
-    log_std_init: float = flag(0.0, "initial log σ when --sigma param")
-    hidden_size: int = flag(64, "width of the two hidden layers of actor and critic")
+    log_std_init: float = flag(0.0, "initial log σ when --sigma param", min=-10.0, max=5.0)
+    hidden_size: int = flag(64, "width of the two hidden layers of actor and critic", min=1)
     activation: str = flag("tanh", "hidden-layer activation", choices=("tanh", "relu"))
-    eval_episodes: int = flag(20, "deterministic (mean-action) evaluation episodes after training")
-    eval_seed: int = flag(
-        10_000, "evaluation episode i resets with seed eval_seed + i, the same start states for every training seed"
-    )
+    eval_episodes: int = flag(20, "deterministic (mean-action) evaluation episodes after training", min=1)
+    eval_seed: int = flag(10_000, "evaluation episode i resets with seed eval_seed + i, for every training seed")
     out: str = flag("runs/pendulum", "folder for metrics.json, the curve PNG and params.npz")
     load: str = flag("", "evaluate the parameters in this .npz instead of training")
     video: bool = flag(False, "also write one deterministic episode of the final policy to <out>/episode.gif")
-    compile_cache: str = flag(
-        "~/.cache/jax-rl-course",
-        "JAX's persistent compilation cache: later runs reuse the compiled XLA programs ('' turns it off)",
-    )
+    compile_cache: str = flag("~/.cache/jax-rl-course", "JAX's persistent compilation cache ('' = off)")
 
 
-class InputError(Exception):
-    """Bad input: a flag value, a missing or corrupt file, an unwritable folder, a mesh that does not fit."""
+class Rung(NamedTuple):
+    """What one rung of the policy-gradient ladder changes; everything else is shared."""
+
+    psi: str  # Ψ_t: "G" = G_t, "G-V" = G_t − V(s_t) (targets G_t), "GAE" = A_t (targets A_t + V(s_t))
+    batch_steps: int  # actor steps on the whole rollout before the epochs, with Ψ as it is (REINFORCE: 1)
+    actor_epochs: int  # epochs in which every minibatch also steps the actor (A2C 1, PPO K)
+    critic_epochs: int  # epochs in which every minibatch steps the critic (0: no critic)
+    clip: bool  # the clipped surrogate (PPO) or the plain −mean(log π·Ψ)
 
 
-def reports_input_errors(main):
-    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1."""
-
-    @functools.wraps(main)
-    def run(args):
-        try:
-            return main(args)
-        except InputError as e:
-            sys.exit(f"error: {e}")
-
-    return run
+def ladder(args: Args) -> Rung:
+    """reinforce → reinforce-baseline → a2c → ppo, as the update reads them."""
+    k = args.update_epochs
+    return {
+        "reinforce": Rung("G", batch_steps=1, actor_epochs=0, critic_epochs=0, clip=False),
+        "reinforce-baseline": Rung("G-V", batch_steps=1, actor_epochs=0, critic_epochs=k, clip=False),
+        "a2c": Rung("GAE", batch_steps=0, actor_epochs=1, critic_epochs=k, clip=False),
+        "ppo": Rung("GAE", batch_steps=0, actor_epochs=k, critic_epochs=k, clip=True),
+    }[args.algo]
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line, exit status 1, instead of dumping the usage."""
-
-    def error(self, message):
-        sys.exit(f"error: {message} (see --help)")
-
-
-def parse_args(argv=None) -> Args:
-    p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for f in fields(Args):
-        name = "--" + f.name.replace("_", "-")
-        if isinstance(f.default, bool):
-            p.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
-        else:
-            p.add_argument(
-                name,
-                type=type(f.default),
-                default=f.default,
-                help=f.metadata["help"],
-                choices=f.metadata.get("choices"),
-            )
-    first, _ = p.parse_known_args(argv)
-    if first.preset == "spec":  # the preset changes the defaults; explicit flags are parsed on top
-        p.set_defaults(**SPEC_PRESET)
-    args = Args(**vars(p.parse_args(argv)))
-    try:
-        check_flags(args)
-    except InputError as e:
-        p.error(str(e))
-    return args
-
-
-def bounds_text(meta: dict) -> str:
-    """'in (0, 1]', '>= 1', '> 0' … from a flag's min / max / gt ('' if it has none)."""
-    low = ("(", meta["gt"]) if meta["gt"] is not None else ("[", meta["min"]) if meta["min"] is not None else None
-    high = meta["max"]
-    if low and high is not None:
-        return f"in {low[0]}{low[1]}, {high}]"
-    if low:
-        return f"{'>' if low[0] == '(' else '>='} {low[1]}"
-    return f"<= {high}" if high is not None else ""
-
-
-def check_flags(args) -> None:
-    """Raise InputError, one line, for the first flag outside the choices or bounds its flag() declares."""
-    for f in fields(args):
-        value, meta = getattr(args, f.name), f.metadata
-        name = "--" + f.name.replace("_", "-")
-        if meta.get("choices") is not None and value not in meta["choices"]:
-            raise InputError(f"{name} must be one of {', '.join(map(str, meta['choices']))}; got {value!r}")
-        low_ok = (meta.get("gt") is None or value > meta["gt"]) and (meta.get("min") is None or value >= meta["min"])
-        if not (low_ok and (meta.get("max") is None or value <= meta["max"])):
-            raise InputError(f"{name} must be {bounds_text(meta)}, got {value}")
-
-
-# The specification's hyperparameters (its README's table). Architecture and σ follow its Actor.
-SPEC_PRESET = dict(
-    num_envs=1,
-    num_steps=2048,
-    update_epochs=10,
-    minibatch_size=64,
-    gamma=0.99,
-    gae_lambda=0.95,
-    clip_eps=0.2,
-    actor_learning_rate=3e-4,
-    critic_learning_rate=1e-3,
-    anneal_lr=False,
-    ent_coef=0.0,
-    max_grad_norm=0.0,
-    norm_obs=False,
-    reward_scale=1.0,
-    sigma="state",
-    activation="relu",
-    hidden_size=64,
-)
-
-
-@dataclass(frozen=True)
-class Derived:
-    batch_size: int  # transitions per rollout = num_envs × num_steps
-    num_minibatches: int  # gradient steps per epoch (a remainder smaller than a minibatch is dropped)
-    num_updates: int  # rollouts in the whole run
-    actor_steps: int  # Adam steps of the actor per rollout: 1 (REINFORCE rungs), one epoch (A2C), K epochs (PPO)
-    critic_steps: int  # Adam steps of the critic per rollout: 0 (REINFORCE has no critic), else K epochs
-
-
-def derived(args: Args) -> Derived:
-    batch = args.num_envs * args.num_steps
-    n_mb = batch // args.minibatch_size
-    actor_steps = {"reinforce": 1, "reinforce-baseline": 1, "a2c": n_mb}.get(args.algo, args.update_epochs * n_mb)
-    critic_steps = 0 if args.algo == "reinforce" else args.update_epochs * n_mb
-    return Derived(batch, n_mb, max(1, args.total_timesteps // batch), actor_steps, critic_steps)
-
-
-def validate(args: Args) -> None:
-    """Raise InputError on a bad flag value or an output folder that cannot be written."""
-    for name in (
-        "total_timesteps",
-        "num_envs",
-        "num_steps",
-        "update_epochs",
-        "minibatch_size",
-        "hidden_size",
-        "eval_episodes",
-    ):
-        if getattr(args, name) <= 0:
-            raise InputError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    for name in ("actor_learning_rate", "critic_learning_rate", "clip_eps", "reward_scale"):
-        v = getattr(args, name)
-        if not math.isfinite(v) or v <= 0:
-            raise InputError(f"--{name.replace('_', '-')} must be a positive finite number, got {v}")
-    for name in ("ent_coef", "max_grad_norm"):
-        v = getattr(args, name)
-        if not math.isfinite(v) or v < 0:
-            raise InputError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {v}")
-    for name in ("gamma", "gae_lambda"):
-        v = getattr(args, name)
-        if not (0.0 <= v <= 1.0):  # also rejects NaN
-            raise InputError(f"--{name.replace('_', '-')} must be in [0, 1], got {v}")
-    if args.num_seeds <= 0:
-        raise InputError(f"--num-seeds must be positive, got {args.num_seeds}")
-    if args.host_devices == 0 or args.host_devices < -1:
-        raise InputError(
-            f"--host-devices must be a positive device count or -1 (one per core), got {args.host_devices}"
-        )
-    if args.host_devices > 0 and (args.backend != "jax" or args.num_seeds % args.host_devices):
-        raise InputError(
-            f"--host-devices {args.host_devices} needs --backend jax and a --num-seeds that it divides "
-            f"(got --backend {args.backend} --num-seeds {args.num_seeds})"
-        )
-    if args.backend == "gymnasium" and args.num_seeds > 1:
-        raise InputError(
-            f"--num-seeds {args.num_seeds} needs --backend jax (the gymnasium backend trains one "
-            f"seed; for a sweep use tools/seeds.py)"
-        )
-    if args.backend == "jax" and args.norm_obs:
-        raise InputError("--norm-obs is implemented for --backend gymnasium only")
-    if args.load and args.num_seeds > 1:
-        raise InputError("--load evaluates one saved policy; drop --num-seeds")
-    if args.algo.startswith("reinforce") and args.num_steps % EPISODE_STEPS:
-        raise InputError(
-            f"--algo {args.algo} needs whole episodes in every rollout: --num-steps must be a multiple "
-            f"of {EPISODE_STEPS} (the time limit), got {args.num_steps}; "
-            f"e.g. --num-envs 10 --num-steps 200"
-        )
-    if not math.isfinite(args.log_std_init):
-        raise InputError(f"--log-std-init must be finite, got {args.log_std_init}")
-    batch = args.num_envs * args.num_steps
-    if args.minibatch_size > batch:
-        raise InputError(
-            f"--minibatch-size ({args.minibatch_size}) is larger than the rollout (--num-envs × --num-steps = {batch})"
-        )
-    if not args.load and args.total_timesteps < batch:
-        raise InputError(
-            f"--total-timesteps ({args.total_timesteps}) is less than one rollout (--num-envs × --num-steps = {batch})"
-        )
-    if args.load and not os.path.isfile(args.load):
-        raise InputError(f"--load: no such file: {args.load}")
-    defaults = Args()
-    if args.preset == "spec" and all(
-        getattr(args, k) == getattr(defaults, k) for k, v in SPEC_PRESET.items() if v != getattr(defaults, k)
-    ):
-        raise InputError("preset 'spec' is applied by parse_args; from Python, use Args(preset='spec', **SPEC_PRESET)")
-    out = output_folder(args)
-    try:  # checked before any work: a run that cannot save its results does not start
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, ".write_test"), "w"):
-            pass
-        os.remove(os.path.join(out, ".write_test"))
-    except OSError as e:
-        raise InputError(f"--out {args.out!r}: cannot write into {out!r} ({e.strerror or type(e).__name__})") from e
-
-
-def output_folder(args: Args) -> str:
-    """Where this run writes: --out for training, <out>/eval/ for a --load run (a training run's files stay)."""
-    return os.path.join(args.out, "eval") if args.load else args.out
-
-
-# ----------------------------------------------------------------------------------------------
-# Environments
-# ----------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------- Environments
 def make_envs(n: int) -> gym.vector.VectorEnv:
     """n Pendulum-v1 copies. SAME_STEP autoreset: when an episode ends, step() already returns the
     first observation of the next episode, and the true final observation is in info["final_obs"]."""
-    return gym.make_vec(
-        ENV_ID,
-        num_envs=n,
-        vectorization_mode="sync",
-        vector_kwargs=dict(autoreset_mode=gym.vector.AutoresetMode.SAME_STEP),
-    )
+    mode = gym.vector.AutoresetMode.SAME_STEP
+    return gym.make_vec(ENV_ID, num_envs=n, vectorization_mode="sync", vector_kwargs=dict(autoreset_mode=mode))
 
 
 def true_next_obs(obs: np.ndarray, done: np.ndarray, info: dict) -> np.ndarray:
     """s_{t+1} of each env: the returned obs, except where an episode just ended (there obs is already
     the reset of the next episode, and the real s_{t+1} is info["final_obs"])."""
     nxt = obs.copy()
-    if done.any():
-        for i in np.flatnonzero(done):
-            nxt[i] = info["final_obs"][i]
+    for i in np.flatnonzero(done):
+        nxt[i] = info["final_obs"][i]
     return nxt
-
-
-def normalize_obs(obs: np.ndarray, rms: RunningMeanStd | None) -> np.ndarray:
-    """(obs − mean) / √(var + 1e-8), clipped to ±10, as float32 (--norm-obs); the obs as float32 without statistics.
-    rms is gymnasium's RunningMeanStd (parallel-variance update, Chan et al.), updated after each rollout."""
-    if rms is None:
-        return obs.astype(np.float32)
-    return np.clip((obs - rms.mean) / np.sqrt(rms.var + 1e-8), -10, 10).astype(np.float32)
 
 
 class Rollout(NamedTuple):
@@ -366,11 +145,344 @@ class Rollout(NamedTuple):
     next_obs: np.ndarray | jax.Array  # (T, N, 3) the TRUE s_{t+1}, also where the env was reset
 
 
-# ----------------------------------------------------------------------------------------------
-# The same environment in JAX (--backend jax): a port of gymnasium 1.4.0's Pendulum-v1
-# ----------------------------------------------------------------------------------------------
-# Constants of gymnasium's PendulumEnv: max_speed 8, max_torque 2, dt 0.05, g 10, m 1, l 1.
-GRAVITY, MASS, LENGTH, DT, MAX_SPEED = 10.0, 1.0, 1.0, 0.05, 8.0
+# ---------------------------------------------------------------------------------------------- Networks
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+class Normal(NamedTuple):
+    """A batch of independent Gaussians N(μ, σ²), the policy's distribution: loc and scale of one shape."""
+
+    loc: jax.Array  # μ, (B, act_dim)
+    scale: jax.Array  # σ > 0, (B, act_dim)
+
+    def sample(self, key) -> jax.Array:
+        """a = μ + σ·z with z ~ N(0, 1), one draw per entry. z is drawn with a leading sample axis of 1, as
+        tensorflow-probability's Normal draws it, so that the compiled act gives tfp's bits (a test checks)."""
+        z = jax.random.normal(key, (1, *self.loc.shape))
+        return (z * self.scale + self.loc)[0]
+
+    def log_prob(self, x) -> jax.Array:
+        """log N(x; μ, σ²) = −½ ((x − μ)/σ)² − log σ − ½ log 2π, elementwise."""
+        return -0.5 * jnp.square(x / self.scale - self.loc / self.scale) - (LOG_SQRT_2PI + jnp.log(self.scale))
+
+    def entropy(self) -> jax.Array:
+        """H = ½ + ½ log 2π + log σ, elementwise."""
+        return 0.5 + (LOG_SQRT_2PI + jnp.log(self.scale))
+
+
+ACTIVATIONS = {"tanh": jnp.tanh, "relu": nnx.relu}
+
+
+def linear(n_in: int, n_out: int, scale: float, rngs: nnx.Rngs) -> nnx.Linear:
+    """Orthogonal weights with gain `scale`, zero bias (the usual PPO initialisation)."""
+    return nnx.Linear(n_in, n_out, kernel_init=nnx.initializers.orthogonal(scale), rngs=rngs)
+
+
+class Actor(nnx.Module):
+    """π_θ(a|s) = Normal(μ_θ(s), σ). μ = 2·tanh(·) keeps the mean inside the torque range."""
+
+    def __init__(self, obs_dim, act_dim, hidden_size, sigma: str, activation: str, log_std_init, *, rngs):
+        self.activation = activation
+        self.fc1 = linear(obs_dim, hidden_size, math.sqrt(2), rngs)
+        self.fc2 = linear(hidden_size, hidden_size, math.sqrt(2), rngs)
+        self.mu = linear(hidden_size, act_dim, 0.01, rngs)  # small gain: the first policy is ≈ Normal(0, σ)
+        if sigma == "state":
+            self.sigma_head = linear(hidden_size, act_dim, 0.01, rngs)
+        else:
+            self.log_std = nnx.Param(jnp.full((act_dim,), log_std_init, jnp.float32))
+
+    def __call__(self, obs: jax.Array) -> Normal:  # obs (B, obs_dim) → batch of Normals (B, act_dim)
+        nonlinearity = ACTIVATIONS[self.activation]
+        h = nonlinearity(self.fc2(nonlinearity(self.fc1(obs))))
+        loc = MAX_TORQUE * jnp.tanh(self.mu(h))
+        if hasattr(self, "sigma_head"):
+            scale = nnx.softplus(self.sigma_head(h)) + 1e-5  # state-dependent σ(s) > 0
+        else:
+            scale = jnp.broadcast_to(jnp.exp(self.log_std[...]), loc.shape)  # one σ for all states
+        return Normal(loc, scale)
+
+
+class Critic(nnx.Module):
+    """V_φ(s): obs (B, obs_dim) → (B,). The trailing axis is squeezed here, once, so that a value
+    of shape (B,) never meets a target of shape (B,) as (B, 1) (which would broadcast to B×B)."""
+
+    def __init__(self, obs_dim: int, hidden_size: int, activation: str, *, rngs: nnx.Rngs):
+        self.activation = activation
+        self.fc1 = linear(obs_dim, hidden_size, math.sqrt(2), rngs)
+        self.fc2 = linear(hidden_size, hidden_size, math.sqrt(2), rngs)
+        self.out = linear(hidden_size, 1, 1.0, rngs)
+
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        nonlinearity = ACTIVATIONS[self.activation]
+        return self.out(nonlinearity(self.fc2(nonlinearity(self.fc1(obs)))))[..., 0]
+
+
+def make_optimizer(model: nnx.Module, learning_rate: float, args: Args, total_grad_steps: int) -> nnx.Optimizer:
+    """Adam after an optional global-norm clip, its rate decaying linearly if --anneal-lr; step: .update(model, g)"""
+    schedule = optax.linear_schedule(learning_rate, 0.0, total_grad_steps) if args.anneal_lr else learning_rate
+    clip = [optax.clip_by_global_norm(args.max_grad_norm)] if args.max_grad_norm > 0 else []
+    return nnx.Optimizer(model, optax.chain(*clip, optax.adam(schedule, eps=1e-5)), wrt=nnx.Param)
+
+
+def new_agent(args: Args, sizes: Derived, actor_key, critic_key) -> tuple:
+    """(actor, critic, actor_opt, critic_opt) of one seed; each schedule spans the run's Adam steps."""
+    actor = Actor(3, 1, args.hidden_size, args.sigma, args.activation, args.log_std_init, rngs=nnx.Rngs(actor_key))
+    critic = Critic(3, args.hidden_size, args.activation, rngs=nnx.Rngs(critic_key))
+    actor_opt = make_optimizer(actor, args.actor_learning_rate, args, sizes.num_updates * sizes.actor_steps)
+    critic_steps = max(1, sizes.num_updates * sizes.critic_steps)
+    return actor, critic, actor_opt, make_optimizer(critic, args.critic_learning_rate, args, critic_steps)
+
+
+# ---------------------------------------------------------------------------------------------- GAE(λ)
+def compute_gae(rewards, values, next_values, terminated, truncated, gamma: float, lam: float):
+    """Advantages and returns for a rollout; every input is (T, N) (time, env). next_values[t] = V(s_{t+1}) of the
+    TRUE next state: at a truncation, V(final obs) of the episode that just ended, not of the reset obs.
+    A termination cuts the bootstrap (the future is worth 0); a truncation keeps it. Either one stops the
+    recursion: A_t must not leak into the next episode."""
+    not_term = 1.0 - terminated
+    not_done = 1.0 - jnp.maximum(terminated, truncated)
+    deltas = rewards + gamma * next_values * not_term - values  # δ_t = r_t + γ·V(s_{t+1})·(1 − term_t) − V(s_t)
+
+    def backward(adv_next, x):
+        delta, nd = x
+        adv = delta + gamma * lam * nd * adv_next  # A_t = δ_t + γλ·(1 − done_t)·A_{t+1}
+        return adv, adv
+
+    _, adv = jax.lax.scan(backward, jnp.zeros_like(deltas[0]), (deltas, not_done), reverse=True)
+    return adv, adv + values  # returns R_t = A_t + V(s_t) are the critic's targets
+
+
+def monte_carlo_returns(rewards, dones, gamma: float):
+    """G_t = r_t + γ·(1 − done_t)·G_{t+1}, (T, N): the discounted return to the episode's end, no bootstrap from V.
+    The rollout must hold whole episodes (done = terminated or truncated), so that G restarts at each end."""
+
+    def backward(g_next, x):
+        reward, done = x
+        g = reward + gamma * (1.0 - done) * g_next
+        return g, g
+
+    _, g = jax.lax.scan(backward, jnp.zeros_like(rewards[0]), (rewards, dones), reverse=True)
+    return g
+
+
+def signal_and_targets(rung: Rung, rollout: Rollout, values, next_values, gamma: float, lam: float):
+    """The rung's Ψ_t (the actor's signal) and the critic's targets, each (T, N)."""
+    if rung.psi == "GAE":  # Ψ = A_t, targets A_t + V(s_t)
+        return compute_gae(rollout.rewards, values, next_values, rollout.terminated, rollout.truncated, gamma, lam)
+    g = monte_carlo_returns(rollout.rewards, jnp.maximum(rollout.terminated, rollout.truncated), gamma)
+    return g - values * (rung.psi == "G-V"), g  # Ψ = G_t − V(s_t) with the baseline, G_t without
+
+
+# ---------------------------------------------------------------------------------------------- Losses
+def reinforce_loss(logp, psi):
+    """L = −mean(log π(a_t|s_t) · Ψ_t), all inputs (B,). Ψ is data (no gradient flows into it):
+    G_t for REINFORCE, G_t − V(s_t) with a baseline, the GAE advantage for A2C. Its gradient is the
+    policy-gradient estimate −mean(∇ log π · Ψ)."""
+    return -jnp.mean(logp * jax.lax.stop_gradient(psi))
+
+
+def ppo_clip_loss(logp_new, logp_old, adv, clip_eps: float):
+    """L = −mean(min(ρ·A, clip(ρ, 1−ε, 1+ε)·A)), ρ = π_new(a|s) / π_old(a|s); all inputs (B,)."""
+    ratio = jnp.exp(logp_new - logp_old)
+    return -jnp.mean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv))
+
+
+def clip_fractions(ratio, adv, clip_eps: float) -> dict:
+    """The share of samples (B,) whose ratio ρ lies outside [1−ε, 1+ε]."""
+    return dict(clip_frac=jnp.mean(jnp.abs(ratio - 1.0) > clip_eps))
+
+
+def actor_loss_fn(actor: Actor, obs, actions, logp_old, adv, clip_eps: float, ent_coef: float, clip: bool = True):
+    """PPO's clipped surrogate (clip=True) or the plain policy gradient −mean(log π · A) (clip=False),
+    minus the entropy bonus; with the KL estimate and the clip fractions as diagnostics."""
+    dist = actor(obs)
+    logp = dist.log_prob(actions).sum(-1)  # (B,): log π(a|s) of the UNCLIPPED sample
+    entropy = dist.entropy().sum(-1).mean()
+    surrogate = ppo_clip_loss(logp, logp_old, adv, clip_eps) if clip else reinforce_loss(logp, adv)
+    log_ratio = logp - logp_old
+    approx_kl = jnp.mean(jnp.exp(log_ratio) - 1.0 - log_ratio)  # low-variance KL(π_old‖π_new) estimate
+    return surrogate - ent_coef * entropy, dict(
+        entropy=entropy, approx_kl=approx_kl, **clip_fractions(jnp.exp(log_ratio), adv, clip_eps)
+    )
+
+
+def value_loss_fn(critic: Critic, obs, returns):
+    """Mean squared error between V(s) (B,) and the critic's targets (B,)."""
+    values = critic(obs)
+    if values.shape != returns.shape:  # checked while tracing: (B,1) vs (B,) would silently become B×B
+        raise ValueError(f"value shape {values.shape} != return shape {returns.shape}")
+    return jnp.mean((values - returns) ** 2)
+
+
+# ---------------------------------------------------------------------------------------------- The update
+# act and ppo_update take nnx.split's (graphdef, state) and nnx.merge inside the trace; the training loop binds
+# graphdef and Args with functools.partial and compiles each once with jax.jit.
+def act(graphdef, state, obs, key):
+    """a ~ π(·|s) for obs (N, obs_dim): the UNCLIPPED sample a (N, act_dim), its log π(a|s) (N,), the next key.
+    The env gets clip(a, −2, 2); the update needs log π of the a that was actually drawn."""
+    key, k = jax.random.split(key)
+    dist = nnx.merge(graphdef, state)(obs)
+    action = dist.sample(k)
+    return action, dist.log_prob(action).sum(-1), key
+
+
+class Batch(NamedTuple):
+    """A rollout flattened to B = T·N transitions, with its targets; a minibatch is a slice of it."""
+
+    obs: jax.Array  # (B, 3)
+    actions: jax.Array  # (B, 1)
+    logp: jax.Array  # (B,) log π_old(a|s)
+    adv: jax.Array  # (B,) Ψ: GAE(λ), G_t or G_t − V(s_t)
+    returns: jax.Array  # (B,) the critic's targets
+
+
+def ppo_update(graphdef, args: Args, state, rollout: Rollout, key):
+    """One iteration of learning in one XLA call: values → Ψ and targets → Adam steps (lax.scan over epochs).
+
+    state: nnx.state of (actor, critic, actor_opt, critic_opt); rollout: (T, N, …), next_obs the true s_{t+1}.
+    The rung sets Ψ, the targets and the steps: rung.batch_steps actor steps on the whole rollout (Ψ as it is:
+    normalising would subtract the batch mean, itself a baseline), then rung.critic_epochs epochs of minibatches
+    of which the first rung.actor_epochs also step the actor."""
+    sizes, rung = derived(args), ladder(args)
+    actor, critic, _, _ = nnx.merge(graphdef, state)
+    values = critic(rollout.obs)  # (T, N)
+    psi, targets = signal_and_targets(rung, rollout, values, critic(rollout.next_obs), args.gamma, args.gae_lambda)
+    n = rollout.rewards.size  # B = T·N transitions
+    flat = Batch(
+        rollout.obs.reshape(n, -1),
+        rollout.actions.reshape(n, -1),
+        rollout.logp.reshape(n),
+        psi.reshape(n),
+        targets.reshape(n),
+    )
+
+    def actor_step(actor, actor_opt, mb: Batch, norm_adv: bool):
+        adv = (mb.adv - mb.adv.mean()) / (mb.adv.std() + 1e-8) if norm_adv else mb.adv
+        (pg_loss, aux), grads = nnx.value_and_grad(actor_loss_fn, has_aux=True)(
+            actor, mb.obs, mb.actions, mb.logp, adv, args.clip_eps, args.ent_coef, rung.clip
+        )
+        actor_opt.update(actor, grads)
+        return dict(pg_loss=pg_loss, **aux)
+
+    def batch_step(state, _):  # the actor alone, on the whole rollout
+        actor, critic, actor_opt, critic_opt = nnx.merge(graphdef, state)
+        stats = actor_step(actor, actor_opt, flat, False)
+        return nnx.state((actor, critic, actor_opt, critic_opt)), stats
+
+    def minibatch_step(train_actor: bool, state, mb: Batch):
+        actor, critic, actor_opt, critic_opt = nnx.merge(graphdef, state)
+        stats = actor_step(actor, actor_opt, mb, args.norm_adv) if train_actor else {}
+        v_loss, grads = nnx.value_and_grad(value_loss_fn)(critic, mb.obs, mb.returns)
+        critic_opt.update(critic, grads)
+        return nnx.state((actor, critic, actor_opt, critic_opt)), dict(stats, v_loss=v_loss)
+
+    def epoch(train_actor: bool):
+        def run(state, k):
+            perm = jax.random.permutation(k, flat.obs.shape[0])[: sizes.num_minibatches * args.minibatch_size]
+            shape = (sizes.num_minibatches, args.minibatch_size)
+            minibatches = jax.tree.map(lambda x: x[perm].reshape(*shape, *x.shape[1:]), flat)
+            return jax.lax.scan(partial(minibatch_step, train_actor), state, minibatches)
+
+        return run
+
+    keys = jax.random.split(key, args.update_epochs)
+    state, batch_stats = jax.lax.scan(batch_step, state, length=rung.batch_steps)
+    state, both = jax.lax.scan(epoch(True), state, keys[: rung.actor_epochs])  # (epochs, minibatches) stats
+    state, critic_only = jax.lax.scan(epoch(False), state, keys[rung.actor_epochs : rung.critic_epochs])
+    actor_stats = batch_stats if rung.batch_steps else both  # from the phase that stepped the actor
+    stats = {name: jnp.mean(actor_stats[name]) for name in batch_stats}
+    v_loss = jnp.concatenate([both["v_loss"].reshape(-1), critic_only["v_loss"].reshape(-1)]).mean()  # NaN: none
+    explained_var = 1.0 - jnp.var(targets - values) / (jnp.var(targets) + 1e-8)
+    explained_var = jnp.where(rung.critic_epochs > 0, explained_var, jnp.nan)  # REINFORCE has no critic
+    return state, dict(stats, v_loss=v_loss, explained_var=explained_var)
+
+
+# ---------------------------------------------------------------------------------------------- The rollout
+def collect_rollout(envs, act_fn: Callable, actor_state, obs, key, rms: RunningMeanStd | None, args: Args, steps):
+    """args.num_steps steps of the vector env, one compiled policy call each. Returns the Rollout (T, N, …), the raw
+    observations (T, N, 3) for --norm-obs, the obs to continue from, the next key, and (env step, return) of every
+    episode that ended (RecordEpisodeStatistics' info["episode"]); `steps` = env steps before this rollout."""
+    T, N = args.num_steps, args.num_envs
+    rollout = Rollout(*(np.zeros((T, N, *shape), np.float32) for shape in ((3,), (1,), (), (), (), (), (3,))))
+    raw_obs, episodes = np.zeros((T, N, 3)), []
+    for t in range(T):
+        x = normalize_obs(obs, rms)
+        action, logp, key = act_fn(actor_state, x, key)
+        next_obs, reward, term, trunc, info = envs.step(np.clip(np.asarray(action), -MAX_TORQUE, MAX_TORQUE))
+        done = term | trunc
+        raw_obs[t], rollout.obs[t], rollout.actions[t], rollout.logp[t] = obs, x, np.asarray(action), np.asarray(logp)
+        rollout.rewards[t] = reward * args.reward_scale
+        if args.bootstrap_truncated:
+            rollout.terminated[t], rollout.truncated[t] = term, trunc
+        else:  # the original guide's version: a time limit cuts the bootstrap like a termination
+            rollout.terminated[t], rollout.truncated[t] = done, False
+        rollout.next_obs[t] = normalize_obs(true_next_obs(next_obs, done, info), rms)
+        episodes += [(steps + (t + 1) * N, float(info["episode"]["r"][i])) for i in np.flatnonzero(done)]
+        obs = next_obs
+    return rollout, raw_obs, obs, key, episodes
+
+
+# ---------------------------------------------------------------------------------------------- The training loop
+def train_gymnasium(args: Args, sizes: Derived) -> tuple[tuple, RunningMeanStd | None, TrainLog]:
+    """NumPy envs stepped from a Python loop (collect_rollout), then one compiled ppo_update per rollout. Returns
+    the trained (actor, critic, actor_opt, critic_opt), the observation statistics (--norm-obs) and the log."""
+    key, actor_key, critic_key = jax.random.split(jax.random.key(args.seed), 3)
+    agent = new_agent(args, sizes, actor_key, critic_key)
+    graphdef, state = nnx.split(agent)  # state[0] is the actor's part of the (actor, critic, …) state
+    act_fn = jax.jit(partial(act, nnx.split(agent[0])[0]))
+    update = jax.jit(partial(ppo_update, graphdef, args))
+    rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
+    envs = RecordEpisodeStatistics(make_envs(args.num_envs))  # info["episode"]["r"]: the return of an ended episode
+    obs, _ = envs.reset(seed=[int(s) for s in np.random.default_rng(args.seed).integers(0, 2**31 - 1, args.num_envs)])
+    print(first_line(args, sizes), flush=True)
+    log, steps, t_train = TrainLog([], [], [], 0.0, 0.0, None), 0, time.perf_counter()
+    for update_index in range(1, sizes.num_updates + 1):
+        t0 = time.perf_counter()
+        rollout, raw_obs, obs, key, episodes = collect_rollout(envs, act_fn, state[0], obs, key, rms, args, steps)
+        log.ep_steps.extend(s for s, _ in episodes)
+        log.ep_returns.extend(r for _, r in episodes)
+        if rms is not None:  # the statistics are frozen within a rollout, so log π_old stays consistent
+            rms.update(raw_obs.reshape(-1, 3))
+        steps += sizes.batch_size
+        key, k = jax.random.split(key)
+        state, stats = update(state, rollout, k)
+        stats = {name: float(value) for name, value in stats.items()}
+        if update_index == 1:
+            log = log._replace(first_update_seconds=round(time.perf_counter() - t0, 2))  # includes compilation
+        ret = float(np.mean(log.ep_returns[-args.num_envs :])) if log.ep_returns else float("nan")
+        log.history.append(dict(step=steps, **stats))
+        sps = sizes.batch_size / (time.perf_counter() - t0)
+        print_progress(update_index, sizes.num_updates, steps, ret, stats, sps)
+    envs.close()
+    nnx.update(agent, state)
+    return agent, rms, log._replace(train_seconds=time.perf_counter() - t_train)
+
+
+# ---------------------------------------------------------------------------------------------- Evaluation
+def evaluate_seeds(actor_def, actor_states, rms: RunningMeanStd | None, episodes: int, seed0: int) -> np.ndarray:
+    """Deterministic returns (S, episodes) on gymnasium's Pendulum-v1, for both backends: each of the S stacked
+    policies plays its mean action, clipped, from reset seeds seed0 … seed0+episodes−1 (one vector env)."""
+    mean_actions = jax.jit(jax.vmap(lambda state, obs: nnx.merge(actor_def, state)(obs).loc))
+    n_seeds = jax.tree.leaves(actor_states)[0].shape[0]
+    envs = make_envs(n_seeds * episodes)
+    obs, _ = envs.reset(seed=[seed0 + i for _ in range(n_seeds) for i in range(episodes)])
+    total, alive = np.zeros(n_seeds * episodes), np.ones(n_seeds * episodes, bool)
+    while alive.any():
+        x = normalize_obs(obs, rms).reshape(n_seeds, episodes, -1)  # policy s sees its own episodes
+        a = np.asarray(mean_actions(actor_states, x)).reshape(n_seeds * episodes, -1)
+        obs, r, term, trunc, _ = envs.step(np.clip(a, -MAX_TORQUE, MAX_TORQUE))
+        total += r * alive
+        alive &= ~(term | trunc)
+    envs.close()
+    return total.reshape(n_seeds, episodes)
+
+
+# Plumbing ─ below: --backend jax (make_train), the command line, checks, checkpoints, GIF, plot, metrics, main
+# ---------------------------------------------------------------------------------------------- --backend jax
+# The same algorithm as one compiled program, shaped like PureJaxRL: a JAX port of gymnasium 1.4.0's
+# Pendulum-v1, a rollout that is a lax.scan, and make_train(args) → train(key), pure, which main vmaps over
+# seeds and shards across devices.
+GRAVITY, MASS, LENGTH, DT, MAX_SPEED = 10.0, 1.0, 1.0, 0.05, 8.0  # gymnasium's PendulumEnv constants
 
 
 class EnvState(NamedTuple):
@@ -410,365 +522,8 @@ def pendulum_step(s: EnvState, u):
     return nxt, pendulum_obs(nxt), -cost, jnp.zeros((), bool), nxt.t >= EPISODE_STEPS
 
 
-# ----------------------------------------------------------------------------------------------
-# Networks
-# ----------------------------------------------------------------------------------------------
-LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
-
-
-class Normal(NamedTuple):
-    """A batch of independent Gaussians N(μ, σ²), the policy's distribution: loc and scale of one shape."""
-
-    loc: jax.Array  # μ, (B, act_dim)
-    scale: jax.Array  # σ > 0, (B, act_dim)
-
-    def sample(self, key) -> jax.Array:
-        """a = μ + σ·z with z ~ N(0, 1), one draw per entry. z is drawn with a leading sample axis of 1, as
-        tensorflow-probability's Normal draws it, so that the compiled act gives tfp's bits (a test checks)."""
-        z = jax.random.normal(key, (1, *self.loc.shape))
-        return (z * self.scale + self.loc)[0]
-
-    def log_prob(self, x) -> jax.Array:
-        """log N(x; μ, σ²) = −½ ((x − μ)/σ)² − log σ − ½ log 2π, elementwise."""
-        return -0.5 * jnp.square(x / self.scale - self.loc / self.scale) - (LOG_SQRT_2PI + jnp.log(self.scale))
-
-    def entropy(self) -> jax.Array:
-        """H = ½ + ½ log 2π + log σ, elementwise."""
-        return 0.5 + (LOG_SQRT_2PI + jnp.log(self.scale))
-
-    def mean(self) -> jax.Array:
-        """μ: the deterministic action of the evaluation and the video."""
-        return self.loc
-
-
-ACTIVATIONS = {"tanh": jnp.tanh, "relu": nnx.relu}
-
-
-def linear(n_in: int, n_out: int, scale: float, rngs: nnx.Rngs) -> nnx.Linear:
-    """Orthogonal weights with gain `scale`, zero bias (the usual PPO initialisation)."""
-    return nnx.Linear(n_in, n_out, kernel_init=nnx.initializers.orthogonal(scale), rngs=rngs)
-
-
-class Actor(nnx.Module):
-    """π_θ(a|s) = Normal(μ_θ(s), σ). μ = 2·tanh(·) keeps the mean inside the torque range."""
-
-    def __init__(
-        self,
-        obs_dim: int,
-        act_dim: int,
-        hidden_size: int,
-        sigma: str,
-        activation: str,
-        log_std_init: float,
-        *,
-        rngs: nnx.Rngs,
-    ):
-        self.activation = activation
-        self.fc1 = linear(obs_dim, hidden_size, math.sqrt(2), rngs)
-        self.fc2 = linear(hidden_size, hidden_size, math.sqrt(2), rngs)
-        self.mu = linear(hidden_size, act_dim, 0.01, rngs)  # small gain: the first policy is ≈ Normal(0, σ)
-        if sigma == "state":
-            self.sigma_head = linear(hidden_size, act_dim, 0.01, rngs)
-        else:
-            self.log_std = nnx.Param(jnp.full((act_dim,), log_std_init, jnp.float32))
-
-    def __call__(self, obs: jax.Array) -> Normal:  # obs (B, obs_dim) → batch of Normals (B, act_dim)
-        act = ACTIVATIONS[self.activation]
-        h = act(self.fc2(act(self.fc1(obs))))
-        loc = MAX_TORQUE * jnp.tanh(self.mu(h))
-        if hasattr(self, "sigma_head"):
-            scale = nnx.softplus(self.sigma_head(h)) + 1e-5  # state-dependent σ(s) > 0
-        else:
-            scale = jnp.broadcast_to(jnp.exp(self.log_std[...]), loc.shape)  # one σ for all states
-        return Normal(loc, scale)
-
-
-class Critic(nnx.Module):
-    """V_φ(s): obs (B, obs_dim) → (B,). The trailing axis is squeezed here, once, so that a value
-    of shape (B,) never meets a target of shape (B,) as (B, 1) (which would broadcast to B×B)."""
-
-    def __init__(self, obs_dim: int, hidden_size: int, activation: str, *, rngs: nnx.Rngs):
-        self.activation = activation
-        self.fc1 = linear(obs_dim, hidden_size, math.sqrt(2), rngs)
-        self.fc2 = linear(hidden_size, hidden_size, math.sqrt(2), rngs)
-        self.out = linear(hidden_size, 1, 1.0, rngs)
-
-    def __call__(self, obs: jax.Array) -> jax.Array:
-        act = ACTIVATIONS[self.activation]
-        return self.out(act(self.fc2(act(self.fc1(obs)))))[..., 0]
-
-
-def make_optimizer(model: nnx.Module, learning_rate: float, args: Args, total_grad_steps: int) -> nnx.Optimizer:
-    """Adam (after an optional global-norm clip), with a linearly decaying rate if --anneal-lr.
-    Flax ≥ 0.11 API: nnx.Optimizer(model, tx, wrt=nnx.Param); a step is optimizer.update(model, grads)."""
-    schedule = optax.linear_schedule(learning_rate, 0.0, total_grad_steps) if args.anneal_lr else learning_rate
-    clip = [optax.clip_by_global_norm(args.max_grad_norm)] if args.max_grad_norm > 0 else []
-    return nnx.Optimizer(model, optax.chain(*clip, optax.adam(schedule, eps=1e-5)), wrt=nnx.Param)
-
-
-def new_agent(args: Args, d: Derived, k_actor, k_critic) -> tuple:
-    """(actor, critic, actor_opt, critic_opt) of one seed; each schedule spans the run's Adam steps."""
-    actor = Actor(3, 1, args.hidden_size, args.sigma, args.activation, args.log_std_init, rngs=nnx.Rngs(k_actor))
-    critic = Critic(3, args.hidden_size, args.activation, rngs=nnx.Rngs(k_critic))
-    return (
-        actor,
-        critic,
-        make_optimizer(actor, args.actor_learning_rate, args, d.num_updates * d.actor_steps),
-        make_optimizer(critic, args.critic_learning_rate, args, max(1, d.num_updates * d.critic_steps)),
-    )
-
-
-# ----------------------------------------------------------------------------------------------
-# GAE(λ)
-# ----------------------------------------------------------------------------------------------
-def compute_gae(rewards, values, next_values, terminated, truncated, gamma: float, lam: float):
-    """Advantages and returns for a rollout; every input is (T, N) (time, env).
-
-    next_values[t] = V(s_{t+1}) of the TRUE next state: at a truncation, V(final obs) of the episode
-    that just ended, not of the reset obs. A termination cuts the bootstrap (the future is worth 0);
-    a truncation keeps it. Either one stops the recursion: A_t must not leak into the next episode.
-    """
-    not_term = 1.0 - terminated
-    not_done = 1.0 - jnp.maximum(terminated, truncated)
-    deltas = rewards + gamma * next_values * not_term - values  # δ_t = r_t + γ·V(s_{t+1})·(1 − term_t) − V(s_t)
-
-    def backward(adv_next, x):
-        delta, nd = x
-        adv = delta + gamma * lam * nd * adv_next  # A_t = δ_t + γλ·(1 − done_t)·A_{t+1}
-        return adv, adv
-
-    _, adv = jax.lax.scan(backward, jnp.zeros_like(deltas[0]), (deltas, not_done), reverse=True)
-    return adv, adv + values  # returns R_t = A_t + V(s_t) are the critic's targets
-
-
-def monte_carlo_returns(rewards, dones, gamma: float):
-    """G_t = r_t + γ·(1 − done_t)·G_{t+1}: the discounted return to the end of the episode, (T, N).
-
-    No bootstrap from V at all (REINFORCE): the rollout must hold whole episodes, so that the last
-    step of every episode is in it (done = terminated or truncated) and G restarts there."""
-
-    def backward(g_next, x):
-        r, d = x
-        g = r + gamma * (1.0 - d) * g_next
-        return g, g
-
-    _, g = jax.lax.scan(backward, jnp.zeros_like(rewards[0]), (rewards, dones), reverse=True)
-    return g
-
-
-# ----------------------------------------------------------------------------------------------
-# Losses
-# ----------------------------------------------------------------------------------------------
-def reinforce_loss(logp, psi):
-    """L = −mean(log π(a_t|s_t) · Ψ_t), all inputs (B,). Ψ is data (no gradient flows into it):
-    G_t for REINFORCE, G_t − V(s_t) with a baseline, the GAE advantage for A2C. Its gradient is the
-    policy-gradient estimate −mean(∇ log π · Ψ)."""
-    return -jnp.mean(logp * jax.lax.stop_gradient(psi))
-
-
-def ppo_clip_loss(logp_new, logp_old, adv, clip_eps: float):
-    """L = −mean(min(ρ·A, clip(ρ, 1−ε, 1+ε)·A)), ρ = π_new(a|s) / π_old(a|s); all inputs (B,)."""
-    ratio = jnp.exp(logp_new - logp_old)
-    return -jnp.mean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv))
-
-
-def actor_loss_fn(actor: Actor, obs, actions, logp_old, adv, clip_eps: float, ent_coef: float, clip: bool = True):
-    """PPO's clipped surrogate (clip=True) or the plain policy gradient −mean(log π · A) (clip=False),
-    minus the entropy bonus; with the KL estimate and clip fraction as diagnostics."""
-    dist = actor(obs)
-    logp = dist.log_prob(actions).sum(-1)  # (B,): log π(a|s) of the UNCLIPPED sample
-    entropy = dist.entropy().sum(-1).mean()
-    surrogate = ppo_clip_loss(logp, logp_old, adv, clip_eps) if clip else reinforce_loss(logp, adv)
-    loss = surrogate - ent_coef * entropy
-    log_ratio = logp - logp_old
-    approx_kl = jnp.mean(jnp.exp(log_ratio) - 1.0 - log_ratio)  # low-variance KL(π_old‖π_new) estimate
-    clip_frac = jnp.mean(jnp.abs(jnp.exp(log_ratio) - 1.0) > clip_eps)
-    return loss, dict(entropy=entropy, approx_kl=approx_kl, clip_frac=clip_frac)
-
-
-def value_loss_fn(critic: Critic, obs, returns):
-    """Mean squared error between V(s) (B,) and the GAE returns (B,)."""
-    values = critic(obs)
-    if values.shape != returns.shape:  # checked while tracing: (B,1) vs (B,) would silently become B×B
-        raise ValueError(f"value shape {values.shape} != return shape {returns.shape}")
-    return jnp.mean((values - returns) ** 2)
-
-
-# ----------------------------------------------------------------------------------------------
-# Acting and the PPO update: pure functions of nnx.split state, compiled once by make_step_fns
-# ----------------------------------------------------------------------------------------------
-# nnx.split turns the modules into a static graphdef and a pytree of arrays. The functions below take
-# (graphdef, config, state, …) and nnx.merge inside the trace, where merging costs nothing at run time;
-# make_step_fns binds graphdef and config with functools.partial and compiles each with plain jax.jit,
-# once. A call then only flattens the state's arrays: of the ways to call an NNX module that Flax 0.12
-# offers, this is the cheapest we measured for the policy, which runs 6,250 times per default run
-# (README, "Why jax.jit over nnx.split state").
-def act(graphdef, state, obs, key):
-    """Sample a ~ π(·|s) for a batch of observations (N, obs_dim).
-
-    Returns the UNCLIPPED sample a (N, act_dim), its log π(a|s) (N,), and the next PRNG key.
-    The env gets clip(a, −2, 2); the update needs log π of the a that was actually drawn."""
-    key, k = jax.random.split(key)
-    dist = nnx.merge(graphdef, state)(obs)
-    action = dist.sample(k)
-    return action, dist.log_prob(action).sum(-1), key
-
-
-def act_deterministic(graphdef, state, obs):
-    """The mean action μ(s), used for the video."""
-    return nnx.merge(graphdef, state)(obs).mean()
-
-
-def act_deterministic_seeds(graphdef, states, obs):
-    """μ(s) for S policies at once: states with a leading seed axis S, obs (S, B, obs_dim) → (S, B, act_dim)."""
-    return jax.vmap(lambda st, o: nnx.merge(graphdef, st)(o).mean())(states, obs)
-
-
-@dataclass(frozen=True)
-class PPOConfig:
-    """The hyperparameters the compiled update needs at trace time (bound by make_step_fns)."""
-
-    gamma: float
-    gae_lambda: float
-    clip_eps: float
-    ent_coef: float
-    update_epochs: int
-    num_minibatches: int
-    minibatch_size: int
-    norm_adv: bool
-    algo: str = "ppo"  # which rung of the ladder the update runs (see ppo_update)
-
-
-def ppo_config(args: Args, d: Derived) -> PPOConfig:
-    return PPOConfig(
-        args.gamma,
-        args.gae_lambda,
-        args.clip_eps,
-        args.ent_coef,
-        args.update_epochs,
-        d.num_minibatches,
-        args.minibatch_size,
-        args.norm_adv,
-        args.algo,
-    )
-
-
-class Batch(NamedTuple):
-    """A rollout flattened to B = T·N transitions, with its targets; a minibatch is a slice of it."""
-
-    obs: jax.Array  # (B, 3)
-    actions: jax.Array  # (B, 1)
-    logp: jax.Array  # (B,) log π_old(a|s)
-    adv: jax.Array  # (B,) Ψ: GAE(λ), G_t or G_t − V(s_t)
-    returns: jax.Array  # (B,) the critic's targets
-
-
-def ppo_update(graphdef, cfg: PPOConfig, state, rollout: Rollout, key):
-    """One iteration of learning in one XLA call: values → advantages → Adam steps (lax.scan).
-
-    state: nnx.state of (actor, critic, actor_opt, critic_opt); rollout: a Rollout of (T, N, …) arrays, whose
-    next_obs is the true s_{t+1}. cfg.algo picks the rung of the ladder:
-
-      algo                 Ψ_t (the actor's signal)         actor steps per rollout          critic
-      reinforce            G_t (Monte Carlo, no bootstrap)  1, whole batch, −mean(log π·Ψ)   none
-      reinforce-baseline   G_t − V(s_t)                     1, whole batch, −mean(log π·Ψ)   K epochs on G_t
-      a2c                  GAE(λ), bootstrapped             1 epoch of minibatches, no clip  K epochs on GAE returns
-      ppo                  GAE(λ), bootstrapped             K epochs of minibatches, clipped K epochs on GAE returns
-
-    Every rung with a critic fits it the same way, so the rungs differ only in Ψ and in how often the
-    actor reuses the batch. The REINFORCE rungs use Ψ as it is: normalising it per batch would subtract
-    the batch mean, itself a baseline.
-    """
-    actor, critic, _, _ = nnx.merge(graphdef, state)
-    reinforce_rung = cfg.algo in ("reinforce", "reinforce-baseline")
-    if cfg.algo == "reinforce":  # no critic at all
-        values = jnp.zeros_like(rollout.rewards)
-    else:
-        values = critic(rollout.obs)  # (T, N)
-    if reinforce_rung:
-        done = jnp.maximum(rollout.terminated, rollout.truncated)
-        returns = monte_carlo_returns(rollout.rewards, done, cfg.gamma)  # G_t (T, N)
-        adv = returns - values  # Ψ = G_t − V(s_t), or G_t itself when values = 0
-    else:
-        next_values = critic(rollout.next_obs)  # (T, N)
-        adv, returns = compute_gae(
-            rollout.rewards, values, next_values, rollout.terminated, rollout.truncated, cfg.gamma, cfg.gae_lambda
-        )
-    flat = Batch(
-        obs=rollout.obs.reshape(-1, rollout.obs.shape[-1]),
-        actions=rollout.actions.reshape(-1, rollout.actions.shape[-1]),
-        logp=rollout.logp.reshape(-1),
-        adv=adv.reshape(-1),
-        returns=returns.reshape(-1),
-    )
-    n_used = cfg.num_minibatches * cfg.minibatch_size
-
-    def actor_step(actor, actor_opt, mb: Batch, norm_adv: bool):
-        a = mb.adv
-        if norm_adv:
-            a = (a - a.mean()) / (a.std() + 1e-8)
-        (pg_loss, aux), g_actor = nnx.value_and_grad(actor_loss_fn, has_aux=True)(
-            actor, mb.obs, mb.actions, mb.logp, a, cfg.clip_eps, cfg.ent_coef, cfg.algo == "ppo"
-        )
-        actor_opt.update(actor, g_actor)
-        return dict(pg_loss=pg_loss, **aux)
-
-    def minibatch_step(train_actor: bool, state, mb: Batch):
-        actor, critic, actor_opt, critic_opt = nnx.merge(graphdef, state)
-        out = actor_step(actor, actor_opt, mb, cfg.norm_adv) if train_actor else {}
-        v_loss, g_critic = nnx.value_and_grad(value_loss_fn)(critic, mb.obs, mb.returns)
-        critic_opt.update(critic, g_critic)
-        return nnx.state((actor, critic, actor_opt, critic_opt)), dict(out, v_loss=v_loss)
-
-    def epoch(train_actor: bool):
-        def run(state, k):
-            perm = jax.random.permutation(k, flat.obs.shape[0])[:n_used]
-            mbs = jax.tree.map(lambda x: x[perm].reshape(cfg.num_minibatches, cfg.minibatch_size, *x.shape[1:]), flat)
-            return jax.lax.scan(partial(minibatch_step, train_actor), state, mbs)
-
-        return run
-
-    keys = jax.random.split(key, cfg.update_epochs)
-    actor_epochs = {"ppo": cfg.update_epochs, "a2c": 1}.get(cfg.algo, 0)
-    stats, v_losses = {}, []
-    if reinforce_rung:  # one step of the actor on the whole batch, with Ψ computed before any update
-        actor, critic, actor_opt, critic_opt = nnx.merge(graphdef, state)
-        stats = actor_step(actor, actor_opt, flat, False)
-        state = nnx.state((actor, critic, actor_opt, critic_opt))
-    if actor_epochs:  # actor and critic together
-        state, s1 = jax.lax.scan(epoch(True), state, keys[:actor_epochs])
-        stats = {k: jnp.mean(v) for k, v in s1.items() if k != "v_loss"}
-        v_losses.append(s1["v_loss"].reshape(-1))
-    if cfg.algo != "reinforce" and actor_epochs < cfg.update_epochs:  # the critic's remaining epochs
-        state, s2 = jax.lax.scan(epoch(False), state, keys[actor_epochs:])
-        v_losses.append(s2["v_loss"].reshape(-1))
-    if cfg.algo == "reinforce":
-        v_loss = explained_var = jnp.array(jnp.nan)
-    else:
-        v_loss = jnp.mean(jnp.concatenate(v_losses))
-        explained_var = 1.0 - jnp.var(returns - values) / (jnp.var(returns) + 1e-8)
-    return state, dict(stats, v_loss=v_loss, explained_var=explained_var)
-
-
-# ----------------------------------------------------------------------------------------------
-# --backend jax: rollout, GAE and update in one compiled call per iteration, vmapped over seeds
-# ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RolloutConfig:
-    """What a rollout needs to know (the compiled one at trace time; the gymnasium loop reads it too)."""
-
-    num_envs: int
-    num_steps: int
-    reward_scale: float
-    bootstrap_truncated: bool
-
-
-def rollout_config(args: Args) -> RolloutConfig:
-    return RolloutConfig(args.num_envs, args.num_steps, args.reward_scale, args.bootstrap_truncated)
-
-
 class Runner(NamedTuple):
-    """Everything one seed's --backend jax run carries from iteration to iteration (stacked: a leading seed axis)."""
+    """Everything one seed's --backend jax run carries from iteration to iteration."""
 
     state: nnx.State  # nnx.state of (actor, critic, actor_opt, critic_opt)
     env: EnvState  # num_envs pendulums, (N,) arrays
@@ -778,7 +533,7 @@ class Runner(NamedTuple):
     last_ret: jax.Array  # (N,) the return of each env's latest finished episode (NaN before the first)
 
 
-def jax_rollout(actor_def, rcfg: RolloutConfig, actor_state, runner: Runner) -> tuple[Runner, Rollout]:
+def jax_rollout(actor_def, args: Args, actor_state, runner: Runner) -> tuple[Runner, Rollout]:
     """num_steps steps of num_envs JAX pendulums under the current policy, as one lax.scan.
 
     Auto-reset inside the scan, like gymnasium's SAME_STEP mode: when an episode ends, the env and the
@@ -788,27 +543,27 @@ def jax_rollout(actor_def, rcfg: RolloutConfig, actor_state, runner: Runner) -> 
 
     def step(carry, _):
         env, obs, key, ep_ret, last_ret = carry
-        key, k_act, k_reset = jax.random.split(key, 3)
+        key, act_key, reset_key = jax.random.split(key, 3)
         dist = actor(obs)
-        action = dist.sample(k_act)  # (N, 1), unclipped
+        action = dist.sample(act_key)  # (N, 1), unclipped
         logp = dist.log_prob(action).sum(-1)  # (N,)
-        env_next, next_obs, r, term, trunc = jax.vmap(pendulum_step)(env, action[:, 0])  # the env clips u
+        env_next, next_obs, reward, term, trunc = jax.vmap(pendulum_step)(env, action[:, 0])  # the env clips u
         done = term | trunc
-        fresh = jax.vmap(pendulum_reset)(jax.random.split(k_reset, rcfg.num_envs))
+        fresh = jax.vmap(pendulum_reset)(jax.random.split(reset_key, args.num_envs))
         env = jax.tree.map(lambda a, b: jnp.where(done, a, b), fresh, env_next)  # reset where done
         obs_carry = jnp.where(done[:, None], pendulum_obs(fresh), next_obs)
-        ep_ret = ep_ret + r
+        ep_ret = ep_ret + reward
         last_ret = jnp.where(done, ep_ret, last_ret)
         ep_ret = jnp.where(done, 0.0, ep_ret)
-        if rcfg.bootstrap_truncated:
+        if args.bootstrap_truncated:
             terminated, truncated = term, trunc
-        else:  # the spec's bug, as on the gymnasium path: a time limit cuts the bootstrap
+        else:  # the original guide's version, as on the gymnasium path: a time limit cuts the bootstrap
             terminated, truncated = done, jnp.zeros_like(done)
         transition = Rollout(
             obs=obs,
             actions=action,
             logp=logp,
-            rewards=r * rcfg.reward_scale,
+            rewards=reward * args.reward_scale,
             terminated=terminated.astype(jnp.float32),
             truncated=truncated.astype(jnp.float32),
             next_obs=next_obs,
@@ -816,95 +571,352 @@ def jax_rollout(actor_def, rcfg: RolloutConfig, actor_state, runner: Runner) -> 
         return (env, obs_carry, key, ep_ret, last_ret), transition
 
     carry = (runner.env, runner.obs, runner.key, runner.ep_ret, runner.last_ret)
-    (env, obs, key, ep_ret, last_ret), rollout = jax.lax.scan(step, carry, None, length=rcfg.num_steps)
+    (env, obs, key, ep_ret, last_ret), rollout = jax.lax.scan(step, carry, None, length=args.num_steps)
     return runner._replace(env=env, obs=obs, key=key, ep_ret=ep_ret, last_ret=last_ret), rollout
 
 
-def jax_init(args: Args, d: Derived, seed) -> Runner:
-    """One seed's Runner, from that seed alone: networks and optimizers (as nnx state), num_envs reset
-    pendulums, its PRNG key."""
-    key, k_actor, k_critic = jax.random.split(jax.random.key(seed), 3)  # as on the gymnasium path
-    agent = new_agent(args, d, k_actor, k_critic)
-    key, k_env = jax.random.split(key)
-    env = jax.vmap(pendulum_reset)(jax.random.split(k_env, args.num_envs))
-    return Runner(
-        state=nnx.state(agent),
-        env=env,
-        obs=pendulum_obs(env),
-        key=key,
-        ep_ret=jnp.zeros(args.num_envs, jnp.float32),
-        last_ret=jnp.full(args.num_envs, jnp.nan, jnp.float32),
-    )
+def graph_defs(args: Args, sizes: Derived) -> tuple:
+    """The graph definitions of (actor, critic, actor_opt, critic_opt) and of the actor alone, the same for every
+    seed; nnx.eval_shape builds the modules with shapes, not arrays."""
+    agent = nnx.eval_shape(lambda: new_agent(args, sizes, jax.random.key(0), jax.random.key(0)))
+    return nnx.split(agent)[0], nnx.split(agent[0])[0]
 
 
-def jax_setup(args: Args):
-    """The static half of a --backend jax run: sizes, the two configs, and the graph definitions of
-    (actor, critic, actor_opt, critic_opt) and of the actor alone (the same for every seed)."""
-    d = derived(args)
-    # Only the structure is needed: nnx.eval_shape builds the modules with shapes, not arrays (no computation).
-    agent = nnx.eval_shape(lambda: new_agent(args, d, jax.random.key(0), jax.random.key(0)))
-    graphdef, _ = nnx.split(agent)
-    return d, ppo_config(args, d), rollout_config(args), graphdef, nnx.split(agent[0])[0]
+@dataclass(frozen=True)
+class Train:
+    """train(key) = run(init(key)): one seed's whole training, a pure function of its key (PureJaxRL's train)."""
+
+    init: Callable  # key → Runner: networks, optimizers and envs of one seed
+    run: Callable  # Runner → (Runner, stats): the training iterations in one lax.scan, stats (num_updates,) each
+
+    def __call__(self, key):
+        return self.run(self.init(key))
 
 
-def jax_iteration(graphdef, actor_def, cfg: PPOConfig, rcfg: RolloutConfig, runners: Runner):
-    """One iteration for every seed at once: jax.vmap over the leading seed axis of `runners` of
-    (rollout → GAE or Monte-Carlo returns → Adam steps). One XLA call; returns runners and per-seed stats."""
+def make_train(args: Args, num_updates: int | None = None) -> Train:
+    """Fix everything static once and return train(key). It runs num_updates iterations (default: the whole
+    budget; the learning-rate schedules always span the whole budget) of rollout → ppo_update."""
+    sizes = derived(args)
+    graphdef, actor_def = graph_defs(args, sizes)
 
-    def one_seed(runner: Runner):
-        runner, rollout = jax_rollout(actor_def, rcfg, runner.state[0], runner)
-        key, k = jax.random.split(runner.key)
-        state, stats = ppo_update(graphdef, cfg, runner.state, rollout, k)
+    def init(key) -> Runner:  # as on the gymnasium path: key → (key, actor key, critic key)
+        key, actor_key, critic_key = jax.random.split(key, 3)
+        agent = new_agent(args, sizes, actor_key, critic_key)
+        key, env_key = jax.random.split(key)
+        env = jax.vmap(pendulum_reset)(jax.random.split(env_key, args.num_envs))
+        ep_ret, last_ret = jnp.zeros(args.num_envs, jnp.float32), jnp.full(args.num_envs, jnp.nan, jnp.float32)
+        return Runner(nnx.state(agent), env, pendulum_obs(env), key, ep_ret, last_ret)
+
+    def update_step(runner: Runner, _):
+        runner, rollout = jax_rollout(actor_def, args, runner.state[0], runner)
+        key, update_key = jax.random.split(runner.key)
+        state, stats = ppo_update(graphdef, args, runner.state, rollout, update_key)
         return runner._replace(state=state, key=key), dict(stats, ret=jnp.nanmean(runner.last_ret))
 
-    return jax.vmap(one_seed)(runners)
+    def run(runner: Runner):
+        return jax.lax.scan(update_step, runner, None, length=sizes.num_updates if num_updates is None else num_updates)
+
+    return Train(init, run)
 
 
-class StepFns(NamedTuple):
-    """The compiled hot functions of a run (each compiles on its first call, and only the one a backend uses)."""
+def seed_devices(args: Args) -> list:
+    """The devices that the seed axis of a --backend jax run is split across (data parallelism over seeds).
+    Must run before the first JAX operation.
 
-    act: Callable  # (actor_state, obs (N, 3), key) -> (a (N, 1), log π(a|s) (N,), key)      --backend gymnasium
-    update: Callable  # (state, rollout, key) -> (state, stats): one ppo_update               --backend gymnasium
-    iteration: Callable  # (runners) -> (runners, per-seed stats): rollout + update, vmapped  --backend jax
+    JAX sees a CPU as one device, and XLA runs one device's program mostly on one core. Asked before JAX
+    starts its backend, jax_num_cpu_devices splits the CPU into several devices; sharding the stacked seeds
+    along them gives every core its own seeds (the mesh of 5_Sharding_Mesh, with one axis). The count must
+    divide --num-seeds: --host-devices -1 takes the largest such count up to the number of cores.
+    """
+    want = args.host_devices
+    if want < 0:
+        want = most_devices(args.num_seeds, os.cpu_count() or 1)
+    if want > 0:
+        try:
+            jax.config.update("jax_num_cpu_devices", want)
+        except RuntimeError:  # JAX had already started (inside a test or a notebook): it keeps its devices
+            if args.host_devices > 0 and len(jax.devices("cpu")) < want:
+                raise InputError(
+                    f"--host-devices {want} came too late: JAX had already started with "
+                    f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line"
+                ) from None
+    devices = jax.devices()  # on a GPU or TPU host, the accelerators (the flag only shapes the CPU backend)
+    return devices[: most_devices(args.num_seeds, min(len(devices), want) if want > 0 else len(devices))]
 
 
-def make_step_fns(graphdef, actor_def, cfg: PPOConfig, rcfg: RolloutConfig) -> StepFns:
-    """Bind the graph definitions and configs with functools.partial and jax.jit each function once."""
-    return StepFns(
-        act=jax.jit(partial(act, actor_def)),
-        update=jax.jit(partial(ppo_update, graphdef, cfg)),
-        iteration=jax.jit(partial(jax_iteration, graphdef, actor_def, cfg, rcfg)),
+def most_devices(num_seeds: int, at_most: int) -> int:
+    """The largest device count ≤ at_most that divides num_seeds, so that every device gets as many seeds."""
+    return max(k for k in range(1, at_most + 1) if num_seeds % k == 0)
+
+
+def train_jax(args: Args, sizes: Derived, devices: list) -> tuple[tuple, nnx.State, TrainLog]:
+    """--backend jax: make_train(args), its run vmapped over the seeds and sharded across `devices`: one compiled
+    call for the whole training. The progress lines are printed when it returns, from
+    the statistics it stacked (sps there is the whole run's). Returns the first seed's trained (actor, critic,
+    actor_opt, critic_opt), every seed's actor state (leading axis S) and the log."""
+    graphdef, _ = graph_defs(args, sizes)
+    train = make_train(args)
+    # Each seed's init is compiled and run on its own; the runners are stacked on a leading seed axis S, and
+    # device i gets seeds i·S/D … (i+1)·S/D − 1. run, vmapped, then trains them without communication.
+    init = jax.jit(train.init)
+    runners = jax.tree.map(
+        lambda *x: jnp.stack(x), *[init(jax.random.key(s)) for s in range(args.seed, args.seed + args.num_seeds)]
+    )
+    mesh = jax.sharding.Mesh(np.array(devices), ("seed",), axis_types=(jax.sharding.AxisType.Auto,))
+    by_seed = jax.sharding.PartitionSpec("seed")
+    runners = jax.device_put(runners, jax.sharding.NamedSharding(mesh, by_seed))
+    print(first_line(args, sizes, len(devices)), flush=True)
+    t_train = time.perf_counter()
+    per_device = jax.shard_map(jax.vmap(train.run), mesh=mesh, in_specs=by_seed, out_specs=by_seed)
+    run = jax.jit(per_device).lower(runners).compile()
+    compile_seconds = round(time.perf_counter() - t_train, 2)
+    runners, stats = jax.block_until_ready(run(runners))
+    train_seconds = time.perf_counter() - t_train
+    stats = {name: np.asarray(value) for name, value in stats.items()}  # each (S, num_updates)
+    log = TrainLog([], [], [], train_seconds, compile_seconds, None)
+    sps = sizes.batch_size * args.num_seeds * sizes.num_updates / (train_seconds - compile_seconds)
+    for u in range(sizes.num_updates):
+        steps = (u + 1) * sizes.batch_size
+        rets = stats["ret"][:, u]  # (S,) latest finished training episode, mean over each seed's envs
+        finite = rets[np.isfinite(rets)]
+        log.ep_steps.extend([steps] * len(finite))
+        log.ep_returns.extend(float(r) for r in finite)
+        row = {name: float(np.mean(np.ascontiguousarray(v[:, u]))) for name, v in stats.items() if name != "ret"}
+        log.history.append(dict(step=steps, **row))
+        ret = float(np.mean(finite)) if len(finite) else float("nan")
+        print_progress(u + 1, sizes.num_updates, steps, ret, log.history[-1], sps)
+    last = {name: [float(x) for x in v[:, -1]] for name, v in stats.items() if name != "ret"}
+    agent = nnx.merge(graphdef, jax.tree.map(lambda x: x[0], runners.state))
+    return agent, runners.state[0], log._replace(last_per_seed=last)
+
+
+# ---------------------------------------------------------------------------------------------- Logging
+class TrainLog(NamedTuple):
+    """What a training loop hands back besides the parameters."""
+
+    ep_steps: list  # env step at which each logged training episode ended
+    ep_returns: list  # its return (the --backend jax logs one seed's mean of its envs' latest episodes)
+    history: list  # one dict of update statistics per update (for --num-seeds > 1, the mean over seeds)
+    train_seconds: float
+    first_update_seconds: float  # gymnasium: the first update, compilation included; jax: the compilation
+    last_per_seed: dict | None  # the final update's statistics of every seed (--backend jax)
+
+
+def first_line(args: Args, sizes: Derived, devices: int = 0) -> str:
+    """What the run is about to do, printed before it starts."""
+    name = "PPO" if args.algo == "ppo" else args.algo
+    steps = f"{sizes.actor_steps} actor / {sizes.critic_steps} critic Adam steps per update"
+    chosen = args.algo.startswith("reinforce") and (args.num_envs, args.num_steps) == tuple(WHOLE_EPISODES.values())
+    episodes = f", whole episodes (the {args.algo} default: 10 envs × 200 steps)" if chosen else ""
+    if args.backend == "jax":
+        return (
+            f"{args.algo} on a JAX port of {ENV_ID}: {args.num_seeds} seed(s) vmapped, split across {devices} "
+            f"device(s), {sizes.num_updates} updates × {sizes.batch_size} steps ({args.num_envs} envs × "
+            f"{args.num_steps}) per seed, {steps}{episodes}"
+        )
+    return (
+        f"{name} on {ENV_ID}: {sizes.num_updates} updates × {sizes.batch_size} steps ({args.num_envs} envs × "
+        f"{args.num_steps}), {args.update_epochs} epochs × {sizes.num_minibatches} minibatches of "
+        f"{args.minibatch_size}, preset={args.preset}{'' if args.algo == 'ppo' else ', ' + steps}{episodes}"
     )
 
 
-# ----------------------------------------------------------------------------------------------
-# Evaluation, saving, loading, video
-# ----------------------------------------------------------------------------------------------
-def evaluate_seeds(actor_def, actor_states, rms: RunningMeanStd | None, episodes: int, seed0: int) -> np.ndarray:
-    """Deterministic returns (mean action, clipped) on gymnasium's Pendulum-v1, the reference, for both
-    backends: each of the S stacked policies plays episodes with reset seeds seed0 … seed0+episodes−1.
-    One vector env of S × episodes copies; returns (S, episodes)."""
-    mean_actions = jax.jit(partial(act_deterministic_seeds, actor_def))
-    n_seeds = jax.tree.leaves(actor_states)[0].shape[0]
-    envs = make_envs(n_seeds * episodes)
-    obs, _ = envs.reset(seed=[seed0 + i for _ in range(n_seeds) for i in range(episodes)])
-    total, alive = np.zeros(n_seeds * episodes), np.ones(n_seeds * episodes, bool)
-    while alive.any():
-        x = normalize_obs(obs, rms)
-        a = np.asarray(mean_actions(actor_states, x.reshape(n_seeds, episodes, -1)))
-        obs, r, term, trunc, _ = envs.step(np.clip(a.reshape(n_seeds * episodes, -1), -MAX_TORQUE, MAX_TORQUE))
-        total += r * alive
-        alive &= ~(term | trunc)
-    envs.close()
-    return total.reshape(n_seeds, episodes)
+def print_progress(update: int, num_updates: int, env_steps: int, ret: float, stats: dict, sps: float) -> None:
+    """The one progress line per update, the same for both backends."""
+    print(
+        f"update={update}/{num_updates} step={env_steps} return={ret:.1f} "
+        f"loss={stats['pg_loss']:.4f} v_loss={stats['v_loss']:.4f} kl={stats['approx_kl']:.4f} "
+        f"clip_frac={stats['clip_frac']:.3f} entropy={stats['entropy']:.3f} "
+        f"explained_var={stats['explained_var']:.3f} sps={sps:.0f}",
+        flush=True,
+    )
 
 
-def evaluate(actor: Actor, rms: RunningMeanStd | None, episodes: int, seed0: int) -> np.ndarray:
-    """Deterministic returns of one policy, `episodes` episodes with seeds seed0 … seed0+episodes−1."""
-    graphdef, state = nnx.split(actor)
-    return evaluate_seeds(graphdef, jax.tree.map(lambda x: x[None], state), rms, episodes, seed0)[0]
+# ---------------------------------------------------------------------------------------------- Sizes, statistics
+@dataclass(frozen=True)
+class Derived:
+    rung: Rung  # ladder(args)
+    batch_size: int  # transitions per rollout = num_envs × num_steps
+    num_minibatches: int  # gradient steps per epoch (a remainder smaller than a minibatch is dropped)
+    num_updates: int  # rollouts in the whole run
+    actor_steps: int  # Adam steps of the actor per rollout
+    critic_steps: int  # Adam steps of the critic per rollout
 
 
+def derived(args: Args) -> Derived:
+    rung, batch = ladder(args), args.num_envs * args.num_steps
+    minibatches = batch // args.minibatch_size
+    actor_steps = rung.batch_steps + rung.actor_epochs * minibatches
+    updates = max(1, args.total_timesteps // batch)
+    return Derived(rung, batch, minibatches, updates, actor_steps, rung.critic_epochs * minibatches)
+
+
+def normalize_obs(obs: np.ndarray, rms: RunningMeanStd | None) -> np.ndarray:
+    """(obs − mean) / √(var + 1e-8), clipped to ±10, as float32 (--norm-obs); the obs as float32 without statistics.
+    rms is gymnasium's RunningMeanStd (parallel-variance update, Chan et al.), updated after each rollout."""
+    if rms is None:
+        return obs.astype(np.float32)
+    return np.clip((obs - rms.mean) / np.sqrt(rms.var + 1e-8), -10, 10).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------- Command line
+class InputError(Exception):
+    """Bad input: a flag value, a missing or corrupt file, an unwritable folder, a mesh that does not fit."""
+
+
+def reports_input_errors(main):
+    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1."""
+
+    @functools.wraps(main)
+    def run(args):
+        try:
+            return main(args)
+        except InputError as e:
+            sys.exit(f"error: {e}")
+
+    return run
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line, exit status 1, instead of dumping the usage."""
+
+    def error(self, message):
+        sys.exit(f"error: {message} (see --help)")
+
+
+def parse_args(argv=None) -> Args:
+    p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in fields(Args):
+        name = "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):
+            p.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+        else:
+            p.add_argument(
+                name,
+                type=type(f.default),
+                default=f.default,
+                help=f.metadata["help"],
+                choices=f.metadata.get("choices"),
+            )
+    first, _ = p.parse_known_args(argv)
+    if first.preset == "guide":  # a preset changes the defaults; explicit flags are parsed on top
+        p.set_defaults(**GUIDE_PRESET)
+    if first.algo.startswith("reinforce"):  # G_t needs whole episodes: the reinforce rungs' own rollout size
+        p.set_defaults(**WHOLE_EPISODES)
+    args = Args(**vars(p.parse_args(argv)))
+    try:
+        check_flags(args)
+    except InputError as e:
+        p.error(str(e))
+    return args
+
+
+def bounds_text(meta: dict) -> str:
+    """'in (0, 1]', '>= 1', '> 0' … from a flag's min / max / gt ('' if it has none)."""
+    low = ("(", meta["gt"]) if meta["gt"] is not None else ("[", meta["min"]) if meta["min"] is not None else None
+    high = meta["max"]
+    if low and high is not None:
+        return f"in {low[0]}{low[1]}, {high}]"
+    if low:
+        return f"{'>' if low[0] == '(' else '>='} {low[1]}"
+    return f"<= {high}" if high is not None else ""
+
+
+def check_flags(args) -> None:
+    """Raise InputError, one line, for the first flag outside the choices or bounds its flag() declares."""
+    for f in fields(args):
+        value, meta = getattr(args, f.name), f.metadata
+        name = "--" + f.name.replace("_", "-")
+        if meta.get("choices") is not None and value not in meta["choices"]:
+            raise InputError(f"{name} must be one of {', '.join(map(str, meta['choices']))}; got {value!r}")
+        low_ok = (meta.get("gt") is None or value > meta["gt"]) and (meta.get("min") is None or value >= meta["min"])
+        if not (low_ok and (meta.get("max") is None or value <= meta["max"])):
+            raise InputError(f"{name} must be {bounds_text(meta)}, got {value}")
+
+
+# The original guide's hyperparameters (its README's table), its Actor's architecture and σ, and its treatment of
+# the time limit as a termination.
+GUIDE_PRESET = dict(
+    num_envs=1,
+    num_steps=2048,
+    update_epochs=10,
+    minibatch_size=64,
+    gamma=0.99,
+    gae_lambda=0.95,
+    clip_eps=0.2,
+    actor_learning_rate=3e-4,
+    critic_learning_rate=1e-3,
+    anneal_lr=False,
+    ent_coef=0.0,
+    max_grad_norm=0.0,
+    norm_obs=False,
+    reward_scale=1.0,
+    bootstrap_truncated=False,
+    sigma="state",
+    activation="relu",
+    hidden_size=64,
+)
+WHOLE_EPISODES = dict(num_envs=10, num_steps=EPISODE_STEPS)  # the reinforce rungs' default rollout size
+
+
+def validate(args: Args) -> None:
+    """Raise InputError on a flag outside its bounds, flags that do not fit together, or an unwritable output
+    folder. The bounds of each flag are in its flag(); here are only the relations between flags."""
+    check_flags(args)
+    if args.host_devices > 0 and (args.backend != "jax" or args.num_seeds % args.host_devices):
+        raise InputError(  # every device must get as many seeds, and only the JAX backend shards
+            f"--host-devices {args.host_devices} needs --backend jax and a --num-seeds that it divides "
+            f"(got --backend {args.backend} --num-seeds {args.num_seeds})"
+        )
+    if args.backend == "gymnasium" and args.num_seeds > 1:  # one Python loop steps one seed's envs
+        raise InputError(
+            f"--num-seeds {args.num_seeds} needs --backend jax (the gymnasium backend trains one "
+            f"seed; for a sweep use tools/seeds.py)"
+        )
+    if args.backend == "jax" and args.norm_obs:  # the running statistics live in NumPy, outside the compiled run
+        raise InputError("--norm-obs is implemented for --backend gymnasium only")
+    if args.load and args.num_seeds > 1:  # a checkpoint holds one policy
+        raise InputError("--load evaluates one saved policy; drop --num-seeds")
+    if args.algo.startswith("reinforce") and args.num_steps % EPISODE_STEPS:  # G_t needs each episode's end
+        raise InputError(
+            f"--algo {args.algo} needs whole episodes in every rollout: --num-steps must be a multiple "
+            f"of {EPISODE_STEPS} (the time limit), got {args.num_steps}; leave out --num-steps to get "
+            f"--num-envs 10 --num-steps 200"
+        )
+    batch = args.num_envs * args.num_steps
+    if args.minibatch_size > batch:  # a minibatch is a slice of one rollout
+        raise InputError(
+            f"--minibatch-size ({args.minibatch_size}) is larger than the rollout (--num-envs × --num-steps = {batch})"
+        )
+    if not args.load and args.total_timesteps < batch:  # training is a whole number of rollouts, at least one
+        raise InputError(
+            f"--total-timesteps ({args.total_timesteps}) is less than one rollout (--num-envs × --num-steps = {batch})"
+        )
+    if args.load and not os.path.isfile(args.load):
+        raise InputError(f"--load: no such file: {args.load}")
+    defaults = Args()
+    if args.preset == "guide" and all(  # the preset's values must be there, not only its name
+        getattr(args, k) == getattr(defaults, k) for k, v in GUIDE_PRESET.items() if v != getattr(defaults, k)
+    ):
+        raise InputError(
+            "preset 'guide' is applied by parse_args; from Python, use Args(preset='guide', **GUIDE_PRESET)"
+        )
+    out = output_folder(args)
+    try:  # checked before any work: a run that cannot save its results does not start
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, ".write_test"), "w"):
+            pass
+        os.remove(os.path.join(out, ".write_test"))
+    except OSError as e:
+        raise InputError(f"--out {args.out!r}: cannot write into {out!r} ({e.strerror or type(e).__name__})") from e
+
+
+def output_folder(args: Args) -> str:
+    """Where this run writes: --out for training, <out>/eval/ for a --load run (a training run's files stay)."""
+    return os.path.join(args.out, "eval") if args.load else args.out
+
+
+# ---------------------------------------------------------------------------------------------- Outputs
 def seed_summary(x) -> dict:
     """Across seeds: mean, IQM (25 % trimmed mean) with a 95 % percentile-bootstrap CI (10,000 resamples
     of the seeds, fixed bootstrap seed 0; as tools/seeds.py), min, max, and how many reach −200."""
@@ -997,7 +1009,7 @@ def save_video(path: str, actor: Actor, rms: RunningMeanStd | None, seed: int) -
     from PIL import Image
 
     graphdef, state = nnx.split(actor)
-    mean_action = jax.jit(partial(act_deterministic, graphdef))
+    mean_action = jax.jit(lambda state, obs: nnx.merge(graphdef, state)(obs).loc)
     env = gym.make(ENV_ID, render_mode="rgb_array")
     obs, _ = env.reset(seed=seed)
     frames, total, done, t = [], 0.0, False, 0
@@ -1043,231 +1055,10 @@ def plot_curve(
     plt.close(fig)
 
 
-def plot_clip_objective(path: str, clip_eps: float = 0.2) -> None:
-    """Draw the per-sample clipped objective min(ρA, clip(ρ)A) and its gradient, both computed by
-    ppo_clip_loss and jax.grad, for A = +1 and A = −1 (the README's figure)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ratio = jnp.linspace(0.0, 2.0, 401)
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=100, sharey=True)
-    for ax, a in zip(axes, (1.0, -1.0)):
-
-        def objective(log_ratio, a=a):  # −loss of one sample with log π_old = 0
-            return -ppo_clip_loss(log_ratio, 0.0, a, clip_eps)
-
-        log_r = jnp.log(jnp.maximum(ratio, 1e-6))
-        obj = jax.vmap(objective)(log_r)
-        grad = jax.vmap(jax.grad(objective))(log_r)  # d objective / d log π_new
-        ax.plot(ratio, ratio * a, color="gray", ls=":", label="unclipped ρ·A")
-        ax.plot(ratio, obj, lw=2.5, color="C0", label="min(ρA, clip(ρ, 1−ε, 1+ε)A)")
-        flat = np.asarray(grad) == 0.0
-        ax.fill_between(ratio, -2.2, 2.2, where=flat, color="C3", alpha=0.12, label="gradient = 0 (clipped)")
-        ax.axvline(1 - clip_eps, color="k", lw=0.6, ls="--")
-        ax.axvline(1 + clip_eps, color="k", lw=0.6, ls="--")
-        ax.set(title=f"A = {a:+.0f}", xlabel="ratio ρ = π_new(a|s) / π_old(a|s)", ylim=(-2.2, 2.2))
-        ax.legend(fontsize=8, loc="upper left" if a > 0 else "lower left")
-    axes[0].set_ylabel("objective (maximised)")
-    fig.suptitle(f"PPO clipped surrogate, ε = {clip_eps}")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-# ----------------------------------------------------------------------------------------------
-# Training loops (one per backend) and main
-# ----------------------------------------------------------------------------------------------
-class TrainLog(NamedTuple):
-    """What a training loop hands back besides the parameters."""
-
-    ep_steps: list  # env step at which each logged training episode ended
-    ep_returns: list  # its return (the --backend jax logs one seed's mean of its envs' latest episodes)
-    history: list  # one dict of update statistics per update (for --num-seeds > 1, the mean over seeds)
-    train_seconds: float
-    first_update_seconds: float  # includes compilation
-    last_per_seed: dict | None  # the final update's statistics of every seed (--backend jax)
-
-
-def print_progress(update: int, num_updates: int, env_steps: int, ret: float, stats: dict, sps: float) -> None:
-    """The one progress line per update, the same for both backends."""
-    print(
-        f"update={update}/{num_updates} step={env_steps} return={ret:.1f} "
-        f"loss={stats['pg_loss']:.4f} v_loss={stats['v_loss']:.4f} kl={stats['approx_kl']:.4f} "
-        f"clip_frac={stats['clip_frac']:.3f} entropy={stats['entropy']:.3f} "
-        f"explained_var={stats['explained_var']:.3f} sps={sps:.0f}",
-        flush=True,
-    )
-
-
-def collect_rollout(
-    envs,
-    act_fn: Callable,
-    actor_state,
-    obs: np.ndarray,
-    key,
-    rms: RunningMeanStd | None,
-    rcfg: RolloutConfig,
-    env_steps: int,
-) -> tuple[Rollout, np.ndarray, np.ndarray, jax.Array, list]:
-    """rcfg.num_steps steps of the vector env under the current policy, one compiled policy call per step.
-
-    Returns the Rollout (T, N, …) (observations normalised with the statistics frozen for the rollout), the raw
-    observations (T, N, 3) for those statistics, the obs to continue from, the next key, and (env step, return)
-    of every episode that ended, read from RecordEpisodeStatistics' info["episode"]."""
-    T, N = rcfg.num_steps, rcfg.num_envs
-    ro = Rollout(
-        obs=np.zeros((T, N, 3), np.float32),
-        actions=np.zeros((T, N, 1), np.float32),
-        logp=np.zeros((T, N), np.float32),
-        rewards=np.zeros((T, N), np.float32),
-        terminated=np.zeros((T, N), np.float32),
-        truncated=np.zeros((T, N), np.float32),
-        next_obs=np.zeros((T, N, 3), np.float32),
-    )
-    raw_obs, episodes = np.zeros((T, N, 3)), []
-    for t in range(T):
-        x = normalize_obs(obs, rms)
-        action, logp, key = act_fn(actor_state, x, key)
-        action = np.asarray(action)
-        nobs, r, term, trunc, info = envs.step(np.clip(action, -MAX_TORQUE, MAX_TORQUE))
-        done = term | trunc
-        raw_obs[t], ro.obs[t], ro.actions[t], ro.logp[t] = obs, x, action, np.asarray(logp)
-        ro.rewards[t] = r * rcfg.reward_scale
-        if rcfg.bootstrap_truncated:
-            ro.terminated[t], ro.truncated[t] = term, trunc
-        else:  # the spec's bug, kept as a flag to measure it: a time limit cuts the bootstrap
-            ro.terminated[t], ro.truncated[t] = done, False
-        ro.next_obs[t] = normalize_obs(true_next_obs(nobs, done, info), rms)
-        episodes += [(env_steps + (t + 1) * N, float(info["episode"]["r"][i])) for i in np.flatnonzero(done)]
-        obs = nobs
-    return ro, raw_obs, obs, key, episodes
-
-
-def train_gymnasium(args: Args, d: Derived) -> tuple[tuple, RunningMeanStd | None, TrainLog]:
-    """--backend gymnasium: NumPy envs stepped from a Python loop (collect_rollout), one compiled policy call
-    per step, then one compiled ppo_update per rollout. Returns the trained (actor, critic, actor_opt,
-    critic_opt), the observation statistics (--norm-obs) and the log."""
-    key, k_actor, k_critic = jax.random.split(jax.random.key(args.seed), 3)
-    agent = new_agent(args, d, k_actor, k_critic)
-    graphdef, state = nnx.split(agent)  # the hot loops call compiled functions of (graphdef, state)
-    rcfg = rollout_config(args)
-    fns = make_step_fns(graphdef, nnx.split(agent[0])[0], ppo_config(args, d), rcfg)
-    rng = np.random.default_rng(args.seed)
-    rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
-    envs = RecordEpisodeStatistics(make_envs(args.num_envs))  # info["episode"]["r"]: the return of an ended episode
-    obs, _ = envs.reset(seed=[int(s) for s in rng.integers(0, 2**31 - 1, args.num_envs)])
-    T, N = args.num_steps, args.num_envs
-    ep_steps, ep_returns, history, env_steps = [], [], [], 0
-    steps = "" if args.algo == "ppo" else f", {d.actor_steps} actor / {d.critic_steps} critic Adam steps per update"
-    print(
-        f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID}: {d.num_updates} updates × "
-        f"{d.batch_size} steps ({N} envs × {T}), {args.update_epochs} epochs × {d.num_minibatches} "
-        f"minibatches of {args.minibatch_size}, preset={args.preset}{steps}",
-        flush=True,
-    )
-    t_train = time.perf_counter()
-    for update in range(1, d.num_updates + 1):
-        t0 = time.perf_counter()
-        # state[0] is the actor's part of the (actor, critic, actor_opt, critic_opt) state
-        rollout, raw_obs, obs, key, episodes = collect_rollout(envs, fns.act, state[0], obs, key, rms, rcfg, env_steps)
-        ep_steps += [s for s, _ in episodes]
-        ep_returns += [r for _, r in episodes]
-        if rms is not None:  # stats are frozen within a rollout, so logp_old stays consistent
-            rms.update(raw_obs.reshape(-1, 3))
-        env_steps += T * N
-        key, k = jax.random.split(key)
-        state, stats = fns.update(state, rollout, k)
-        stats = {k_: float(v) for k_, v in stats.items()}
-        if update == 1:
-            first_update_seconds = round(time.perf_counter() - t0, 2)  # includes compilation
-        ret = float(np.mean(ep_returns[-N:])) if ep_returns else float("nan")  # latest episode of each env
-        history.append(dict(step=env_steps, **stats))
-        print_progress(update, d.num_updates, env_steps, ret, stats, T * N / (time.perf_counter() - t0))
-    envs.close()
-    nnx.update(agent, state)
-    log = TrainLog(ep_steps, ep_returns, history, time.perf_counter() - t_train, first_update_seconds, None)
-    return agent, rms, log
-
-
-def seed_devices(args: Args) -> list:
-    """The devices that the seed axis of a --backend jax run is split across (data parallelism over seeds).
-    Must run before the first JAX operation.
-
-    JAX sees a CPU as one device, and XLA runs one device's program mostly on one core. Asked before JAX
-    starts its backend, jax_num_cpu_devices splits the CPU into several devices; sharding the stacked seeds
-    along them gives every core its own seeds (chapter 5's mesh, with one axis). The count must divide
-    --num-seeds: --host-devices -1 takes the largest such count up to the number of cores.
-    """
-    want = args.host_devices
-    if want < 0:
-        want = most_devices(args.num_seeds, os.cpu_count() or 1)
-    if want > 0:
-        try:
-            jax.config.update("jax_num_cpu_devices", want)
-        except RuntimeError:  # JAX had already started (inside a test or a notebook): it keeps its devices
-            if args.host_devices > 0 and len(jax.devices("cpu")) < want:
-                raise InputError(
-                    f"--host-devices {want} came too late: JAX had already started with "
-                    f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line"
-                ) from None
-    devices = jax.devices()  # on a GPU or TPU host, the accelerators (the flag only shapes the CPU backend)
-    return devices[: most_devices(args.num_seeds, min(len(devices), want) if want > 0 else len(devices))]
-
-
-def most_devices(num_seeds: int, at_most: int) -> int:
-    """The largest device count ≤ at_most that divides num_seeds, so that every device gets as many seeds."""
-    return max(k for k in range(1, at_most + 1) if num_seeds % k == 0)
-
-
-def train_jax(args: Args, d: Derived, devices: list) -> tuple[tuple, nnx.State, TrainLog]:
-    """--backend jax: rollout, GAE and update of every seed in one compiled call per iteration, the seeds
-    stacked on a leading axis S that jax_iteration vmaps and that is sharded across `devices`.
-    Returns the first seed's trained (actor, critic, actor_opt, critic_opt), every seed's actor state
-    (leading axis S) and the log."""
-    _, cfg, rcfg, graphdef, actor_def = jax_setup(args)
-    iteration = make_step_fns(graphdef, actor_def, cfg, rcfg).iteration
-    # Seed s's whole state comes from jax.random.key(s) alone, so that it is the same run alone or in the vmap.
-    # Compiled, the networks' construction is one XLA program called once per seed; run eagerly, every
-    # jax.random call and orthogonal initialisation would be a small program of its own (README, timing).
-    init = jax.jit(partial(jax_init, args, d))
-    runners = jax.tree.map(lambda *x: jnp.stack(x), *[init(s) for s in range(args.seed, args.seed + args.num_seeds)])
-    mesh = jax.sharding.Mesh(np.array(devices), ("seed",), axis_types=(jax.sharding.AxisType.Auto,))
-    runners = jax.device_put(runners, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seed")))
-    print(
-        f"{args.algo} on a JAX port of {ENV_ID}: {args.num_seeds} seed(s) vmapped, split across "
-        f"{len(devices)} device(s), {d.num_updates} updates × {d.batch_size} steps ({args.num_envs} envs × "
-        f"{args.num_steps}) per seed, {d.actor_steps} actor / {d.critic_steps} critic Adam steps per update",
-        flush=True,
-    )
-    ep_steps, ep_returns, history, env_steps = [], [], [], 0
-    t_train = time.perf_counter()
-    for update in range(1, d.num_updates + 1):
-        t0 = time.perf_counter()
-        runners, stats = iteration(runners)  # one compiled call
-        stats = {k_: np.asarray(v) for k_, v in stats.items()}  # each (S,)
-        env_steps += d.batch_size
-        rets = stats.pop("ret")  # (S,) latest finished training episode, mean over each seed's envs
-        for r in rets[np.isfinite(rets)]:
-            ep_steps.append(env_steps)
-            ep_returns.append(float(r))
-        history.append(dict(step=env_steps, **{k_: float(np.mean(v)) for k_, v in stats.items()}))
-        if update == 1:
-            first_update_seconds = round(time.perf_counter() - t0, 2)  # includes compilation
-        ret = float(np.mean(rets[np.isfinite(rets)])) if np.isfinite(rets).any() else float("nan")
-        print_progress(
-            update,
-            d.num_updates,
-            env_steps,
-            ret,
-            history[-1],
-            d.batch_size * args.num_seeds / (time.perf_counter() - t0),
-        )
-    jax.block_until_ready(runners)
-    last_per_seed = {k_: [float(x) for x in v] for k_, v in stats.items()}
-    log = TrainLog(ep_steps, ep_returns, history, time.perf_counter() - t_train, first_update_seconds, last_per_seed)
-    return nnx.merge(graphdef, jax.tree.map(lambda x: x[0], runners.state)), runners.state[0], log
+def evaluate(actor: Actor, rms: RunningMeanStd | None, episodes: int, seed0: int) -> np.ndarray:
+    """Deterministic returns of one policy, `episodes` episodes with seeds seed0 … seed0+episodes−1."""
+    graphdef, state = nnx.split(actor)
+    return evaluate_seeds(graphdef, jax.tree.map(lambda x: x[None], state), rms, episodes, seed0)[0]
 
 
 def evaluate_saved(args: Args, t_start: float) -> dict:
@@ -1294,10 +1085,10 @@ def evaluate_saved(args: Args, t_start: float) -> dict:
         seeds=[args.seed],
         eval_return_per_seed=[round(float(returns.mean()), 2)],
     )
-    return finish(args, metrics, actor, rms, [], t_start)
+    return write_results(args, metrics, actor, rms, [], t_start)
 
 
-def finish(args: Args, metrics: dict, actor: Actor, rms: RunningMeanStd | None, history: list, t_start: float) -> dict:
+def write_results(args: Args, metrics: dict, actor: Actor, rms, history: list, t_start: float) -> dict:
     """The video (optional), metrics.json and the summary lines, for a training run and a --load run alike."""
     if args.video:  # the evaluation episode that starts closest to hanging straight down: a full swing-up
         probe = gym.make(ENV_ID)
@@ -1308,8 +1099,7 @@ def finish(args: Args, metrics: dict, actor: Actor, rms: RunningMeanStd | None, 
         metrics["video_return"] = save_video(path, actor, rms, metrics["video_seed"])
         print(f"video: {path} (return {metrics['video_return']:.1f})", flush=True)
     metrics["total_seconds"] = round(time.perf_counter() - t_start, 2)
-    with open(os.path.join(output_folder(args), "metrics.json"), "w") as f:
-        json.dump(dict(metrics, args=asdict(args), history=history), f, indent=1)
+    save_metrics(os.path.join(output_folder(args), "metrics.json"), dict(metrics, args=asdict(args), history=history))
     seeds = f"seed {args.seed}" + ("" if args.num_seeds == 1 else f"–{args.seed + args.num_seeds - 1}")
     print(
         f"\n== {'PPO' if args.load or args.algo == 'ppo' else args.algo} {ENV_ID}, {args.backend}, {seeds}, "
@@ -1326,12 +1116,17 @@ def finish(args: Args, metrics: dict, actor: Actor, rms: RunningMeanStd | None, 
         ci = "[{:.1f}, {:.1f}]".format(*a["iqm_ci"]) if a["iqm_ci"] else "n/a"
         print(
             "per seed: "
-            + " ".join(f"{s_}:{r:.1f}" for s_, r in zip(metrics["seeds"], metrics["eval_return_per_seed"]))
+            + " ".join(f"{seed}:{r:.1f}" for seed, r in zip(metrics["seeds"], metrics["eval_return_per_seed"]))
             + f"\nacross {a['n']} seeds: IQM={a['iqm']:.1f} 95% CI {ci} min={a['min']:.1f} max={a['max']:.1f} "
             f"solved(>=-200)={a['solved']}/{a['n']}",
             flush=True,
         )
     return metrics
+
+
+def save_metrics(path: str, metrics: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(metrics, f, indent=1)
 
 
 def use_compile_cache(folder: str) -> None:
@@ -1343,16 +1138,16 @@ def use_compile_cache(folder: str) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def training_metrics(args: Args, d: Derived, log: TrainLog, all_returns: np.ndarray, n_devices: int) -> dict:
-    """metrics.json of a training run (without the timing of the whole process and the history, which finish adds).
-    all_returns: (S, episodes) deterministic returns of every seed's final policy."""
+def training_metrics(args: Args, sizes: Derived, log: TrainLog, all_returns: np.ndarray, n_devices: int) -> dict:
+    """metrics.json of a training run (without the whole process's time and the history, which write_results
+    adds). all_returns: (S, episodes) deterministic returns of every seed's final policy."""
     per_seed = all_returns.mean(1)
     metrics = dict(
         eval_return_mean=float(all_returns.mean()),
         eval_return_std=float(all_returns.std()),
         eval_episodes=args.eval_episodes,
         eval_returns=[round(float(r), 2) for r in all_returns[0]],
-        env_steps=d.num_updates * d.batch_size,
+        env_steps=sizes.num_updates * sizes.batch_size,
         train_seconds=round(log.train_seconds, 2),
         first_update_seconds=log.first_update_seconds,
         train_return_last10=float(np.mean(log.ep_returns[-10:])) if log.ep_returns else None,
@@ -1364,7 +1159,7 @@ def training_metrics(args: Args, d: Derived, log: TrainLog, all_returns: np.ndar
         seeds=list(range(args.seed, args.seed + args.num_seeds)),
         devices=n_devices,
         eval_return_per_seed=[round(float(r), 2) for r in per_seed],  # each seed's mean over its episodes
-        last_update=log.history[-1],  # losses, KL, clip fraction of the final update
+        last_update=log.history[-1],  # losses, KL, clip fractions of the final update
     )
     if args.num_seeds > 1:  # env_steps, eval_returns and params.npz are per seed / of the first seed
         metrics["across_seeds"] = seed_summary(per_seed)
@@ -1380,19 +1175,19 @@ def main(args: Args) -> dict:
     t_start = time.perf_counter()
     if args.load:
         return evaluate_saved(args, t_start)
-    d = derived(args)
+    sizes = derived(args)
     if args.backend == "jax":  # every seed's actor (leading axis S); the first seed's networks are saved
-        agent, actor_states, log = train_jax(args, d, devices)
+        agent, actor_states, log = train_jax(args, sizes, devices)
         rms = None
     else:
-        agent, rms, log = train_gymnasium(args, d)
+        agent, rms, log = train_gymnasium(args, sizes)
         actor_states = jax.tree.map(lambda x: x[None], nnx.state(agent[0]))
     actor, critic = agent[:2]
     save_checkpoint(os.path.join(args.out, "params.npz"), {"actor": actor, "critic": critic, **obs_norm_parts(rms)})
 
     # Every seed's final policy on gymnasium's Pendulum-v1, whichever backend trained it: (S, episodes).
     all_returns = evaluate_seeds(nnx.split(actor)[0], actor_states, rms, args.eval_episodes, args.eval_seed)
-    metrics = training_metrics(args, d, log, all_returns, len(devices) if devices else 1)
+    metrics = training_metrics(args, sizes, log, all_returns, len(devices) if devices else 1)
     who = f"seed {args.seed}" if args.num_seeds == 1 else f"seeds {args.seed}–{args.seed + args.num_seeds - 1}"
     plot_curve(
         os.path.join(args.out, "learning_curve.png"),
@@ -1402,7 +1197,7 @@ def main(args: Args) -> dict:
         f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID} ({args.backend}), {who}, preset {args.preset}",
         *(["one seed: mean of its envs' latest training episodes"] if args.backend == "jax" else []),
     )
-    return finish(args, metrics, actor, rms, log.history, t_start)
+    return write_results(args, metrics, actor, rms, log.history, t_start)
 
 
 if __name__ == "__main__":

@@ -3,10 +3,10 @@
 unit: GAE with a termination and a truncation, the true final observation at an autoreset, the
 clipped loss and its zero gradient, the Normal log-probability of the unclipped sample, the value-loss
 shapes, the preset and the input checks (InputError), save_checkpoint / load_checkpoint and normalize_obs;
-ppo_update (compiled by make_step_fns) on a fixed Rollout (GAE targets, the clip); the JAX
+ppo_update (compiled as the training loops compile it) on a fixed Rollout (GAE targets, the clip); the JAX
 port of Pendulum-v1 against gymnasium step for step, its in-scan autoreset, a seed inside the vmap against
 the same seed alone; Monte-Carlo returns, the REINFORCE loss and each rung's steps. smoke: the CLI with
-tiny flags, a --load round trip, a GIF, --norm-obs, --preset spec, --backend jax with several seeds, and
+tiny flags, a --load round trip, a GIF, --norm-obs, --preset guide, --backend jax with several seeds, and
 bad input. learning: a short fixed-seed run reaches −300 with live PPO statistics; four vmapped JAX seeds
 each reach −200.
 """
@@ -126,7 +126,7 @@ def test_normal_log_prob_of_the_unclipped_sample_matches_closed_form(pen):
     action, logp = np.asarray(action)[:, 0], np.asarray(logp)
     assert (np.abs(action) > 2).mean() > 0.5  # most samples would have been clipped for the env
     dist = actor(obs)
-    mu, sigma = np.asarray(dist.mean())[:, 0], np.asarray(dist.scale)[:, 0]
+    mu, sigma = np.asarray(dist.loc)[:, 0], np.asarray(dist.scale)[:, 0]
     np.testing.assert_allclose(sigma, math.exp(2.0), rtol=1e-6)
     assert np.all(np.abs(mu) <= 2.0)
     closed = -0.5 * ((action - mu) / sigma) ** 2 - np.log(sigma) - 0.5 * np.log(2 * np.pi)
@@ -168,7 +168,7 @@ def test_normal_is_bit_identical_to_tensorflow_probability(pen, monkeypatch):
     def outputs():  # the sampled action and its log π from the compiled act, then the entropy and the mean
         action, logp, _ = jax.jit(partial(pen.act, graphdef))(state, obs, jax.random.key(7))
         dist = jax.jit(lambda o: nnx.merge(graphdef, state)(o))(obs)
-        return action, logp, dist.entropy(), dist.mean()
+        return action, logp, dist.entropy(), dist.loc
 
     ours = outputs()
     monkeypatch.setattr(pen, "Normal", lambda loc, scale: TfpNormal(loc=loc, scale=scale))
@@ -197,46 +197,58 @@ def test_value_loss_shapes(pen):
 
 
 @pytest.mark.unit
-def test_spec_preset_sets_defaults_and_explicit_flags_win(pen, tmp_path):
-    a = pen.parse_args(["--preset", "spec"])
-    assert (
-        a.gamma,
-        a.num_envs,
-        a.num_steps,
-        a.minibatch_size,
-        a.actor_learning_rate,
-        a.critic_learning_rate,
-        a.sigma,
-    ) == (0.99, 1, 2048, 64, 3e-4, 1e-3, "state")
-    b = pen.parse_args(["--preset", "spec", "--gamma", "0.9"])
-    assert b.gamma == 0.9 and b.num_steps == 2048
+def test_guide_preset_sets_defaults_and_explicit_flags_win(pen, tmp_path):
+    """Mutation caught: a preset that forgets a setting of the original guide (e.g. bootstrap_truncated, which the
+    guide treats as termination), or that overrides a flag given explicitly."""
+    a = pen.parse_args(["--preset", "guide"])
+    for name, value in pen.GUIDE_PRESET.items():
+        assert getattr(a, name) == value, name
+    assert (a.num_envs, a.num_steps, a.minibatch_size, a.actor_learning_rate, a.sigma) == (1, 2048, 64, 3e-4, "state")
+    assert a.bootstrap_truncated is False and a.anneal_lr is False and a.max_grad_norm == 0.0
+    b = pen.parse_args(["--preset", "guide", "--gamma", "0.9", "--bootstrap-truncated"])
+    assert b.gamma == 0.9 and b.num_steps == 2048 and b.bootstrap_truncated is True
     c = pen.parse_args([])
-    assert c.gamma == 0.99 and c.sigma == "param" and c.total_timesteps == 100_000
+    assert c.gamma == 0.99 and c.sigma == "param" and c.total_timesteps == 100_000 and c.bootstrap_truncated
     pen.validate(dataclasses.replace(a, out=str(tmp_path)))  # the parsed preset is valid ...
-    pen.validate(pen.Args(preset="spec", out=str(tmp_path), **pen.SPEC_PRESET))  # ... and so is the same in Python
+    pen.validate(pen.Args(preset="guide", out=str(tmp_path), **pen.GUIDE_PRESET))  # ... and so is the same in Python
     with pytest.raises(pen.InputError, match="applied by parse_args"):  # but not a preset that was never applied
-        pen.validate(pen.Args(preset="spec"))
+        pen.validate(pen.Args(preset="guide"))
+
+
+@pytest.mark.unit
+def test_reinforce_rungs_pick_whole_episodes_unless_told_and_say_so(pen):
+    """Mutation caught: --algo reinforce without its own rollout size (then it fails validation: 16 × 125 holds no
+    whole episode), an explicit --num-envs / --num-steps that the default overrides, or a silent first line."""
+    for algo in ("reinforce", "reinforce-baseline"):
+        a = pen.parse_args(["--algo", algo])
+        assert (a.num_envs, a.num_steps) == (10, 200)
+        line = pen.first_line(a, pen.derived(a))
+        assert line.startswith(algo) and "whole episodes" in line and "10 envs × 200" in line
+    b = pen.parse_args(["--algo", "reinforce", "--num-envs", "4", "--num-steps", "400"])
+    assert (b.num_envs, b.num_steps) == (4, 400) and "whole episodes" not in pen.first_line(b, pen.derived(b))
+    c = pen.parse_args(["--algo", "a2c"])
+    assert (c.num_envs, c.num_steps) == (16, 125)
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
     "argv, msg",
     [
-        (["--total-timesteps", "0"], "--total-timesteps must be positive"),
-        (["--num-steps", "-5"], "--num-steps must be positive"),
+        (["--total-timesteps", "0"], "--total-timesteps must be >= 1"),
+        (["--num-steps", "-5"], "--num-steps must be >= 1"),
         (["--minibatch-size", "5000"], "larger than the rollout"),
         (["--actor-learning-rate", "nan"], "--actor-learning-rate"),
         (["--critic-learning-rate", "-0.001"], "--critic-learning-rate"),
-        (["--hidden-size", "0"], "--hidden-size must be positive"),
+        (["--hidden-size", "0"], "--hidden-size must be >= 1"),
         (["--ent-coef", "-1"], "--ent-coef"),
         (["--gamma", "nan"], "--gamma"),
         (["--load", "/nonexistent/params.npz"], "no such file"),
-        (["--num-seeds", "0"], "--num-seeds must be positive"),
+        (["--num-seeds", "0"], "--num-seeds must be >= 1"),
         (["--num-seeds", "2"], "needs --backend jax"),
         (["--backend", "jax", "--norm-obs"], "--norm-obs is implemented for --backend gymnasium only"),
-        (["--algo", "reinforce"], "--num-steps must be a multiple of 200"),
+        (["--algo", "reinforce", "--num-steps", "150"], "--num-steps must be a multiple of 200"),
         (["--algo", "reinforce-baseline", "--backend", "jax", "--num-steps", "300"], "multiple of 200"),
-        (["--backend", "jax", "--host-devices", "0"], "--host-devices must be a positive device count or -1"),
+        (["--backend", "jax", "--host-devices", "-2"], "--host-devices must be >= -1"),
         (["--backend", "jax", "--num-seeds", "4", "--host-devices", "3"], "a --num-seeds that it divides"),
         (["--host-devices", "2"], "needs --backend jax"),
     ],
@@ -304,7 +316,7 @@ def test_cli_tiny_run_then_load_round_trip_and_video(tmp_path):
         ["--algo", "sarsa"],
         ["--backend", "jax", "--num-seeds", "0"],
         ["--num-seeds", "2"],
-        ["--backend", "jax", "--algo", "reinforce"],
+        ["--backend", "jax", "--algo", "reinforce", "--num-steps", "150"],
     ],
 )
 def test_cli_bad_input_is_one_line_error(tmp_path, argv):
@@ -415,13 +427,13 @@ def test_norm_obs_run_saves_its_statistics_and_loads_back(pen, tmp_path):
 
 
 @pytest.mark.smoke
-def test_spec_preset_tiny_run(pen, tmp_path):
+def test_guide_preset_tiny_run(pen, tmp_path):
     m = pen.main(
         pen.parse_args(
-            ["--preset", "spec", "--total-timesteps", "2048", "--eval-episodes", "2", "--out", str(tmp_path)]
+            ["--preset", "guide", "--total-timesteps", "2048", "--eval-episodes", "2", "--out", str(tmp_path)]
         )
     )
-    assert m["env_steps"] == 2048 and m["preset"] == "spec"  # one rollout of 1 env × 2,048 steps
+    assert m["env_steps"] == 2048 and m["preset"] == "guide"  # one rollout of 1 env × 2,048 steps
     assert "actor/sigma_head/kernel" in np.load(tmp_path / "params.npz", allow_pickle=False).files  # the σ(s) head
     assert math.isfinite(m["last_update"]["v_loss"]) and m["last_update"]["approx_kl"] > 0
 
@@ -455,13 +467,13 @@ def test_gymnasium_backend_runs_a_lower_rung(pen, tmp_path):
 # ---------------------------------------------------------------------------------------------- ppo_update
 def _jax_batch(pen, seed=3, **kw):
     """A fixed rollout of 4 JAX pendulums × 200 steps (every episode ends in a truncation), the state it came from,
-    and the compiled update of make_step_fns."""
+    and ppo_update compiled as the training loops compile it."""
     args = pen.Args(backend="jax", num_envs=4, num_steps=200, minibatch_size=100, **kw)
-    d, cfg, rcfg, graphdef, actor_def = pen.jax_setup(args)
-    runner = pen.jax_init(args, d, seed)
-    _, rollout = jax.jit(partial(pen.jax_rollout, actor_def, rcfg))(runner.state[0], runner)
-    update = pen.make_step_fns(graphdef, actor_def, cfg, rcfg).update  # jax.jit(partial(ppo_update, graphdef, cfg))
-    return args, cfg, graphdef, runner.state, rollout, update
+    graphdef, actor_def = pen.graph_defs(args, pen.derived(args))
+    runner = pen.make_train(args).init(jax.random.key(seed))
+    _, rollout = jax.jit(partial(pen.jax_rollout, actor_def, args))(runner.state[0], runner)
+    update = jax.jit(partial(pen.ppo_update, graphdef, args))
+    return args, graphdef, runner.state, rollout, update
 
 
 def _kl_old_new(pen, graphdef, old_state, new_state, rollout):
@@ -479,7 +491,7 @@ def _kl_old_new(pen, graphdef, old_state, new_state, rollout):
 def test_ppo_update_on_a_fixed_rollout(pen):
     from flax import nnx
 
-    args, cfg, graphdef, state, rollout, update = _jax_batch(pen)
+    args, graphdef, state, rollout, update = _jax_batch(pen)
     assert isinstance(rollout, pen.Rollout) and rollout.obs.shape == (200, 4, 3) and rollout.logp.shape == (200, 4)
     assert float(rollout.truncated[-1].min()) == 1.0 and float(rollout.truncated[:-1].max()) == 0.0
     new_state, stats = update(state, rollout, jax.random.key(0))
@@ -492,7 +504,7 @@ def test_ppo_update_on_a_fixed_rollout(pen):
     _, critic, _, _ = nnx.merge(graphdef, state)
     values, next_values = critic(rollout.obs), critic(rollout.next_obs)
     adv, returns = pen.compute_gae(
-        rollout.rewards, values, next_values, rollout.terminated, rollout.truncated, cfg.gamma, cfg.gae_lambda
+        rollout.rewards, values, next_values, rollout.terminated, rollout.truncated, args.gamma, args.gae_lambda
     )
     ev = 1.0 - np.var(np.asarray(returns - values)) / np.var(np.asarray(returns))
     assert float(stats["explained_var"]) == pytest.approx(ev, rel=1e-4, abs=1e-5)
@@ -516,7 +528,7 @@ def test_ppo_clip_keeps_the_new_policy_close(pen):
     update with the clip switched off (ε huge). A clip that did nothing would make the two equal."""
     kls = {}
     for eps in (0.2, 1e6):
-        _, cfg, graphdef, state, rollout, update = _jax_batch(pen, actor_learning_rate=1e-2, clip_eps=eps)
+        args, graphdef, state, rollout, update = _jax_batch(pen, actor_learning_rate=1e-2, clip_eps=eps)
         new_state, _ = update(state, rollout, jax.random.key(0))
         kls[eps] = _kl_old_new(pen, graphdef, state, new_state, rollout)
     assert kls[0.2] < 0.5 * kls[1e6], kls
@@ -571,9 +583,9 @@ def test_jax_rollout_autoresets_and_keeps_the_true_final_obs(pen):
     """Inside the scan: next_obs is s_{t+1} of the same episode, also at the truncation, while the obs
     carried on is a fresh reset (as gymnasium's SAME_STEP autoreset and true_next_obs)."""
     args = pen.Args(backend="jax", num_envs=3, num_steps=400, minibatch_size=100)
-    d, cfg, rcfg, graphdef, actor_def = pen.jax_setup(args)
-    runner = pen.jax_init(args, d, 0)
-    new_runner, ro = jax.jit(partial(pen.jax_rollout, actor_def, rcfg))(runner.state[0], runner)
+    _, actor_def = pen.graph_defs(args, pen.derived(args))
+    runner = pen.make_train(args).init(jax.random.key(0))
+    new_runner, ro = jax.jit(partial(pen.jax_rollout, actor_def, args))(runner.state[0], runner)
     obs, nxt, trunc = np.asarray(ro.obs), np.asarray(ro.next_obs), np.asarray(ro.truncated)
     assert trunc[199].all() and trunc[399].all() and trunc.sum() == 6 and np.asarray(ro.terminated).sum() == 0
     inside = np.ones(400, bool)
@@ -595,13 +607,13 @@ def test_a_seed_in_the_vmap_is_the_same_as_that_seed_alone(pen):
     args = pen.Args(
         backend="jax", num_envs=4, num_steps=64, minibatch_size=64, update_epochs=2, total_timesteps=3 * 256
     )
-    d, cfg, rcfg, graphdef, actor_def = pen.jax_setup(args)
-    iteration = pen.make_step_fns(graphdef, actor_def, cfg, rcfg).iteration
+    train = pen.make_train(args)
+    run = jax.jit(jax.vmap(train.run))
     stack = lambda rs: jax.tree.map(lambda *x: jnp.stack(x), *rs)  # noqa: E731
-    together, alone = stack([pen.jax_init(args, d, s) for s in (5, 6, 7)]), stack([pen.jax_init(args, d, 6)])
-    for _ in range(3):
-        together, _ = iteration(together)
-        alone, _ = iteration(alone)
+    inits = {s: train.init(jax.random.key(s)) for s in (5, 6, 7)}
+    together, _ = run(stack([inits[5], inits[6], inits[7]]))
+    alone, _ = run(stack([inits[6]]))
+    (once, _), whole = jax.jit(train.run)(inits[6]), jax.jit(train)(jax.random.key(6))  # train(key) = run(init(key))
     from flax import nnx
 
     leaves = lambda st, i: [np.asarray(x)[i] for x in jax.tree.leaves(nnx.state(st, nnx.Param))]  # noqa: E731
@@ -609,6 +621,9 @@ def test_a_seed_in_the_vmap_is_the_same_as_that_seed_alone(pen):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     # the seeds are not copies of each other
     assert not np.allclose(leaves(together.state, 0)[0], leaves(together.state, 1)[0])
+    single = lambda st: [np.asarray(x) for x in jax.tree.leaves(nnx.state(st, nnx.Param))]  # noqa: E731
+    for a, b in zip(single(once.state), single(whole[0].state)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.smoke
@@ -750,7 +765,7 @@ def test_ladder_rungs_take_the_right_steps(pen, algo, actor_steps, critic_steps)
     """Each rung's Adam step counts on a 4 × 200 rollout (8 minibatches of 100, 10 epochs)."""
     from flax import nnx
 
-    _, cfg, graphdef, state, rollout, update = _jax_batch(pen, algo=algo)
+    args, graphdef, state, rollout, update = _jax_batch(pen, algo=algo)
     new_state, stats = update(state, rollout, jax.random.key(0))
     actor, critic, actor_opt, critic_opt = nnx.merge(graphdef, new_state)
     assert (int(actor_opt.step[...]), int(critic_opt.step[...])) == (actor_steps, critic_steps)
@@ -771,13 +786,13 @@ def test_reinforce_step_follows_the_monte_carlo_gradient(pen, algo):
     Ψ = G_t (or G_t − V(s_t)) computed here by hand: Adam's first step is −lr·g/(|g| + ε) ≈ −lr·sign(g)."""
     from flax import nnx
 
-    args, cfg, graphdef, state, rollout, update = _jax_batch(pen, algo=algo)
+    args, graphdef, state, rollout, update = _jax_batch(pen, algo=algo)
     new_state, _ = update(state, rollout, jax.random.key(0))
     actor, critic, _, _ = nnx.merge(graphdef, state)
     r = np.asarray(rollout.rewards)
     g = np.zeros_like(r)
     for t in reversed(range(r.shape[0])):  # whole 200-step episodes: the return restarts at every truncation
-        g[t] = r[t] + (cfg.gamma * g[t + 1] if t + 1 < r.shape[0] and not rollout.truncated[t, 0] else 0.0)
+        g[t] = r[t] + (args.gamma * g[t + 1] if t + 1 < r.shape[0] and not rollout.truncated[t, 0] else 0.0)
     psi = g - np.asarray(critic(rollout.obs)) if algo == "reinforce-baseline" else g
     obs, act = rollout.obs.reshape(-1, 3), rollout.actions.reshape(-1, 1)
     grads = nnx.grad(lambda a: pen.reinforce_loss(a(obs).log_prob(act).sum(-1), jnp.asarray(psi.reshape(-1))))(actor)

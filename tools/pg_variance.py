@@ -78,7 +78,7 @@ def parse(argv=None):
     return a
 
 
-def gradient_estimates(pen, args, graphdef, actor_def, rcfg, state, key, batches):
+def gradient_estimates(pen, args, graphdef, actor_def, state, key, batches):
     """K policy-gradient estimates per Ψ at the parameters in `state`: dict name → (K, P) array."""
     import jax
     import jax.numpy as jnp
@@ -86,24 +86,24 @@ def gradient_estimates(pen, args, graphdef, actor_def, rcfg, state, key, batches
 
     def one_batch(k, state):
         k_env, k_roll = jax.random.split(k)
-        env = jax.vmap(pen.pendulum_reset)(jax.random.split(k_env, rcfg.num_envs))
+        env = jax.vmap(pen.pendulum_reset)(jax.random.split(k_env, args.num_envs))
         runner = pen.Runner(
             state=state,
             env=env,
             obs=pen.pendulum_obs(env),
             key=k_roll,
-            ep_ret=jnp.zeros(rcfg.num_envs),
-            last_ret=jnp.zeros(rcfg.num_envs),
+            ep_ret=jnp.zeros(args.num_envs),
+            last_ret=jnp.zeros(args.num_envs),
         )
-        _, ro = pen.jax_rollout(actor_def, rcfg, state[0], runner)  # a Rollout of (200, N): whole episodes
+        _, rollout = pen.jax_rollout(actor_def, args, state[0], runner)  # a Rollout of (200, N): whole episodes
         actor, critic, _, _ = nnx.merge(graphdef, state)
-        values, next_values = critic(ro.obs), critic(ro.next_obs)
-        done = jnp.maximum(ro.terminated, ro.truncated)
-        g = pen.monte_carlo_returns(ro.rewards, done, args.gamma)
+        values, next_values = critic(rollout.obs), critic(rollout.next_obs)
+        done = jnp.maximum(rollout.terminated, rollout.truncated)
+        g = pen.monte_carlo_returns(rollout.rewards, done, args.gamma)
         gae, _ = pen.compute_gae(
-            ro.rewards, values, next_values, ro.terminated, ro.truncated, args.gamma, args.gae_lambda
+            rollout.rewards, values, next_values, rollout.terminated, rollout.truncated, args.gamma, args.gae_lambda
         )
-        obs, act = ro.obs.reshape(-1, 3), ro.actions.reshape(-1, 1)
+        obs, act = rollout.obs.reshape(-1, 3), rollout.actions.reshape(-1, 1)
         out = []
         for psi in (g, g - values, gae):
             grads = nnx.grad(lambda a, psi=psi: pen.reinforce_loss(a(obs).log_prob(act).sum(-1), psi.reshape(-1)))(
@@ -196,19 +196,20 @@ def main(argv=None):
         minibatch_size=250,
         total_timesteps=max(max(a.checkpoint_steps), a.num_envs * 200),
     )
-    d, cfg, rcfg, graphdef, actor_def = pen.jax_setup(args)
-    iteration = pen.make_step_fns(graphdef, actor_def, cfg, rcfg).iteration
-    runners = jax.tree.map(lambda x: x[None], pen.jax_init(args, d, a.seed))
-    done_steps, results = 0, []
+    sizes = pen.derived(args)
+    graphdef, actor_def = pen.graph_defs(args, sizes)
+    results = []
     key = jax.random.key(10_000 + a.seed)
     for target in a.checkpoint_steps:
-        while done_steps < target:
-            runners, _ = iteration(runners)
-            done_steps += d.batch_size
-        state = jax.tree.map(lambda x: x[0], runners.state)
+        # θ after the first whole rollout at or past `target`, from one run whose schedules span the last checkpoint
+        updates = -(-target // sizes.batch_size)
+        train = pen.make_train(args, num_updates=updates)
+        runner, _ = jax.jit(train.run)(jax.jit(train.init)(jax.random.key(a.seed)))
+        done_steps = updates * sizes.batch_size
+        state = runner.state
         key, k = jax.random.split(key)
-        est = gradient_estimates(pen, args, graphdef, actor_def, rcfg, state, k, a.batches)
-        ret = float(np.asarray(jnp.nanmean(runners.last_ret)))
+        est = gradient_estimates(pen, args, graphdef, actor_def, state, k, a.batches)
+        ret = float(np.asarray(jnp.nanmean(runner.last_ret)))
         results.append(
             dict(
                 train_steps=done_steps,
@@ -237,10 +238,10 @@ def main(argv=None):
     ]
     for r in results:
         for name, row in r["rows"].items():
-            v, s_ = row["total_variance_ci"], row["snr_ci"]
+            v, snr = row["total_variance_ci"], row["snr_ci"]
             lines.append(
                 f"| {r['train_steps']:,} | {name} | {row['total_variance']:.3g} [{v[0]:.3g}, {v[1]:.3g}] | "
-                f"{row['mean_sq_norm']:.3g} | {row['snr']:.3g} [{s_[0]:.3g}, {s_[1]:.3g}] | "
+                f"{row['mean_sq_norm']:.3g} | {row['snr']:.3g} [{snr[0]:.3g}, {snr[1]:.3g}] | "
                 f"{row['cos_to_reinforce_mean']:.2f} |"
             )
     Path(a.out, "pg_variance.md").write_text("\n".join(lines) + "\n")
