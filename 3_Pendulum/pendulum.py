@@ -203,8 +203,7 @@ class Actor(nnx.Module):
 
 
 class Critic(nnx.Module):
-    """V_φ(s): obs (B, obs_dim) → (B,). The trailing axis is squeezed here, once, so that a value
-    of shape (B,) never meets a target of shape (B,) as (B, 1) (which would broadcast to B×B)."""
+    """V_φ(s): obs (B, obs_dim) → (B,), squeezed here once: a (B, 1) value minus (B,) targets would be B×B."""
 
     def __init__(self, obs_dim: int, hidden_size: int, activation: str, *, rngs: nnx.Rngs):
         self.activation = activation
@@ -287,9 +286,11 @@ def ppo_clip_loss(logp_new, logp_old, adv, clip_eps: float):
     return -jnp.mean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv))
 
 
-def clip_fractions(ratio, adv, clip_eps: float) -> dict:
-    """The share of samples (B,) whose ratio ρ lies outside [1−ε, 1+ε]."""
-    return dict(clip_frac=jnp.mean(jnp.abs(ratio - 1.0) > clip_eps))
+def clip_fractions(ratio, adv, clip_eps: float, clip: bool = True) -> dict:
+    """clip_frac: the share of samples (B,) where the clip binds and zeroes the gradient (ρ > 1+ε with A > 0, or
+    ρ < 1−ε with A < 0; none without the clip); outside_frac: the share with |ρ − 1| > ε, whatever A's sign."""
+    binds = ((ratio > 1.0 + clip_eps) & (adv > 0)) | ((ratio < 1.0 - clip_eps) & (adv < 0))
+    return dict(clip_frac=jnp.mean(binds & clip), outside_frac=jnp.mean(jnp.abs(ratio - 1.0) > clip_eps))
 
 
 def actor_loss_fn(actor: Actor, obs, actions, logp_old, adv, clip_eps: float, ent_coef: float, clip: bool = True):
@@ -302,7 +303,7 @@ def actor_loss_fn(actor: Actor, obs, actions, logp_old, adv, clip_eps: float, en
     log_ratio = logp - logp_old
     approx_kl = jnp.mean(jnp.exp(log_ratio) - 1.0 - log_ratio)  # low-variance KL(π_old‖π_new) estimate
     return surrogate - ent_coef * entropy, dict(
-        entropy=entropy, approx_kl=approx_kl, **clip_fractions(jnp.exp(log_ratio), adv, clip_eps)
+        entropy=entropy, approx_kl=approx_kl, **clip_fractions(jnp.exp(log_ratio), adv, clip_eps, clip)
     )
 
 
@@ -318,8 +319,7 @@ def value_loss_fn(critic: Critic, obs, returns):
 # act and ppo_update take nnx.split's (graphdef, state) and nnx.merge inside the trace; the training loop binds
 # graphdef and Args with functools.partial and compiles each once with jax.jit.
 def act(graphdef, state, obs, key):
-    """a ~ π(·|s) for obs (N, obs_dim): the UNCLIPPED sample a (N, act_dim), its log π(a|s) (N,), the next key.
-    The env gets clip(a, −2, 2); the update needs log π of the a that was actually drawn."""
+    """a ~ π(·|s) for obs (N, obs_dim): the UNCLIPPED a (N, act_dim) (the env clips it), log π(a|s) (N,), next key."""
     key, k = jax.random.split(key)
     dist = nnx.merge(graphdef, state)(obs)
     action = dist.sample(k)
@@ -726,7 +726,7 @@ def print_progress(update: int, num_updates: int, env_steps: int, ret: float, st
     print(
         f"update={update}/{num_updates} step={env_steps} return={ret:.1f} "
         f"loss={stats['pg_loss']:.4f} v_loss={stats['v_loss']:.4f} kl={stats['approx_kl']:.4f} "
-        f"clip_frac={stats['clip_frac']:.3f} entropy={stats['entropy']:.3f} "
+        f"clip_frac={stats['clip_frac']:.3f} outside_frac={stats['outside_frac']:.3f} entropy={stats['entropy']:.3f} "
         f"explained_var={stats['explained_var']:.3f} sps={sps:.0f}",
         flush=True,
     )

@@ -116,6 +116,22 @@ def test_clipped_loss_value_and_zero_gradient_outside_the_clip_range(pen):
 
 
 @pytest.mark.unit
+def test_clip_fraction_counts_only_where_the_clip_binds(pen):
+    """ρ = [1.5, .5, 1.1, .7], A = [1, 1, −1, −1], ε = 0.2: the clip zeroes the gradient of samples 0 (ρ > 1.2, A > 0)
+    and 3 (ρ < 0.8, A < 0) only (see the gradient above), so clip_frac = 0.5; three ratios leave [0.8, 1.2], so
+    outside_frac = 0.75. Mutations caught: counting |ρ − 1| > ε as clip_frac (0.75), ignoring A's sign, or a
+    clip_frac for a rung that does not clip (A2C: 0)."""
+    ratio, adv = jnp.array([1.5, 0.5, 1.1, 0.7]), jnp.array([1.0, 1.0, -1.0, -1.0])
+    fractions = pen.clip_fractions(ratio, adv, 0.2)
+    assert float(fractions["clip_frac"]) == 0.5 and float(fractions["outside_frac"]) == 0.75
+    unclipped = pen.clip_fractions(ratio, adv, 0.2, clip=False)
+    assert float(unclipped["clip_frac"]) == 0.0 and float(unclipped["outside_frac"]) == 0.75
+    # the same count from the loss: the samples whose gradient the clip zeroes
+    grad = jax.grad(pen.ppo_clip_loss)(jnp.log(ratio), jnp.zeros(4), adv, 0.2)
+    assert float(jnp.mean(grad == 0.0)) == 0.5
+
+
+@pytest.mark.unit
 def test_normal_log_prob_of_the_unclipped_sample_matches_closed_form(pen):
     from flax import nnx
 
@@ -398,10 +414,13 @@ def test_normalize_obs_uses_the_running_statistics_with_clip_and_epsilon(pen):
 
 @pytest.mark.smoke
 def test_same_seed_same_run(pen, tmp_path):
+    """Mutations caught: anything unseeded (a run that differs from itself), or a --seed that does not reach the
+    networks or the envs (seed 8 would then repeat seed 7)."""
     a = pen.main(pen.parse_args(TINY + ["--seed", "7", "--out", str(tmp_path / "a")]))
     b = pen.main(pen.parse_args(TINY + ["--seed", "7", "--out", str(tmp_path / "b")]))
-    assert a["eval_returns"] == b["eval_returns"]
-    assert a["last_update"] == b["last_update"] and a["last_update"]["v_loss"] > 0
+    c = pen.main(pen.parse_args(TINY + ["--seed", "8", "--out", str(tmp_path / "c")]))
+    assert a["eval_returns"] == b["eval_returns"] and a["last_update"] == b["last_update"]
+    assert a["eval_returns"] != c["eval_returns"] and a["last_update"] != c["last_update"]
 
 
 @pytest.mark.smoke
@@ -435,7 +454,10 @@ def test_guide_preset_tiny_run(pen, tmp_path):
     )
     assert m["env_steps"] == 2048 and m["preset"] == "guide"  # one rollout of 1 env × 2,048 steps
     assert "actor/sigma_head/kernel" in np.load(tmp_path / "params.npz", allow_pickle=False).files  # the σ(s) head
-    assert math.isfinite(m["last_update"]["v_loss"]) and m["last_update"]["approx_kl"] > 0
+    # 10 epochs × 32 minibatches moved the policy, by a KL in the usual PPO range (mutation caught: an actor that
+    # never steps gives 0; a clip that does nothing, with its 320 steps, more than 0.05)
+    last = m["last_update"]
+    assert 1e-4 < last["approx_kl"] < 0.05 and 0 < last["clip_frac"] <= last["outside_frac"] < 0.2, last
 
 
 @pytest.mark.smoke
@@ -495,9 +517,12 @@ def test_ppo_update_on_a_fixed_rollout(pen):
     assert isinstance(rollout, pen.Rollout) and rollout.obs.shape == (200, 4, 3) and rollout.logp.shape == (200, 4)
     assert float(rollout.truncated[-1].min()) == 1.0 and float(rollout.truncated[:-1].max()) == 0.0
     new_state, stats = update(state, rollout, jax.random.key(0))
-    assert set(stats) == {"pg_loss", "v_loss", "entropy", "approx_kl", "clip_frac", "explained_var"}
+    assert set(stats) == {"pg_loss", "v_loss", "entropy", "approx_kl", "clip_frac", "outside_frac", "explained_var"}
     assert all(np.shape(v) == () and np.isfinite(v) for v in stats.values())
-    assert float(stats["approx_kl"]) > 0 and float(stats["clip_frac"]) > 0  # later epochs left π_old behind
+    # Later epochs left π_old behind, within PPO's usual range: bands, not > 0 (mutation caught: an actor_opt.update
+    # that is skipped gives KL 0 and no ratio outside the band)
+    kl, clip_frac, outside = (float(stats[k]) for k in ("approx_kl", "clip_frac", "outside_frac"))
+    assert 1e-4 < kl < 0.02 and 0 < clip_frac <= outside < 0.2, stats
 
     # The critic's targets are GAE(λ) returns from V(true next obs) with truncation kept apart:
     # explained_var is reported against them, so recompute them here from the PRE-update critic.
@@ -543,7 +568,7 @@ def test_jax_env_matches_gymnasium_step_for_step(pen):
 
     step = jax.jit(pen.pendulum_step)
     rng = np.random.default_rng(0)
-    wrapped, fast = 0, 0
+    wrapped = 0
     for episode in range(3):
         env = gym.make("Pendulum-v1")
         env.reset(seed=episode)
@@ -557,10 +582,9 @@ def test_jax_env_matches_gymnasium_step_for_step(pen):
             assert float(j_r) == pytest.approx(r, rel=1e-5, abs=1e-4)
             assert (bool(j_term), bool(j_trunc)) == (term, trunc) == (False, t == 199)
             wrapped += abs(th) > np.pi  # the cost must wrap θ: these steps would fail without angle_normalize
-            fast += abs(obs[2]) == 8.0  # and θ̇ must be clipped at ±8
         env.close()
     assert wrapped > 50
-    # the clip of θ̇ at ±8, from states spinning fast enough to hit it
+    # the clip of θ̇ at ±8 (mutation caught: no clip), from states spinning fast enough to hit it
     for th, thdot, u in [(3.0, 7.9, 2.0), (-7.0, -7.95, -2.0), (0.5, 8.0, 2.0)]:
         env = gym.make("Pendulum-v1")
         env.reset(seed=0)
@@ -613,7 +637,7 @@ def test_a_seed_in_the_vmap_is_the_same_as_that_seed_alone(pen):
     inits = {s: train.init(jax.random.key(s)) for s in (5, 6, 7)}
     together, _ = run(stack([inits[5], inits[6], inits[7]]))
     alone, _ = run(stack([inits[6]]))
-    (once, _), whole = jax.jit(train.run)(inits[6]), jax.jit(train)(jax.random.key(6))  # train(key) = run(init(key))
+    whole, _ = jax.jit(jax.vmap(train))(jnp.stack([jax.random.key(6)]))  # train(key) = run(init(key))
     from flax import nnx
 
     leaves = lambda st, i: [np.asarray(x)[i] for x in jax.tree.leaves(nnx.state(st, nnx.Param))]  # noqa: E731
@@ -621,8 +645,7 @@ def test_a_seed_in_the_vmap_is_the_same_as_that_seed_alone(pen):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     # the seeds are not copies of each other
     assert not np.allclose(leaves(together.state, 0)[0], leaves(together.state, 1)[0])
-    single = lambda st: [np.asarray(x) for x in jax.tree.leaves(nnx.state(st, nnx.Param))]  # noqa: E731
-    for a, b in zip(single(once.state), single(whole[0].state)):
+    for a, b in zip(leaves(alone.state, 0), leaves(whole.state, 0)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
@@ -653,12 +676,15 @@ def test_jax_backend_cli_many_seeds_metrics(tmp_path):
     assert len(lines) == 2 and all(k in lines[-1] for k in ("return=", "kl=", "explained_var=", "sps="))
     m = json.loads((out / "metrics.json").read_text())
     assert m["seeds"] == [4, 5, 6, 7] and len(m["eval_return_per_seed"]) == 4 and m["backend"] == "jax"
-    assert m["devices"] == 2
-    assert m["eval_return_mean"] == pytest.approx(np.mean(m["eval_return_per_seed"]), abs=0.01)
-    a = m["across_seeds"]
-    assert a["n"] == 4 and a["iqm_ci"][0] <= a["iqm"] <= a["iqm_ci"][1]
-    assert a["min"] == pytest.approx(min(m["eval_return_per_seed"]), abs=0.01)
-    assert len(m["last_update_per_seed"]["approx_kl"]) == 4
+    assert m["devices"] == 2 and m["across_seeds"]["n"] == 4
+    # four different runs (mutation caught: every seed given the same key)
+    assert len(set(m["eval_return_per_seed"])) == 4 and len(set(m["last_update_per_seed"]["approx_kl"])) == 4
+    # params.npz holds the first seed: loading it reproduces that seed's score (mutation caught: saving another
+    # seed's networks, or a load that misses a parameter)
+    loaded = load_script(SCRIPT).main(
+        load_script(SCRIPT).parse_args(["--load", str(out / "params.npz"), "--eval-episodes", "2", "--out", str(out)])
+    )
+    assert loaded["eval_return_mean"] == pytest.approx(m["eval_return_per_seed"][0], abs=0.01)
     q = run_script(
         SCRIPT, "--backend", "jax", "--seed", "6", *TINY, "--out", str(tmp_path / "alone"), cwd=tmp_path, timeout=180
     )
@@ -671,7 +697,7 @@ def test_jax_backend_cli_many_seeds_metrics(tmp_path):
 
 @pytest.mark.smoke
 def test_pg_tools_write_their_tables_and_figures(tmp_path):
-    """tools/pg_variance.py (tiny: θ at initialisation, 4 batches) and tools/pg_ladder.py on two 2-seed runs."""
+    """tools/pg_variance.py (tiny: θ at initialisation, 4 batches) and tools/pg_ladder.py on two 2-seed runs' files."""
     p = run_script(
         "tools/pg_variance.py",
         "--checkpoints",
@@ -688,36 +714,13 @@ def test_pg_tools_write_their_tables_and_figures(tmp_path):
     assert p.returncode == 0, p.stderr
     res = json.loads((tmp_path / "var" / "pg_variance.json").read_text())["results"][0]
     assert res["batches"] == 4 and len(res["rows"]) == 3
-    for row in res["rows"].values():
-        assert row["total_variance"] > 0 and row["total_variance_ci"][0] <= row["total_variance_ci"][1]
     assert (tmp_path / "var" / "pg_variance.png").stat().st_size > 0
-    for algo in ("reinforce", "ppo"):
-        q = run_script(
-            SCRIPT,
-            "--backend",
-            "jax",
-            "--num-seeds",
-            "2",
-            "--algo",
-            algo,
-            "--num-envs",
-            "2",
-            "--num-steps",
-            "200",
-            "--minibatch-size",
-            "100",
-            "--update-epochs",
-            "1",
-            "--total-timesteps",
-            "400",
-            "--eval-episodes",
-            "2",
-            "--out",
-            str(tmp_path / algo),
-            cwd=tmp_path,
-            timeout=300,
-        )
-        assert q.returncode == 0, q.stderr
+    for algo, scores in (("reinforce", [-1100.0, -900.0]), ("ppo", [-150.0, -170.0])):  # two 2-seed runs' files
+        (tmp_path / algo).mkdir()
+        across = dict(n=2, iqm=float(np.mean(scores)), iqm_ci=[min(scores), max(scores)], mean=float(np.mean(scores)))
+        across.update(min=min(scores), max=max(scores), solved=sum(x >= -200 for x in scores))
+        metrics = dict(algo=algo, env_steps=400, eval_return_per_seed=scores, across_seeds=across)
+        (tmp_path / algo / "metrics.json").write_text(json.dumps(metrics))
     r = run_script(
         "tools/pg_ladder.py",
         str(tmp_path / "ppo"),
@@ -730,8 +733,24 @@ def test_pg_tools_write_their_tables_and_figures(tmp_path):
     assert r.returncode == 0, r.stderr
     rows = (tmp_path / "ladder" / "ladder.md").read_text().splitlines()[2:]
     assert [row.split("|")[1].strip() for row in rows] == ["`reinforce`", "`ppo`"]  # ladder order, not argv order
+    assert [row.split("|")[4].strip() for row in rows] == ["-1000 [-1100, -900]", "-160 [-170, -150]"]  # IQM [CI]
     bad = run_script("tools/pg_variance.py", "--batches", "1", "--out", str(tmp_path / "x"), cwd=tmp_path)
     assert bad.returncode != 0 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr
+
+
+@pytest.mark.unit
+def test_pg_variance_statistics_hand_computed():
+    """tools/pg_variance.py's tr Σ, unbiased ‖E ĝ‖² and SNR on K = 2 estimates g = [[1, 0], [3, 2]]: per-coordinate
+    sample variances (ddof 1) are 2 and 2, so tr Σ = 4; ‖mean‖² = ‖(2, 1)‖² = 5, minus tr Σ / K = 2, is 3; SNR = 3/4.
+    Mutations caught: ddof 0 (tr Σ = 2), the biased ‖mean‖² (5), or the SNR upside down."""
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("pg_variance", REPO / "tools" / "pg_variance.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.snr_stats(np.array([[1.0, 0.0], [3.0, 2.0]])) == pytest.approx((4.0, 3.0, 0.75))
 
 
 # ---------------------------------------------------------------------------------------------- the ladder
@@ -817,11 +836,15 @@ def test_short_run_learns(pen, tmp_path):
     # measured for this run: −151
     assert m["eval_return_mean"] > -300, m["eval_return_mean"]
     last = m["last_update"]  # the final PPO update still changes the policy, and the critic explains the returns
-    assert last["approx_kl"] > 0 and last["explained_var"] > 0.5, last
-    # The learning rate decays linearly to 0 (--anneal-lr), so the very last update moves the policy so little
-    # that no ratio leaves [0.8, 1.2] (clip_frac = 0 there); over the last tenth of training the clip is active.
-    tail = json.loads((tmp_path / "metrics.json").read_text())["history"][-5:]
-    assert max(h["clip_frac"] for h in tail) > 0, tail
+    assert 1e-5 < last["approx_kl"] < 0.1 and last["explained_var"] > 0.5, last
+    history = json.loads((tmp_path / "metrics.json").read_text())["history"]
+    # the critic learns: its loss falls by far between the first and the last update (mutation caught: a critic
+    # that never steps)
+    assert history[-1]["v_loss"] < 0.1 * history[0]["v_loss"], (history[0], history[-1])
+    # The learning rate decays linearly to 0 (--anneal-lr), so the last updates move the policy little; over the
+    # last tenth of training the clip still binds on some samples, and never on more than leave the band.
+    tail = history[-5:]
+    assert max(h["clip_frac"] for h in tail) > 0 and all(h["clip_frac"] <= h["outside_frac"] for h in tail), tail
 
 
 @pytest.mark.learning
