@@ -146,28 +146,23 @@ class Rollout(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------------------- Networks
-LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)  # log √(2π)
 
 
 class Normal(NamedTuple):
-    """A batch of independent Gaussians N(μ, σ²), the policy's distribution: loc and scale of one shape."""
+    """A batch of independent Gaussians N(μ, σ²), the policy's distribution: loc μ and scale σ > 0, (B, act_dim)."""
 
-    loc: jax.Array  # μ, (B, act_dim)
-    scale: jax.Array  # σ > 0, (B, act_dim)
+    loc: jax.Array
+    scale: jax.Array
 
-    def sample(self, key) -> jax.Array:
-        """a = μ + σ·z with z ~ N(0, 1), one draw per entry. z is drawn with a leading sample axis of 1, as
-        tensorflow-probability's Normal draws it, so that the compiled act gives tfp's bits (a test checks)."""
-        z = jax.random.normal(key, (1, *self.loc.shape))
-        return (z * self.scale + self.loc)[0]
+    def sample(self, key) -> jax.Array:  # a = μ + σ·z, z ~ N(0, 1) of the event shape
+        return self.loc + self.scale * jax.random.normal(key, self.loc.shape)
 
-    def log_prob(self, x) -> jax.Array:
-        """log N(x; μ, σ²) = −½ ((x − μ)/σ)² − log σ − ½ log 2π, elementwise."""
-        return -0.5 * jnp.square(x / self.scale - self.loc / self.scale) - (LOG_SQRT_2PI + jnp.log(self.scale))
+    def log_prob(self, x) -> jax.Array:  # log N(x; μ, σ²) = −½((x − μ)/σ)² − log σ − log √(2π), elementwise
+        return -0.5 * ((x - self.loc) / self.scale) ** 2 - jnp.log(self.scale) - LOG_SQRT_2PI
 
-    def entropy(self) -> jax.Array:
-        """H = ½ + ½ log 2π + log σ, elementwise."""
-        return 0.5 + (LOG_SQRT_2PI + jnp.log(self.scale))
+    def entropy(self) -> jax.Array:  # H = ½ + log σ + log √(2π), elementwise
+        return 0.5 + jnp.log(self.scale) + LOG_SQRT_2PI
 
 
 ACTIVATIONS = {"tanh": jnp.tanh, "relu": nnx.relu}

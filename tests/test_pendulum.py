@@ -168,32 +168,6 @@ def test_normal_entropy_and_samples_match_the_gaussian(pen):
 
 
 @pytest.mark.unit
-def test_normal_is_bit_identical_to_tensorflow_probability(pen, monkeypatch):
-    """The course's numbers were first measured with tfp's Normal: the compiled act gives the same bits with ours."""
-    from flax import nnx
-    from tensorflow_probability.substrates import jax as tfp
-
-    class TfpNormal(tfp.distributions.Normal):  # tfp's Normal with our sample(key) signature
-        def sample(self, key):
-            return super().sample(seed=key)
-
-    actor = pen.Actor(3, 1, 64, "param", "tanh", 0.0, rngs=nnx.Rngs(0))  # the default actor
-    graphdef, state = nnx.split(actor)
-    obs = jnp.asarray(np.random.default_rng(0).normal(size=(16, 3)), jnp.float32)
-
-    def outputs():  # the sampled action and its log π from the compiled act, then the entropy and the mean
-        action, logp, _ = jax.jit(partial(pen.act, graphdef))(state, obs, jax.random.key(7))
-        dist = jax.jit(lambda o: nnx.merge(graphdef, state)(o))(obs)
-        return action, logp, dist.entropy(), dist.loc
-
-    ours = outputs()
-    monkeypatch.setattr(pen, "Normal", lambda loc, scale: TfpNormal(loc=loc, scale=scale))
-    theirs = outputs()
-    for x, y in zip(ours, theirs, strict=True):
-        assert np.array_equal(np.asarray(x), np.asarray(y))
-
-
-@pytest.mark.unit
 def test_value_loss_shapes(pen):
     from flax import nnx
 
@@ -214,13 +188,16 @@ def test_value_loss_shapes(pen):
 
 @pytest.mark.unit
 def test_guide_preset_sets_defaults_and_explicit_flags_win(pen, tmp_path):
-    """Mutation caught: a preset that forgets a setting of the original guide (e.g. bootstrap_truncated, which the
-    guide treats as termination), or that overrides a flag given explicitly."""
+    """The original guide's table, written out here: 1 env × 2,048 steps, K = 10, minibatch 64, γ 0.99, λ 0.95,
+    ε 0.2, Adam 3e-4 / 1e-3 without decay, entropy bonus, gradient clip, observation or reward scaling, σ(s) by a
+    softplus head, ReLU, 64 units, and a time limit treated as termination. Mutations caught: a preset that forgets
+    or changes one of them (e.g. bootstrap_truncated, or ε), or that overrides a flag given explicitly."""
+    guide = dict(num_envs=1, num_steps=2048, update_epochs=10, minibatch_size=64, gamma=0.99, gae_lambda=0.95)
+    guide.update(clip_eps=0.2, actor_learning_rate=3e-4, critic_learning_rate=1e-3, anneal_lr=False, ent_coef=0.0)
+    guide.update(max_grad_norm=0.0, norm_obs=False, reward_scale=1.0, bootstrap_truncated=False, sigma="state")
+    guide.update(activation="relu", hidden_size=64)
     a = pen.parse_args(["--preset", "guide"])
-    for name, value in pen.GUIDE_PRESET.items():
-        assert getattr(a, name) == value, name
-    assert (a.num_envs, a.num_steps, a.minibatch_size, a.actor_learning_rate, a.sigma) == (1, 2048, 64, 3e-4, "state")
-    assert a.bootstrap_truncated is False and a.anneal_lr is False and a.max_grad_norm == 0.0
+    assert {name: getattr(a, name) for name in guide} == guide
     b = pen.parse_args(["--preset", "guide", "--gamma", "0.9", "--bootstrap-truncated"])
     assert b.gamma == 0.9 and b.num_steps == 2048 and b.bootstrap_truncated is True
     c = pen.parse_args([])
@@ -414,8 +391,8 @@ def test_normalize_obs_uses_the_running_statistics_with_clip_and_epsilon(pen):
 
 @pytest.mark.smoke
 def test_same_seed_same_run(pen, tmp_path):
-    """Mutations caught: anything unseeded (a run that differs from itself), or a --seed that does not reach the
-    networks or the envs (seed 8 would then repeat seed 7)."""
+    """Mutations caught: anything unseeded (a run that differs from itself), or a --seed that is ignored (seed 8
+    would then repeat seed 7)."""
     a = pen.main(pen.parse_args(TINY + ["--seed", "7", "--out", str(tmp_path / "a")]))
     b = pen.main(pen.parse_args(TINY + ["--seed", "7", "--out", str(tmp_path / "b")]))
     c = pen.main(pen.parse_args(TINY + ["--seed", "8", "--out", str(tmp_path / "c")]))
@@ -609,14 +586,14 @@ def test_jax_rollout_autoresets_and_keeps_the_true_final_obs(pen):
     args = pen.Args(backend="jax", num_envs=3, num_steps=400, minibatch_size=100)
     _, actor_def = pen.graph_defs(args, pen.derived(args))
     runner = pen.make_train(args).init(jax.random.key(0))
-    new_runner, ro = jax.jit(partial(pen.jax_rollout, actor_def, args))(runner.state[0], runner)
-    obs, nxt, trunc = np.asarray(ro.obs), np.asarray(ro.next_obs), np.asarray(ro.truncated)
-    assert trunc[199].all() and trunc[399].all() and trunc.sum() == 6 and np.asarray(ro.terminated).sum() == 0
+    new_runner, rollout = jax.jit(partial(pen.jax_rollout, actor_def, args))(runner.state[0], runner)
+    obs, nxt, trunc = np.asarray(rollout.obs), np.asarray(rollout.next_obs), np.asarray(rollout.truncated)
+    assert trunc[199].all() and trunc[399].all() and trunc.sum() == 6 and np.asarray(rollout.terminated).sum() == 0
     inside = np.ones(400, bool)
     inside[[199, 399]] = False
     np.testing.assert_array_equal(nxt[:-1][inside[:-1]], obs[1:][inside[:-1]])  # continuity inside an episode
     # at the truncation: next_obs follows the dynamics from obs[199] with the torque taken ...
-    u = np.clip(np.asarray(ro.actions)[199, :, 0], -2, 2)
+    u = np.clip(np.asarray(rollout.actions)[199, :, 0], -2, 2)
     th = np.arctan2(obs[199, :, 1], obs[199, :, 0])
     thdot = np.clip(obs[199, :, 2] + (15.0 * np.sin(th) + 3.0 * u) * 0.05, -8, 8)
     np.testing.assert_allclose(nxt[199, :, 2], thdot, atol=1e-4)
@@ -835,9 +812,11 @@ def test_short_run_learns(pen, tmp_path):
     # far from a random policy (−1182) and from the under-trained 60k-step runs (−384 to −713 in the README);
     # measured for this run: −151
     assert m["eval_return_mean"] > -300, m["eval_return_mean"]
-    last = m["last_update"]  # the final PPO update still changes the policy, and the critic explains the returns
-    assert 1e-5 < last["approx_kl"] < 0.1 and last["explained_var"] > 0.5, last
+    last = m["last_update"]  # the final PPO update still changes the policy
+    assert 1e-5 < last["approx_kl"] < 0.1, last
     history = json.loads((tmp_path / "metrics.json").read_text())["history"]
+    # the critic explains the returns (the median of the last five updates: one rollout's value is noisy)
+    assert np.median([h["explained_var"] for h in history[-5:]]) > 0.5, history[-5:]
     # the critic learns: its loss falls by far between the first and the last update (mutation caught: a critic
     # that never steps)
     assert history[-1]["v_loss"] < 0.1 * history[0]["v_loss"], (history[0], history[-1])
