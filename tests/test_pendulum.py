@@ -1,14 +1,17 @@
-"""Tests for 3_Pendulum/pendulum.py: PPO on Pendulum-v1.
+"""Tests for 3_Pendulum/pendulum.py: PPO on Pendulum-v1. Each replaced check names, in its docstring or comment,
+the broken code it catches.
 
-unit: GAE with a termination and a truncation, the true final observation at an autoreset, the
-clipped loss and its zero gradient, the Normal log-probability of the unclipped sample, the value-loss
-shapes, the preset and the input checks (InputError), save_checkpoint / load_checkpoint and normalize_obs;
-ppo_update (compiled as the training loops compile it) on a fixed Rollout (GAE targets, the clip); the JAX
-port of Pendulum-v1 against gymnasium step for step, its in-scan autoreset, a seed inside the vmap against
-the same seed alone; Monte-Carlo returns, the REINFORCE loss and each rung's steps. smoke: the CLI with
-tiny flags, a --load round trip, a GIF, --norm-obs, --preset guide, --backend jax with several seeds, and
-bad input. learning: a short fixed-seed run reaches −300 with live PPO statistics; four vmapped JAX seeds
-each reach −200.
+unit: GAE with a termination and a truncation, the true final observation at an autoreset, the clipped loss and
+its zero gradient, the clip fractions (clip_frac where the clip binds, outside_frac), the Normal against closed
+forms, the value-loss shapes, the guide preset and the reinforce rungs' rollout size, the input checks
+(InputError), save_checkpoint / load_checkpoint and normalize_obs; ppo_update on a fixed Rollout (GAE targets,
+KL and clip bands, the clip); the JAX port of Pendulum-v1 against gymnasium step for step, its in-scan autoreset,
+make_train's run with a seed inside the vmap against the same seed alone and train(key) = run(init(key));
+Monte-Carlo returns, the REINFORCE loss, each rung's steps, tools/pg_variance.py's statistics. smoke: the CLI with
+tiny flags, a --load round trip, a GIF, --norm-obs, --preset guide, another seed another run, --backend jax with
+four seeds on two devices (and a --load of its params.npz reproducing seed 0's score), the pg tools, bad input.
+learning: a short fixed-seed run reaches −300 and its critic's loss falls tenfold; four vmapped JAX seeds each
+reach −200.
 """
 
 from __future__ import annotations
