@@ -115,7 +115,8 @@ def load(name: str, results_dir: Path = RESULTS_DIR) -> dict | tuple[dict, list[
 
 def fmt(v: float, scores) -> str:
     """Scores to one decimal; accuracies and rates (every |score| <= 1) to four."""
-    return f"{v:.4f}" if all(abs(s) <= 1 for s in scores) else f"{v:.1f}"
+    text = f"{v:.4f}" if all(abs(s) <= 1 for s in scores) else f"{v:.1f}"
+    return text.replace("-", "−")  # the typographic minus, as in the READMEs' prose
 
 
 def field(summary: dict, name: str) -> str:
