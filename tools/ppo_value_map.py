@@ -111,7 +111,7 @@ def swing_up_path(actor, rms, eval_seed: int, episodes: int) -> tuple[np.ndarray
     obs, _ = env.reset(seed=eval_seed + int(np.argmin(starts)))
     path, total, done = [obs], 0.0, False
     while not done:
-        mu = np.asarray(actor(normalise(obs[None].astype(np.float32), rms)).mean())[0]
+        mu = np.asarray(actor(normalise(obs[None].astype(np.float32), rms)).loc)[0]
         obs, r, term, trunc, _ = env.step(np.clip(mu, -2.0, 2.0))
         path.append(obs)
         total += float(r)
@@ -166,7 +166,7 @@ def main(argv=None) -> dict:
     th, thdot, obs = state_grid(a.grid)
     x = normalise(obs.reshape(-1, 3), rms)
     value = np.asarray(critic(x)).reshape(a.grid, a.grid) / saved["reward_scale"]
-    torque = np.asarray(actor(x).mean())[:, 0].reshape(a.grid, a.grid)
+    torque = np.asarray(actor(x).loc)[:, 0].reshape(a.grid, a.grid)
     traj = swing_up_path(actor, rms, saved["eval_seed"], saved["eval_episodes"])
     metrics = json.loads((run / "metrics.json").read_text())
     title = (
