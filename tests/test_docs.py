@@ -182,6 +182,7 @@ NOT_OUR_CODE = {
     "unit": "a pytest marker (pytest.ini)",
     "smoke": "a pytest marker (pytest.ini)",
     "learning": "a pytest marker (pytest.ini)",
+    "integration": "a pytest marker (pytest.ini)",
     "ici_data_parallelism": "a MaxText config key",
     "ici_fsdp_parallelism": "a MaxText config key",
     "ici_tensor_parallelism": "a MaxText config key",

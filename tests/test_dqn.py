@@ -593,7 +593,7 @@ def test_default_configuration_learns_on_held_out_seeds(seed, tmp_path):
     assert metrics["eval_return_mean"] >= 475, [c["eval_return"] for c in metrics["curve"]]
 
 
-@pytest.mark.smoke
+@pytest.mark.integration
 def test_compile_cache_is_written_then_reused_without_changing_the_run(tmp_path):
     cache = tmp_path / "cache"
     runs = []

@@ -629,7 +629,7 @@ def test_a_seed_in_the_vmap_is_the_same_as_that_seed_alone(pen):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.smoke
+@pytest.mark.integration
 def test_jax_backend_cli_many_seeds_metrics(tmp_path):
     """Four seeds vmapped and sharded over two CPU devices (seeds 4, 5 on one, 6, 7 on the other); a seed on
     the second device matches that seed trained alone, on one device, up to float rounding."""
@@ -675,7 +675,7 @@ def test_jax_backend_cli_many_seeds_metrics(tmp_path):
     assert alone["eval_return_mean"] == pytest.approx(m["eval_return_per_seed"][2], abs=0.05)  # seed 6 alone
 
 
-@pytest.mark.smoke
+@pytest.mark.integration
 def test_pg_tools_write_their_tables_and_figures(tmp_path):
     """tools/pg_variance.py (tiny: θ at initialisation, 4 batches) and tools/pg_ladder.py on two 2-seed runs' files."""
     p = run_script(

@@ -323,7 +323,7 @@ def _param_values():
     }
 
 
-@pytest.mark.smoke
+@pytest.mark.integration
 def test_cli_8_devices_every_rule_set(tmp_path):
     res = run_script(SCRIPT, "--host-devices", "8", "--steps", "3", "--out", str(tmp_path), cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -397,7 +397,7 @@ def test_cli_mesh_that_does_not_fit(tmp_path, flags, message):
     assert len(res.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.smoke
+@pytest.mark.integration
 def test_cli_default_fakes_8_devices_and_a_perturbed_state_fails_the_check(tmp_path):
     # No --host-devices on a CPU-only host: 8 faked devices, said in the first line. --perturb adds 0.001 to one
     # sharded weight before the equivalence check, which must then FAIL with a one-line error.
@@ -431,7 +431,7 @@ def test_cli_default_fakes_8_devices_and_a_perturbed_state_fails_the_check(tmp_p
     assert m["devices"] == 8 and m["check_passed"] is False and m["max_abs_diff_vs_single_device"] > 1e-4
 
 
-@pytest.mark.smoke
+@pytest.mark.integration
 def test_cli_one_device_says_nothing_is_sharded(tmp_path):
     res = run_script(
         SCRIPT,
@@ -451,7 +451,7 @@ def test_cli_one_device_says_nothing_is_sharded(tmp_path):
     assert json.loads((tmp_path / "metrics.json").read_text())["check_passed"] is None
 
 
-@pytest.mark.smoke
+@pytest.mark.integration
 def test_cli_two_processes_with_distributed(tmp_path):
     """--distributed for real: two processes on this machine, 2 CPU devices each, one 2x2 mesh over both."""
     import os

@@ -16,7 +16,8 @@ that this tool fills in, so nobody types a result by hand:
     python tools/results.py            # fill every marker in every README from benchmarks/results/
     python tools/results.py --check    # change nothing; list each marker whose text differs (exit 1)
 
-A README_ch.md gets the same numbers under Chinese headings. tests/test_docs.py runs the check, so a results file
+A marker quoted in inline code (`<!-- r: … -->`, as on this page) is text, not a marker. A README_ch.md gets the
+same numbers under Chinese headings. tests/test_docs.py runs the check, so a results file
 that changes without its README (or a README number typed by hand inside a marker) fails CI.
 """
 
@@ -36,8 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "benchmarks" / "results"
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "gymnasium", "numpy", "torch", "stable-baselines3")
 
-BLOCK = re.compile(r"(<!-- results: ([\w.-]+)((?: \w+=\d+)*) -->\n)(.*?)(<!-- /results -->)", re.S)
-INLINE = re.compile(r"(<!-- r: ([\w.-]+)\.(\w+) -->)(.*?)(<!-- /r -->)")
+BLOCK = re.compile(r"(?<!`)(<!-- results: ([\w.-]+)((?: \w+=\d+)*) -->\n)(.*?)(<!-- /results -->)", re.S)
+INLINE = re.compile(r"(?<!`)(<!-- r: ([\w.-]+)\.(\w+) -->)(.*?)(<!-- /r -->)")
 
 WORDS = {
     "en": {
