@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import sys
@@ -25,18 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "2_Cart_Pole_DQN" / "cart_pole_dqn.py"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from course import REPO, load_script  # noqa: E402
+
 GAMMAS = (0.99, 0.999)
 COLORS = {0.99: "tab:red", 0.999: "tab:blue"}
-
-
-def load_dqn():
-    spec = importlib.util.spec_from_file_location("course_dqn", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["course_dqn"] = module  # dataclasses need the module registered
-    spec.loader.exec_module(module)
-    return module
 
 
 def trained_agent(dqn, seed: int, gamma: float, out: Path, retrain: bool):
@@ -116,7 +108,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
 
     os.chdir(REPO)  # --out and --figure are relative to the repository root
-    dqn = load_dqn()
+    dqn = load_script("2_Cart_Pole_DQN/cart_pole_dqn.py")
     dqn.use_sequential_xla_scheduler()  # as the script's command line does, before JAX starts its backend
     episode_seed = dqn.Args().eval_seed if args.episode_seed is None else args.episode_seed
     runs = {}

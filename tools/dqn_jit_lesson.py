@@ -21,22 +21,13 @@ The course script is imported by path; the script itself imports nothing from he
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "2_Cart_Pole_DQN" / "cart_pole_dqn.py"
-
-
-def load_dqn():
-    spec = importlib.util.spec_from_file_location("course_dqn", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["course_dqn"] = module  # dataclasses need the module registered
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from course import REPO, load_script  # noqa: E402
 
 
 def best_of(rounds: int, forms: dict, repeat: dict) -> dict:
@@ -82,7 +73,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     os.chdir(REPO)
 
-    dqn = load_dqn()
+    dqn = load_script("2_Cart_Pole_DQN/cart_pole_dqn.py")
     dqn.use_sequential_xla_scheduler()  # as the script's command line does, before JAX starts its backend
     import jax
     import jax.numpy as jnp

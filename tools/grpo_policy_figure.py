@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import os
 import sys
@@ -33,16 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "4_GRPO_MNIST" / "grpo_mnist.py"
-
-
-def load_grpo():
-    spec = importlib.util.spec_from_file_location("course_grpo_mnist", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["course_grpo_mnist"] = module  # dataclasses need the module registered
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from course import load_script  # noqa: E402
 
 
 def parse(argv=None):
@@ -136,7 +127,7 @@ def draw(path: str, images, y, rows: list[tuple[str, np.ndarray]], title: str) -
 
 def main(argv=None) -> None:
     a = parse(argv)
-    grpo = load_grpo()
+    grpo = load_script("4_GRPO_MNIST/grpo_mnist.py")
     runs = [Path(r) for r in a.runs]
     first = run_args(grpo, runs[0])
     data = grpo.load_data(first)  # every run must use the same data and split: checked below

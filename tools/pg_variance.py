@@ -27,7 +27,6 @@ The course script is imported by path (like tests/conftest.py); the script itsel
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shlex
@@ -37,17 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "3_Pendulum" / "pendulum.py"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from course import load_script  # noqa: E402
+
 ESTIMATORS = ("G_t (REINFORCE)", "G_t − V(s_t) (learned baseline)", "GAE(λ) (A2C / PPO)")
-
-
-def load_pendulum():
-    spec = importlib.util.spec_from_file_location("course_pendulum", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["course_pendulum"] = module  # dataclasses need the module registered
-    spec.loader.exec_module(module)
-    return module
 
 
 def parse(argv=None):
@@ -187,7 +179,7 @@ def main(argv=None):
     import jax
     import jax.numpy as jnp
 
-    pen = load_pendulum()
+    pen = load_script("3_Pendulum/pendulum.py")
     # The PPO run that provides θ: the ladder's batch shape (num_envs × 200 steps), default hyperparameters.
     args = pen.Args(
         backend="jax",

@@ -10,23 +10,14 @@ The course script is imported by path (like tests/conftest.py); the script itsel
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "3_Pendulum" / "pendulum.py"
-
-
-def load_pendulum():
-    spec = importlib.util.spec_from_file_location("course_pendulum", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["course_pendulum"] = module  # dataclasses need the module registered
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from course import load_script  # noqa: E402
 
 
 def plot_clip_objective(pen, path: str, clip_eps: float = 0.2) -> None:
@@ -75,7 +66,7 @@ def main(argv=None):
     except OSError as e:
         p.exit(1, f"error: --out {a.out!r}: cannot write there ({e.strerror})\n")
     path = os.path.join(a.out, "clip_objective.png")
-    plot_clip_objective(load_pendulum(), path, a.clip_eps)
+    plot_clip_objective(load_script("3_Pendulum/pendulum.py"), path, a.clip_eps)
     print(f"wrote {path}")
 
 

@@ -24,7 +24,6 @@ Writes <out>/value_map.png and prints a few values read off the grid. The course
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -32,16 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "3_Pendulum" / "pendulum.py"
-
-
-def load_pendulum():
-    spec = importlib.util.spec_from_file_location("course_pendulum", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["course_pendulum"] = module  # dataclasses need the module registered
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from course import load_script  # noqa: E402
 
 
 def parse(argv=None):
@@ -157,7 +148,7 @@ def plot(path: str, th, thdot, value, torque, traj, title: str) -> None:
 
 def main(argv=None) -> dict:
     a = parse(argv)
-    pendulum = load_pendulum()
+    pendulum = load_script("3_Pendulum/pendulum.py")
     run = Path(a.run)
     try:
         actor, critic, saved, rms = load_agent(pendulum, run)
