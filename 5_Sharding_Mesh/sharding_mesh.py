@@ -2,18 +2,19 @@
 
 Every weight carries logical axis names (`vocab`, `embed`, `heads`, `mlp`, ...) from `nnx.with_partitioning`. A rule
 set, an ordered sequence of (logical name, mesh axis) pairs as in MaxText's `logical_axis_rules`, turns those names
-into a `PartitionSpec` per weight. The file reads in the order it runs:
+into a `PartitionSpec` per weight. `--axis-types explicit` makes the shardings part of the arrays' types and lays out
+the activations by the same rules. The file reads in the order it runs:
 
 1. the mesh axes, the four rule sets and `Args`;
 2. devices and mesh (`make_mesh`), then logical axes -> mesh axes (`logical_to_mesh_axes`, `analytic_bytes`);
-3. the model (`TinyLM`) and the layout of its state by a rule set (`state_shardings`, `init_sharded`);
+3. the model (`TinyLM`) and the layout of its state (`state_shardings`, Flax's `flax_shardings`, `init_sharded`);
 4. data, loss and the compiled step (`make_batches`, `place_batch`, `loss_fn`, `train_step`, `compile_step`, `train`);
-5. measuring the bytes each device holds (`measured_bytes`, `state_bytes`);
+5. measuring the bytes each device holds (`measured_bytes`, `state_bytes`) and the compiled step's (`compiled_memory`);
 6. the check against one device (`train_single_device`, `equivalence_check`), and `run_rule_set`, which does 3-6
    for one rule set.
 
-Below the `# Plumbing` banner: starting the devices (faked CPU devices, several hosts), the command line, input
-checks, the per-weight table, the 8B example's arithmetic, printing, plots, metrics.json and `main`.
+Below the `# Plumbing` banner: the records passed around, starting the devices (faked CPU devices, several hosts),
+the command line, input checks, the per-weight table, the 8B example's arithmetic, printing, plots and `main`.
 """
 
 from __future__ import annotations
@@ -80,6 +81,9 @@ class Args:
     process_id: int = flag(-1, "with --distributed: this process's rank, 0..num_processes-1; -1 = auto-detect", min=-1)
     perturb: float = flag(0.0, "add this to one sharded weight before the check, to see it FAIL (0 = off)")
     mesh: str = flag("", "device mesh as DATAxMODEL, e.g. 4x2; empty = model 2 if the device count is even, else 1")
+    axis_types: str = flag(
+        "auto", "mesh axes: auto (GSPMD lays out activations) or explicit", choices=("auto", "explicit")
+    )
     rules: str = flag("all", "logical-axis rule set to run", choices=(*RULE_SETS, "all"))
     steps: int = flag(40, "Adam steps per rule set (at least 2: the check repeats the last step)", min=2)
     batch_size: int = flag(32, "sequences in the global batch, split along the 'data' mesh axis", min=1)
@@ -100,10 +104,12 @@ class Args:
 # ---------------------------------------------------------------- devices and mesh
 
 
-def make_mesh(shape: tuple[int, int], devices: list) -> jax.sharding.Mesh:
+def make_mesh(shape: tuple[int, int], devices: list, axis_types: str = "auto") -> jax.sharding.Mesh:
     """A (data, model) grid of devices. Auto axes: we place the weights and the batch, and the compiler (GSPMD)
-    propagates shardings to everything computed from them."""
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 2, devices=devices)
+    propagates shardings to everything computed from them. Explicit axes: every array's sharding is part of its
+    type (jax.typeof prints f32[64@data,256@model]), and an operation whose result layout is ambiguous must be told."""
+    kind = AxisType.Explicit if axis_types == "explicit" else AxisType.Auto
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(kind,) * 2, devices=devices)
 
 
 # ---------------------------------------------------------------- logical axes -> mesh axes
@@ -162,24 +168,6 @@ def with_axes(names: tuple[str, ...], init=NORMAL_INIT):
     return nnx.with_partitioning(init, names)
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """The model and its optimizer, fixed at trace time: what the jitted `init_state` and `abstract_state` build."""
-
-    vocab: int
-    embed: int
-    heads: int
-    head_dim: int
-    mlp: int
-    seq_len: int
-    learning_rate: float
-    seed: int
-
-    @classmethod
-    def from_args(cls, args: Args) -> ModelConfig:
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
-
-
 class TinyLM(nnx.Module):
     """Embedding -> one pre-norm transformer block (causal attention + MLP) -> unembedding."""
 
@@ -201,17 +189,31 @@ class TinyLM(nnx.Module):
         self.mlp_out = nnx.Linear(F, E, use_bias=False, kernel_init=with_axes(("mlp", "embed")), rngs=rngs)
         self.unembed = nnx.Linear(E, V, use_bias=False, kernel_init=with_axes(("embed", "vocab")), rngs=rngs)
 
-    def __call__(self, tokens):  # (B, L) int32
-        L = tokens.shape[1]
-        x = self.token_embed(tokens) + self.pos_embed[...][:L]  # (B, L, E)
+    def __call__(self, tokens, rules=None):  # (B, L) int32
+        """rules=None (Auto axes): the compiler picks every activation's layout. With rules (Explicit axes): each
+        activation's logical names resolve to its `out_sharding`, as the weights' names do."""
+
+        def spec(*names):  # e.g. ('batch', 'length', 'embed') -> P('data', None, None) under fsdp
+            return None if rules is None else P(*logical_to_mesh_axes(names, rules))
+
+        L, by_token = tokens.shape[1], spec("batch", "length", "embed")
+        x = self.token_embed(tokens, out_sharding=by_token)  # (B, L, E)
+        position = self.pos_embed[...][:L]  # (L, E)
+        if rules is not None:  # fsdp splits its embed dim along 'data', which x's batch dim already uses:
+            position = jax.sharding.reshard(position, P())  # gather it whole first (FSDP's all-gather, made explicit)
+        x = x + position
         h = self.attn_norm(x)
-        q, k, v = self.query(h), self.key(h), self.value(h)  # (B, L, H, K)
+        by_head = spec("batch", "length", "heads", "kv")
+        q, k, v = (layer(h, out_sharding=by_head) for layer in (self.query, self.key, self.value))  # (B, L, H, K)
         scores = jnp.einsum("bqhk,bshk->bhqs", q, k) / jnp.sqrt(q.shape[-1])  # (B, H, L, L)
         causal = jnp.tril(jnp.ones((L, L), bool))
         weights = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1)
-        x = x + self.attn_out(jnp.einsum("bhqs,bshk->bqhk", weights, v))  # (B, L, E)
-        x = x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.mlp_norm(x))))
-        return self.unembed(self.final_norm(x))  # (B, L, V) logits
+        attended = jnp.einsum("bhqs,bshk->bqhk", weights, v)  # (B, L, H, K)
+        x = x + self.attn_out(attended, out_sharding=by_token)  # (B, L, E)
+        hidden = jax.nn.gelu(self.mlp_in(self.mlp_norm(x), out_sharding=spec("batch", "length", "mlp")))
+        x = x + self.mlp_out(hidden, out_sharding=by_token)
+        # (B, L, V) logits, the whole vocabulary on each device: the loss picks each label's logit from it
+        return self.unembed(self.final_norm(x), out_sharding=spec("batch", "length", None))
 
 
 def make_model_and_optimizer(config: ModelConfig) -> tuple[TinyLM, nnx.Optimizer]:
@@ -248,6 +250,16 @@ def state_shardings(abstract, mesh, rules):
     return jax.tree.map(lambda spec: NamedSharding(mesh, spec), mesh_specs(abstract, rules, mesh.axis_names))
 
 
+def flax_shardings(abstract, mesh, rules):
+    """The same layout by Flax's own path, nnx.logical_axis_rules + nnx.get_named_sharding. Flax looks each name up
+    in the rules as in a dict (no fallback, no check that a mesh axis is used once per array) and keeps a name that
+    no rule lists, so every name the state uses is listed here, None for the replicated ones."""
+    names = {n for spec in jax.tree.leaves(nnx.get_partition_spec(abstract)) for n in spec if isinstance(n, str)}
+    listed = {name for name, _ in rules}
+    with nnx.logical_axis_rules((*rules, *((n, None) for n in sorted(names - listed)))):
+        return nnx.get_named_sharding(abstract, mesh)
+
+
 def init_sharded(config: ModelConfig, shardings) -> nnx.State:
     """Create model + Adam state directly in their shards: each device computes only its own pieces,
     so no device ever holds the full model (how MaxText initialises models too big for one chip)."""
@@ -276,23 +288,16 @@ def place_batch(tokens: np.ndarray, mesh, rules) -> jax.Array:
     return jax.make_array_from_callback(tokens.shape, sharding, lambda idx: tokens[idx])
 
 
-def loss_fn(model: TinyLM, tokens) -> jax.Array:
+def loss_fn(model: TinyLM, tokens, rules=None) -> jax.Array:
     """Next-token cross-entropy: predict tokens[:, 1:] from tokens[:, :-1]."""
-    logits = model(tokens[:, :-1])  # (B, L, V)
+    logits = model(tokens[:, :-1], rules)  # (B, L, V)
     return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-
-
-@dataclass(frozen=True)
-class StepConfig:
-    """What the compiled step needs at trace time besides the graphdef."""
-
-    grad_shardings: nnx.State  # a NamedSharding per parameter: the model part of the state's shardings
 
 
 def loss_and_grads(graphdef, config: StepConfig, state, tokens):
     """Loss and gradients; each gradient is laid out like its parameter (the compiler reduce-scatters)."""
     model, _ = nnx.merge(graphdef, state)
-    loss, grads = nnx.value_and_grad(loss_fn)(model, tokens)
+    loss, grads = nnx.value_and_grad(loss_fn)(model, tokens, config.activation_rules)
     return loss, jax.lax.with_sharding_constraint(grads, config.grad_shardings)
 
 
@@ -307,19 +312,12 @@ def train_step(graphdef, config: StepConfig, state, tokens):
     return nnx.state((model, optimizer)), loss, grads
 
 
-def compile_step(graphdef, shardings):
+def compile_step(graphdef, shardings, activation_rules=None):
     """train_step compiled once for one layout: step(state, tokens) -> (state, loss, grads)."""
     # shardings[0] is the model part of the (model, optimizer) state: the layout for the gradients.
     # out_shardings pins the updated state to the layout the rules chose, step after step.
-    config = StepConfig(grad_shardings=shardings[0])
+    config = StepConfig(grad_shardings=shardings[0], activation_rules=activation_rules)
     return jax.jit(partial(train_step, graphdef, config), out_shardings=(shardings, None, config.grad_shardings))
-
-
-class TrainRun(NamedTuple):
-    state: nnx.State  # after the last step
-    losses: list[float]  # one per step
-    after_step1: nnx.State  # host copy after step 1
-    before_last: nnx.State  # host copy before the last step
 
 
 def train(args: Args, step, state, batches, mesh, rules, label: str) -> TrainRun:
@@ -349,17 +347,6 @@ def measured_bytes(tree) -> int:
     return max(per_device.values())
 
 
-class StateBytes(NamedTuple):
-    params: int
-    grads: int
-    adam: int
-    total: int
-
-    @classmethod
-    def of(cls, params: int, grads: int, adam: int) -> StateBytes:
-        return cls(params, grads, adam, params + grads + adam)
-
-
 def state_bytes(graphdef, state, grads, mesh, rules) -> tuple[StateBytes, StateBytes]:
     """Per-device bytes of params, grads and Adam state: (measured from the shards, analytic from the names)."""
     sizes = dict(mesh.shape)
@@ -376,17 +363,16 @@ def state_bytes(graphdef, state, grads, mesh, rules) -> tuple[StateBytes, StateB
     return measured, StateBytes.of(analytic(params), analytic(params), analytic(opt_state))
 
 
+def compiled_memory(step, state, tokens) -> CompiledMemory | None:
+    """Compile `step` for these inputs and read its per-device memory; None if the backend reports nothing."""
+    m = step.lower(state, tokens).compile().memory_analysis()
+    sizes = (
+        (m.argument_size_in_bytes, m.output_size_in_bytes, m.temp_size_in_bytes, m.peak_memory_in_bytes) if m else ()
+    )
+    return CompiledMemory(*sizes) if m else None
+
+
 # ---------------------------------------------------------------- the check against one device
-
-
-class Reference(NamedTuple):
-    """The single-device run, as host copies."""
-
-    init: nnx.State  # the initial state, which every rule set starts from too
-    losses: list[float]  # one per step
-    after_step1: nnx.State
-    before_last: nnx.State  # the state the check starts from
-    final: nnx.State  # ... and the one it must reproduce
 
 
 def train_single_device(args: Args, config: ModelConfig, graphdef, abstract, batches) -> Reference:
@@ -416,23 +402,41 @@ def run_rule_set(args: Args, name: str, mesh, graphdef, abstract, batches, refer
     log(f"\n=== rule set {name}: {rules}")
     t0 = time.perf_counter()
     shardings = state_shardings(abstract, mesh, rules)
+    flax_agrees = same_specs(shardings, flax_shardings(abstract, mesh, rules))
     # Each device receives only its shards of the initial values: the same values init_sharded computes,
     # without compiling the initializer again for every layout.
     state = jax.device_put(reference.init, shardings)
     rows = weight_table(graphdef, state, mesh, rules)
-    print_weight_table(rows)
+    print_weight_table(rows, flax_agrees)
     if args.visualize and jax.process_index() == 0:
         show_layout(graphdef, state)
-    step = compile_step(graphdef, shardings)
+    explicit = args.axis_types == "explicit"
+    step = compile_step(graphdef, shardings, activation_rules=rules if explicit else None)
+    if explicit:
+        show_types("before the first step", graphdef, state, place_batch(batches[0], mesh, rules))
     run = train(args, step, state, batches, mesh, rules, name)
     diff, check_state, grads = equivalence_check(step, shardings, reference, batches[-1], mesh, rules, args.perturb)
+    if explicit:
+        show_types("after the last step", graphdef, check_state, place_batch(batches[-1], mesh, rules), grads)
     measured, analytic = state_bytes(graphdef, check_state, grads, mesh, rules)
+    memory = compiled_memory(step, check_state, place_batch(batches[-1], mesh, rules))
     exact = measured == analytic and all(r.bytes == r.analytic and r.uniform and r.actual_spec == r.spec for r in rows)
     # Not the check, but reported: step 1 from a fresh Adam state, and the two whole loss curves.
     diff_first = max(abs(run.losses[0] - reference.losses[0]), max_abs_diff(run.after_step1, reference.after_step1))
     diff_curve = max(abs(a - b) for a, b in zip(run.losses, reference.losses))
     result = RuleSetResult(
-        rules, measured, analytic, exact, diff, diff_first, diff_curve, run.losses, rows, diff <= args.tolerance
+        rules,
+        measured,
+        analytic,
+        exact,
+        memory,
+        flax_agrees,
+        diff,
+        diff_first,
+        diff_curve,
+        run.losses,
+        rows,
+        diff <= args.tolerance,
     )
     print_rule_set_result(args, name, result, mesh, seconds=time.perf_counter() - t0)
     return result
@@ -645,11 +649,79 @@ def perturbed(state, delta: float):
     return jax.tree.unflatten(tree, [*leaves[:i], leaves[i] + delta, *leaves[i + 1 :]])
 
 
+# ---------------------------------------------------------------- the records the lesson's functions pass around
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model and its optimizer, fixed at trace time: what the jitted `init_state` and `abstract_state` build."""
+
+    vocab: int
+    embed: int
+    heads: int
+    head_dim: int
+    mlp: int
+    seq_len: int
+    learning_rate: float
+    seed: int
+
+    @classmethod
+    def from_args(cls, args: Args) -> ModelConfig:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+class TrainRun(NamedTuple):
+    state: nnx.State  # after the last step
+    losses: list[float]  # one per step
+    after_step1: nnx.State  # host copy after step 1
+    before_last: nnx.State  # host copy before the last step
+
+
+class StateBytes(NamedTuple):
+    params: int
+    grads: int
+    adam: int
+    total: int
+
+    @classmethod
+    def of(cls, params: int, grads: int, adam: int) -> StateBytes:
+        return cls(params, grads, adam, params + grads + adam)
+
+
+class CompiledMemory(NamedTuple):
+    """What XLA's compiled step reserves on one device (bytes), from `memory_analysis()`."""
+
+    arguments: int  # the state and the batch shard passed in
+    outputs: int  # the new state, the loss and the gradients returned
+    temporaries: int  # activations and scratch buffers live inside the step
+    peak: int  # XLA's own estimate of the most live at once
+
+
+class Reference(NamedTuple):
+    """The single-device run, as host copies."""
+
+    init: nnx.State  # the initial state, which every rule set starts from too
+    losses: list[float]  # one per step
+    after_step1: nnx.State
+    before_last: nnx.State  # the state the check starts from
+    final: nnx.State  # ... and the one it must reproduce
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """What the compiled step needs at trace time besides the graphdef."""
+
+    grad_shardings: nnx.State  # a NamedSharding per parameter: the model part of the state's shardings
+    activation_rules: tuple | None = None  # Explicit axes: the rules that lay out the activations too
+
+
 class RuleSetResult(NamedTuple):
     rules: tuple
     bytes_per_device: StateBytes  # measured from the shards
     analytic_bytes_per_device: StateBytes  # counted from the names
     bytes_match_analytic: bool  # ... for the totals and every weight, with the specs as intended
+    compiled: CompiledMemory | None  # what the compiled step reserves per device (XLA's memory_analysis)
+    flax_rules_agree: bool  # nnx.logical_axis_rules + nnx.get_named_sharding give the same specs
     max_abs_diff_vs_single_device: float  # the check
     fresh_adam_step1_max_abs_diff: float  # reported, not checked
     loss_curve_max_abs_diff: float  # reported, not checked
@@ -663,6 +735,8 @@ class RuleSetResult(NamedTuple):
             bytes_per_device=self.bytes_per_device._asdict(),
             analytic_bytes_per_device=self.analytic_bytes_per_device._asdict(),
             bytes_match_analytic=self.bytes_match_analytic,
+            compiled_memory_per_device=self.compiled._asdict() if self.compiled else None,
+            flax_rules_agree=self.flax_rules_agree,
             max_abs_diff_vs_single_device=self.max_abs_diff_vs_single_device,
             fresh_adam_step1_max_abs_diff=self.fresh_adam_step1_max_abs_diff,
             loss_curve_max_abs_diff=self.loss_curve_max_abs_diff,
@@ -726,13 +800,39 @@ def fmt_spec(spec) -> str:
     return "P(" + ", ".join(repr(s) for s in spec) + ")"
 
 
-def print_weight_table(rows) -> None:
+def print_weight_table(rows, flax_agrees: bool) -> None:
     log(f"  {'weight':<22}{'shape':<14}{'logical axes':<26}{'PartitionSpec':<28}{'shard':<13}{'bytes/dev':>9}")
     for r in rows:
         log(
             f"  {r.name:<22}{str(r.shape):<14}{str(r.logical):<26}{fmt_spec(r.spec):<28}"
             f"{str(r.shard_shape):<13}{r.bytes:>9}"
         )
+    log(f"  nnx.logical_axis_rules + nnx.get_named_sharding give the same specs for the whole state: {flax_agrees}")
+
+
+def same_specs(ours, theirs) -> bool:
+    """Two trees of NamedSharding lay every leaf out alike (specs compared with trailing Nones dropped)."""
+
+    def norm(spec):
+        spec = tuple(spec)
+        while spec and spec[-1] is None:
+            spec = spec[:-1]
+        return spec
+
+    a, b = jax.tree.leaves(ours), jax.tree.leaves(theirs)
+    return len(a) == len(b) and all(norm(x.spec) == norm(y.spec) for x, y in zip(a, b))
+
+
+def show_types(when: str, graphdef, state, tokens, grads=None) -> None:
+    """Explicit axes: print jax.typeof of one weight, the batch and (after a step) that weight's gradient."""
+    model = nnx.merge(graphdef, state)[0]
+    kernel, position = model.mlp_in.kernel[...], model.pos_embed[...]
+    line = f"  types {when}: mlp_in kernel {jax.typeof(kernel)}, batch {jax.typeof(tokens)}"
+    if grads is not None:
+        line += f", its gradient {jax.typeof(grads['mlp_in']['kernel'][...])}"
+    log(line)
+    if grads is None:  # the one layout change inside TinyLM, done here on the real weight to print it
+        log(f"  reshard: pos_embed {jax.typeof(position)} -> {jax.typeof(jax.sharding.reshard(position, P()))}")
 
 
 def show_layout(graphdef, state) -> None:
@@ -758,6 +858,14 @@ def print_rule_set_result(args: Args, name: str, result: RuleSetResult, mesh, se
         f"  bytes/device: params={measured.params} grads={measured.grads} adam={measured.adam} "
         f"total={measured.total} (analytic {analytic.total}) analytic_match={result.bytes_match_analytic}"
     )
+    if result.compiled is None:
+        log("  compiled step per device: this backend's memory_analysis() reports nothing")
+    else:
+        c = result.compiled
+        log(
+            f"  compiled step per device: arguments={c.arguments} outputs={c.outputs} temporaries={c.temporaries} "
+            f"peak={c.peak} (XLA memory_analysis)"
+        )
     log(
         f"check rules={name} step_max_abs_diff={result.max_abs_diff_vs_single_device:.2e} tol={args.tolerance:.0e} "
         f"{verdict(result.passed, mesh)} (fresh_adam_step1_diff={result.fresh_adam_step1_max_abs_diff:.2e} "
@@ -869,6 +977,14 @@ def save_results(args: Args, metrics: dict, curves: dict[str, list[float]]) -> N
 
 
 def print_summary(args: Args, results: dict[str, RuleSetResult], metrics: dict, ok: bool, mesh) -> None:
+    log("\n=== bytes per device: the state measured from its shards, and the compiled step (XLA memory_analysis)")
+    log(f"  {'rules':<7}{'state':>10}{'arguments':>11}{'outputs':>10}{'temporaries':>13}{'peak':>10}")
+    for name, result in results.items():
+        c = result.compiled
+        cells = (
+            "".join(f"{v:>{w}}" for v, w in zip(c, (11, 10, 13, 10))) if c else "  memory_analysis() reports nothing"
+        )
+        log(f"  {name:<7}{result.bytes_per_device.total:>10}{cells}")
     log("\n=== summary")
     for name, result in results.items():
         log(
@@ -886,18 +1002,19 @@ def main(args: Args) -> dict:
     validate(args)
     t_start = time.perf_counter()
     devices = start_devices(args)
-    mesh = make_mesh(mesh_shape(args, len(devices)), devices)
+    mesh = make_mesh(mesh_shape(args, len(devices)), devices, args.axis_types)
     names = list(RULE_SETS) if args.rules == "all" else [args.rules]
     check_splits(args, names, mesh)
     log(
         f"devices={len(devices)} platform={devices[0].platform} processes={jax.process_count()} "
-        f"mesh=data:{mesh.shape['data']}xmodel:{mesh.shape['model']} rules={','.join(names)}"
+        f"mesh=data:{mesh.shape['data']}xmodel:{mesh.shape['model']} axes={args.axis_types} rules={','.join(names)}"
     )
 
     batches, config = make_batches(args), ModelConfig.from_args(args)
     graphdef, abstract = abstract_state(config)
     reference = train_single_device(args, config, graphdef, abstract, batches)
-    results = {name: run_rule_set(args, name, mesh, graphdef, abstract, batches, reference) for name in names}
+    with jax.set_mesh(mesh):  # the mesh every sharding and jax.sharding.reshard below refers to
+        results = {name: run_rule_set(args, name, mesh, graphdef, abstract, batches, reference) for name in names}
     memory_8b = report_8b(args.hbm_gb)
 
     ok = all(r.passed and r.bytes_match_analytic for r in results.values())
@@ -906,11 +1023,13 @@ def main(args: Args) -> dict:
         platform=devices[0].platform,
         processes=jax.process_count(),
         mesh=dict(mesh.shape),
+        axis_types=args.axis_types,
         rules=names,
         tolerance=args.tolerance,
         max_abs_diff_vs_single_device=max(r.max_abs_diff_vs_single_device for r in results.values()),
         check_passed=ok if mesh.devices.size > 1 else None,
         bytes_per_device={name: r.bytes_per_device.total for name, r in results.items()},
+        compiled_memory_per_device={n: r.compiled._asdict() if r.compiled else None for n, r in results.items()},
         rule_sets={name: r.to_json() for name, r in results.items()},
         single_device_losses=reference.losses,
         llama_8b_4x2=memory_8b,

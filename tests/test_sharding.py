@@ -111,6 +111,32 @@ def test_resolver_agrees_with_flax_linen():
 
 
 @pytest.mark.unit
+def test_flax_logical_axis_rules_give_the_same_shardings_as_the_resolver():
+    """Beside the hand-written resolver: nnx.logical_axis_rules + nnx.get_named_sharding lay out the whole
+    (model, Adam) state alike under every rule set (flax_shardings lists the unmentioned names with None)."""
+    from flax import nnx
+    from jax.sharding import PartitionSpec as P
+
+    _, abstract = sm.abstract_state(sm.ModelConfig.from_args(sm.Args()))
+    mesh = sm.make_mesh((1, 1), jax.devices()[:1])
+    flax = {name: sm.flax_shardings(abstract, mesh, rules) for name, rules in sm.RULE_SETS.items()}
+    for name, rules in sm.RULE_SETS.items():
+        assert sm.same_specs(sm.state_shardings(abstract, mesh, rules), flax[name]), name
+    assert nnx.to_pure_dict(flax["fsdp"])[0]["mlp_in"]["kernel"].spec == P("data", "model")
+    assert nnx.to_pure_dict(flax["fsdp"])[1]["opt_state"][0]["nu"]["pos_embed"].spec == P(None, "data")
+    # the comparison can fail: different rule sets, or a tree with a leaf missing, are not the same layout
+    assert not sm.same_specs(sm.state_shardings(abstract, mesh, sm.RULE_SETS["tp"]), flax["fsdp"])
+    assert not sm.same_specs(flax["fsdp"], jax.tree.leaves(flax["fsdp"])[:-1])
+    # where they differ: Flax looks names up one by one, ours skips a mesh axis already used by the same array
+    with nnx.logical_axis_rules((*sm.RULE_SETS["fsdp"], ("length", None))):
+        from flax.core.spmd import from_sharding_rules, get_logical_axis_rules
+
+        flax_activation = from_sharding_rules(("batch", "length", "embed"), get_logical_axis_rules())
+    assert tuple(flax_activation) == ("data", None, "data")  # 'data' twice: not a valid PartitionSpec
+    assert sm.logical_to_mesh_axes(("batch", "length", "embed"), sm.RULE_SETS["fsdp"]) == ("data", None, None)
+
+
+@pytest.mark.unit
 def test_nnx_eager_sharding_needs_every_logical_name_in_the_rules():
     """Flax NNX 0.12.8's own path passes an unmentioned name through unchanged, so it must be listed (→ None)."""
     import jax
@@ -324,10 +350,15 @@ def _param_values():
 
 
 @pytest.mark.integration
-def test_cli_8_devices_every_rule_set(tmp_path):
-    res = run_script(SCRIPT, "--host-devices", "8", "--steps", "3", "--out", str(tmp_path), cwd=tmp_path)
+@pytest.mark.parametrize("axis_types", ["auto", "explicit"])
+def test_cli_8_devices_every_rule_set(tmp_path, axis_types):
+    flags = ("--host-devices", "8", "--steps", "3", "--axis-types", axis_types)
+    res = run_script(SCRIPT, *flags, "--out", str(tmp_path), cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["axis_types"] == axis_types
+    for rule_set in sm.RULE_SETS:  # the batch is split 4 ways along 'data', except under tp
+        _assert_compiled_memory(m, rule_set, batch_rows=32 if rule_set == "tp" else 32 // 4)
     assert m["devices"] == 8 and m["mesh"] == {"data": 4, "model": 2} and m["rules"] == ["dp", "tp", "dp_tp", "fsdp"]
     assert m["check_passed"] and m["max_abs_diff_vs_single_device"] <= 1e-5
     # partition specs of named weights, as the real arrays hold them
@@ -380,6 +411,43 @@ def test_cli_4_devices_fsdp(tmp_path):
     assert tuple(w["partition_spec"]) == ("data", "model") and tuple(w["shard_shape"]) == (32, 128)
     assert w["bytes_per_device"] == 32 * 128 * 4
     assert "check rules=fsdp" in res.stdout and "PASS" in res.stdout
+    _assert_compiled_memory(m, "fsdp", batch_rows=32 // 2)
+    assert m["axis_types"] == "auto" and "axes=auto" in res.stdout and "types before" not in res.stdout
+
+
+def _assert_compiled_memory(m, rule_set, batch_rows):
+    """XLA's memory_analysis of the compiled step, per device, against the state measured from the shards:
+    its arguments are exactly the weights + Adam state + this device's rows of the (B, L+1) int32 batch; its
+    outputs hold the new state and the gradients (plus the loss and a few small buffers); temporaries exist."""
+    compiled, state = (
+        m["rule_sets"][rule_set]["compiled_memory_per_device"],
+        m["rule_sets"][rule_set]["bytes_per_device"],
+    )
+    assert m["compiled_memory_per_device"][rule_set] == compiled
+    assert all(isinstance(v, int) and v > 0 for v in compiled.values()), compiled
+    assert compiled["arguments"] == state["params"] + state["adam"] + batch_rows * 17 * 4
+    assert state["total"] <= compiled["outputs"] <= state["total"] + 1024
+    assert compiled["temporaries"] > 0 and compiled["peak"] >= compiled["arguments"]
+
+
+@pytest.mark.smoke
+def test_cli_explicit_axes_4_devices_fsdp(tmp_path):
+    """--axis-types explicit: shardings are part of the types, the activations follow the rules, one reshard
+    gathers pos_embed, and the same single-device check passes."""
+    flags = ("--host-devices", "4", "--rules", "fsdp", "--steps", "3", "--no-visualize")
+    res = run_script(SCRIPT, *flags, "--axis-types", "explicit", "--out", str(tmp_path), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["axis_types"] == "explicit" and m["mesh"] == {"data": 2, "model": 2}
+    assert m["check_passed"] and m["max_abs_diff_vs_single_device"] <= 1e-5
+    assert "axes=explicit" in res.stdout and "check rules=fsdp" in res.stdout and "PASS" in res.stdout
+    before = next(line for line in res.stdout.splitlines() if "types before the first step" in line)
+    after = next(line for line in res.stdout.splitlines() if "types after the last step" in line)
+    assert "mlp_in kernel float32[64@data,256@model]" in before and "batch int32[32@data,17]" in before
+    assert "mlp_in kernel float32[64@data,256@model]" in after and "its gradient float32[64@data,256@model]" in after
+    assert "reshard: pos_embed float32[16,64@data] -> float32[16,64]" in res.stdout
+    assert "give the same specs for the whole state: True" in res.stdout
+    _assert_compiled_memory(m, "fsdp", batch_rows=32 // 2)
 
 
 @pytest.mark.smoke
@@ -529,6 +597,7 @@ def _fake_metrics(devices, mesh, totals, diff):
             bytes_per_device=dict(params=t // 4, grads=t // 4, adam=t // 2, total=t),
             max_abs_diff_vs_single_device=diff,
             fresh_adam_step1_max_abs_diff=10 * diff,
+            compiled_memory_per_device=dict(arguments=3 * t // 4, outputs=t + 4, temporaries=2 * t, peak=7 * t // 4),
         )
         for name, t in totals.items()
     }
@@ -557,4 +626,6 @@ def test_mesh_bytes_tables_read_every_run():
     assert lines[8].split() == ["fsdp", "800", "200"]  # the total on each mesh
     assert lines[13].split() == ["fsdp", "n/a", "3.00e-08"]  # the check: n/a on one device
     assert "1: n/a, 8: True" in lines[14]
+    assert lines[19].split() == ["fsdp", "200", "150", "204", "400", "350"]  # state, then the compiled step
+    assert lines[24].split() == ["fsdp", "1,600", "400"]  # temporaries on each mesh
     assert lines[-1].split() == ["fsdp", "0.00e+00", "3.00e-07"]  # step 1 of two separate runs
