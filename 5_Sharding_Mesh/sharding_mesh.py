@@ -977,19 +977,15 @@ def save_results(args: Args, metrics: dict, curves: dict[str, list[float]]) -> N
 
 
 def print_summary(args: Args, results: dict[str, RuleSetResult], metrics: dict, ok: bool, mesh) -> None:
-    log("\n=== bytes per device: the state measured from its shards, and the compiled step (XLA memory_analysis)")
-    log(f"  {'rules':<7}{'state':>10}{'arguments':>11}{'outputs':>10}{'temporaries':>13}{'peak':>10}")
-    for name, result in results.items():
-        c = result.compiled
-        cells = (
-            "".join(f"{v:>{w}}" for v, w in zip(c, (11, 10, 13, 10))) if c else "  memory_analysis() reports nothing"
-        )
-        log(f"  {name:<7}{result.bytes_per_device.total:>10}{cells}")
-    log("\n=== summary")
-    for name, result in results.items():
+    log("\n=== summary: bytes per device of the state (measured from its shards) and of the compiled step (XLA's")
+    log("memory_analysis: arguments, outputs, temporaries, peak), the final loss and the check's largest difference")
+    columns = ("state", "arguments", "outputs", "temporaries", "peak", "final_loss", "max_abs_diff")
+    log(f"{'rules':<7}" + "".join(f"{c:>13}" for c in columns))
+    for name, r in results.items():
+        compiled = "".join(f"{v:>13}" for v in r.compiled) if r.compiled else f"{'(memory_analysis: none)':>52}"
         log(
-            f"rules={name} bytes_per_device={result.bytes_per_device.total} final_loss={result.losses[-1]:.4f} "
-            f"max_abs_diff_vs_single_device={result.max_abs_diff_vs_single_device:.2e}"
+            f"{name:<7}{r.bytes_per_device.total:>13}{compiled}{r.losses[-1]:>13.4f}"
+            f"{r.max_abs_diff_vs_single_device:>13.2e}"
         )
     log(
         f"max_abs_diff_vs_single_device={metrics['max_abs_diff_vs_single_device']:.2e} tol={args.tolerance:.0e} "

@@ -1,10 +1,9 @@
 """Bytes per device for every rule set of 5_Sharding_Mesh/sharding_mesh.py on 1, 2, 4 and 8 devices, and its check.
 
 Runs the script once per device count (`--host-devices N`, the default mesh for N, every rule set, the default
-model and steps), reads each run's metrics.json, and prints six tables: the params / grads / Adam bytes on the
-largest mesh, the total per device on every mesh, the equivalence check's largest |sharded - single device|, the
-compiled train step's memory per device (XLA's memory_analysis: arguments, outputs, temporaries, peak) on the largest
-mesh and its temporaries on every mesh, and the difference after step 1 of two separate runs (not checked).
+model and steps), reads each run's metrics.json, and prints four tables: the params / grads / Adam bytes on the
+largest mesh, the total per device on every mesh, the equivalence check's largest |sharded - single device|, and
+the same difference after step 1 of two separate runs (not checked).
 Every number is measured from the arrays' shards; the script itself stops if one differs from the analytic count.
 Draws the first two tables as one figure.
 
@@ -24,7 +23,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "5_Sharding_Mesh" / "sharding_mesh.py"
 PARTS = ("params", "grads", "adam")
-COMPILED = ("arguments", "outputs", "temporaries", "peak")
 
 
 def run_script(devices: int, out: Path) -> dict:
@@ -42,7 +40,7 @@ def mesh_label(metrics: dict) -> str:
 
 
 def tables(runs: list[dict]) -> str:
-    """The tables, as text, from the runs' metrics (ordered by device count)."""
+    """The three tables, as text, from the runs' metrics (ordered by device count)."""
     rule_sets = runs[0]["rules"]
     largest = runs[-1]
     lines = [f"bytes per device on {mesh_label(largest)} devices, measured from the shards (float32):"]
@@ -70,20 +68,6 @@ def tables(runs: list[dict]) -> str:
     lines.append(
         f"  n/a: one device, nothing is sharded. Check passed (tolerance {largest['tolerance']:g}): {verdicts}"
     )
-    lines.append(
-        f"\nthe compiled train step on {mesh_label(largest)} devices, bytes per device (XLA memory_analysis), "
-        f"next to the state measured from the shards:"
-    )
-    lines.append(f"  {'rule set':<9}" + "".join(f"{c:>13}" for c in ("state", *COMPILED)))
-    for name in rule_sets:
-        compiled = largest["rule_sets"][name]["compiled_memory_per_device"]
-        cells = "".join(f"{compiled[c]:>13,}" for c in COMPILED) if compiled else "  (memory_analysis reports nothing)"
-        lines.append(f"  {name:<9}{largest['bytes_per_device'][name]:>13,}" + cells)
-    lines.append("\ncompiled temporaries per device, by device count:")
-    lines.append(f"  {'rule set':<9}" + "".join(f"{mesh_label(m):>14}" for m in runs))
-    for name in rule_sets:
-        cells = [m["rule_sets"][name]["compiled_memory_per_device"] for m in runs]
-        lines.append(f"  {name:<9}" + "".join(f"{c['temporaries']:>14,}" if c else f"{'n/a':>14}" for c in cells))
     lines.append("\nnot the check: the same after step 1 of two separate runs, each from a fresh Adam state:")
     lines.append(f"  {'rule set':<9}" + "".join(f"{mesh_label(m):>14}" for m in runs))
     for name in rule_sets:
