@@ -136,6 +136,18 @@ def test_flax_logical_axis_rules_give_the_same_shardings_as_the_resolver():
     assert sm.logical_to_mesh_axes(("batch", "length", "embed"), sm.RULE_SETS["fsdp"]) == ("data", None, None)
 
 
+@pytest.mark.smoke
+def test_a_run_reports_when_flax_and_the_resolver_disagree(monkeypatch, tmp_path, capsys):
+    """The printed agreement is computed, not assumed: make Flax's path resolve fsdp's names by tp's rules."""
+    flax_shardings = sm.flax_shardings
+    monkeypatch.setattr(
+        sm, "flax_shardings", lambda abstract, mesh, rules: flax_shardings(abstract, mesh, sm.RULE_SETS["tp"])
+    )
+    m = sm.main(sm.Args(rules="fsdp", steps=2, host_devices=0, visualize=False, out=str(tmp_path)))
+    assert m["rule_sets"]["fsdp"]["flax_rules_agree"] is False
+    assert "give the same specs for the whole state: False" in capsys.readouterr().out
+
+
 @pytest.mark.unit
 def test_nnx_eager_sharding_needs_every_logical_name_in_the_rules():
     """Flax NNX 0.12.8's own path passes an unmentioned name through unchanged, so it must be listed (→ None)."""
