@@ -51,7 +51,7 @@ def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
 
 @dataclass
 class Args:
-    seed: int = flag(0, "seeds everything: jax.random.key, nnx.Rngs, env resets, NumPy's Generator")
+    seed: int = flag(0, "seeds everything: jax.random.key, nnx.Rngs, env resets, NumPy's Generator", min=0)
     preset: str = flag(
         "default",
         "'guide' = the original guide's hyperparameters as defaults, truncation as termination included (explicit "

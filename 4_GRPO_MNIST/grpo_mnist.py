@@ -56,7 +56,7 @@ def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
 
 @dataclass
 class Args:
-    seed: int = flag(0, "seeds everything: jax.random.key (shuffles, sampling) and nnx.Rngs (weights)")
+    seed: int = flag(0, "seeds everything: jax.random.key (shuffles, sampling) and nnx.Rngs (weights)", min=0)
     data: str = flag(
         "bundled",
         "bundled: the 10,000 official MNIST test digits shipped in 4_GRPO_MNIST/data/ (offline), split into "

@@ -69,7 +69,7 @@ def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
 
 @dataclass
 class Args:
-    seed: int = flag(0, "seeds everything: nnx.Rngs for the weights and NumPy's Generator for the batches")
+    seed: int = flag(0, "seeds everything: nnx.Rngs for the weights and NumPy's Generator for the batches", min=0)
     host_devices: int = flag(
         -1,
         "fake N CPU devices (set before JAX starts); 0 = the devices there are; -1 = 8 on a CPU-only host, else 0",

@@ -315,11 +315,15 @@ def test_cli_tiny_run_then_load_round_trip_and_video(tmp_path):
         ["--backend", "jax", "--algo", "reinforce", "--num-steps", "150"],
     ],
 )
-def test_cli_bad_input_is_one_line_error(tmp_path, argv):
-    p = run_script(SCRIPT, *argv, "--out", str(tmp_path), cwd=tmp_path, timeout=60)
-    assert p.returncode != 0
-    assert "Traceback" not in p.stderr
-    assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith("error: ")
+def test_cli_bad_input_is_one_line_error(pen, tmp_path, argv):
+    """The command line's path, in this process: parse_args, then main, whose first act is validate. Bad input
+    ends it with sys.exit("error: …"), one line on stderr and exit status 1, before any training or output.
+    Caught: a check that moved after the work (training would start), a traceback, a multi-line message."""
+    with pytest.raises(SystemExit) as exit_:
+        pen.main(pen.parse_args([*argv, "--out", str(tmp_path / "out")]))
+    message = exit_.value.code
+    assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message, message
+    assert not (tmp_path / "out" / "metrics.json").exists()
 
 
 @pytest.mark.unit

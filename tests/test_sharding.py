@@ -442,7 +442,7 @@ def _assert_compiled_memory(m, rule_set, batch_rows):
     assert compiled["temporaries"] > 0 and compiled["peak"] >= compiled["arguments"]
 
 
-@pytest.mark.smoke
+@pytest.mark.integration
 def test_cli_explicit_axes_4_devices_fsdp(tmp_path):
     """--axis-types explicit: shardings are part of the types, the activations follow the rules, one reshard
     gathers pos_embed, and the same single-device check passes."""
