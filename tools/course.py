@@ -4,6 +4,7 @@ Python packages, so a tool imports a script by its path)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -21,3 +22,17 @@ def load_script(relpath: str):
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def unwritable(folder: str) -> str | None:
+    """Why a tool cannot write into `folder`, or None if it can: the folder is made if missing, then probed with a
+    file that is removed again. Tools check this before any work, so a bad --out costs nothing."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = os.path.join(folder, ".write_test")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return None

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from course import load_script  # noqa: E402
+from course import load_script, unwritable  # noqa: E402
 
 
 def parse(argv=None):
@@ -48,13 +48,8 @@ def parse(argv=None):
                 p.exit(1, f"error: {run / name}: no such file (give the --out folder of a grpo_mnist.py run)\n")
     if not 1 <= a.digits <= 20:
         p.exit(1, f"error: --digits must be in [1, 20], got {a.digits}\n")
-    try:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, ".write_test"), "w"):
-            pass
-        os.remove(os.path.join(a.out, ".write_test"))
-    except OSError as e:
-        p.exit(1, f"error: --out {a.out!r}: cannot write there ({e.strerror})\n")
+    if why := unwritable(a.out):
+        p.exit(1, f"error: --out {a.out!r}: cannot write there ({why})\n")
     return a
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from course import load_script  # noqa: E402
+from course import load_script, unwritable  # noqa: E402
 
 ESTIMATORS = ("G_t (REINFORCE)", "G_t − V(s_t) (learned baseline)", "GAE(λ) (A2C / PPO)")
 
@@ -60,13 +60,8 @@ def parse(argv=None):
         p.exit(1, f"error: --checkpoints must be comma-separated integers, got {a.checkpoints!r}\n")
     if a.batches < 2 or a.num_envs < 1 or min(a.checkpoint_steps) < 0:
         p.exit(1, "error: --batches must be >= 2, --num-envs >= 1 and every checkpoint >= 0\n")
-    try:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, ".write_test"), "w"):
-            pass
-        os.remove(os.path.join(a.out, ".write_test"))
-    except OSError as e:
-        p.exit(1, f"error: --out {a.out!r}: cannot write there ({e.strerror})\n")
+    if why := unwritable(a.out):
+        p.exit(1, f"error: --out {a.out!r}: cannot write there ({why})\n")
     return a
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from course import load_script  # noqa: E402
+from course import load_script, unwritable  # noqa: E402
 
 
 def parse(argv=None):
@@ -47,13 +47,8 @@ def parse(argv=None):
             p.exit(1, f"error: {run / name}: no such file (give the --out folder of a pendulum.py training run)\n")
     if a.grid < 2:
         p.exit(1, f"error: --grid must be >= 2, got {a.grid}\n")
-    try:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, ".write_test"), "w"):
-            pass
-        os.remove(os.path.join(a.out, ".write_test"))
-    except OSError as e:
-        p.exit(1, f"error: --out {a.out!r}: cannot write there ({e.strerror})\n")
+    if why := unwritable(a.out):
+        p.exit(1, f"error: --out {a.out!r}: cannot write there ({why})\n")
     return a
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import RESULTS_DIR, provenance  # noqa: E402
+from results import RESULTS_DIR, fmt, provenance  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -166,11 +166,6 @@ def score_of(metrics: dict, headline: Headline, seed: int) -> float:
 
 
 # ----------------------------------------------------------------------------- report
-
-
-def fmt(v: float, scale: np.ndarray) -> str:
-    """Returns to one decimal, accuracies and rates (all |x| <= 1) to four."""
-    return f"{v:.4f}" if np.all(np.abs(scale) <= 1) else f"{v:.1f}"
 
 
 def markdown(summary: dict, seeds_text: str, command: str) -> str:
