@@ -1,19 +1,21 @@
-"""GRPO on MNIST: a critic-less policy learns digits from a 0/1 reward, one group of answers per image.
+"""GRPO on MNIST, the way language models are trained: a prompt of digit images, an answer sampled token by token.
 
-Each image is a prompt. The actor (an MLP returning a Categorical over the ten digits) samples G answers
-per image from the rollout policy π_old; an answer earns reward 1 if it names the right digit, else 0.
-The group's own mean and standard deviation turn the rewards into advantages, so no value network
-(critic) is needed. The actor then takes μ = `--inner-steps` clipped-surrogate (PPO-clip) steps on that
-rollout, with a KL penalty towards a frozen reference policy π_ref, the initial actor: the exact
-KL(π_θ ‖ π_ref) over the ten answers (`--kl exact`), or the sampled k3 estimator (`--kl k3`).
+Each prompt is a strip of 1 to N MNIST images (`--task number`, N = `--max-digits`) or one (`--task digit`).
+The policy is a small causal model: an encoder turns each image into features, and a decoder emits the answer
+one token at a time (the ten digits and EOS); step t sees the prompt and the tokens before t. A verifier gives
+reward 1 for the exact number, else 0 (`--reward partial`: credit per digit).
 
-`--group-mode batch` is the original guide's variant: one baseline for all B·G answers of a batch
-(`--group-size 1` gives its one answer per image). `--objective supervised` trains the same MLP with
-cross-entropy on the labels. Every choice is made on a validation split; the test set is scored once.
+GRPO samples G answers per prompt from the rollout policy π_old, turns each group's rewards into advantages
+with the group's own mean and standard deviation (no critic), and takes μ = `--inner-steps` steps on a
+per-token clipped surrogate, with a per-token KL penalty towards a reference policy π_ref (`--kl exact|k1|k3`),
+frozen unless `--ref-refresh` asks otherwise. `--loss-agg` sets how the per-token losses are averaged. For
+`--task number` a supervised warm start (SFT) on a small labelled share of the training prompts comes first; RL
+then learns from the verifier alone. `--objective supervised` trains with cross-entropy instead, the baseline.
 
-Order: Args → data split → policy network (and the critic GRPO does without) → group advantages → KL →
-the GRPO loss → the compiled update and epoch → the training loop → evaluation. Below the `# Plumbing`
-banner: the command line, input checks, reading MNIST, checkpoints, the figure, metrics.json and main.
+Order: Args → prompts (strips) → the policy (and the critic GRPO does without) → sampling → the
+verifier → group advantages → per-token ratio, clip and KL → loss aggregation → the GRPO and SFT losses →
+the compiled updates → evaluation (pass@1, pass@k, greedy) → the training loop. Below the `# Plumbing` banner:
+the command line, checks, the data splits, reading MNIST, checkpoints, the figure, metrics.json and main.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import sys
 import time
 import urllib.request
 import zlib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
 from typing import NamedTuple
 
@@ -40,12 +42,9 @@ import matplotlib
 import numpy as np
 import optax
 from flax import nnx
-from tensorflow_probability.substrates import jax as tfp
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
-
-tfd = tfp.distributions
 
 
 def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
@@ -56,132 +55,191 @@ def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
 
 @dataclass
 class Args:
-    seed: int = flag(0, "seeds everything: jax.random.key (shuffles, sampling) and nnx.Rngs (weights)", min=0)
+    seed: int = flag(0, "seeds everything: jax.random.key (prompts, sampling) and nnx.Rngs (weights)", min=0)
+    task: str = flag(
+        "digit",
+        "digit: one image, answer its digit; number: a strip of 1 to --max-digits images, answer the number",
+        choices=("digit", "number"),
+    )
+    max_digits: int = flag(4, "with --task number: the longest strip (and answer); --task digit uses 1", min=1, max=8)
     data: str = flag(
         "bundled",
-        "bundled: the 10,000 official MNIST test digits shipped in 4_GRPO_MNIST/data/ (offline), split into "
-        "--split-test-set training digits and a held-out test set; full: the official 60,000 training and "
-        "10,000 test digits, from tensorflow-datasets or downloaded",
+        "bundled: the 10,000 MNIST test digits in 4_GRPO_MNIST/data/ (offline), split by --split-test-set; "
+        "full: the official 60,000 training and 10,000 test digits, from tensorflow-datasets or downloaded",
         choices=("bundled", "full"),
     )
-    split_test_set: int = flag(
-        8000,
-        "with --data bundled: train on this many of the 10,000 digits and hold out the rest as the test set "
-        "(a fixed shuffle, the same for every --seed)",
-        min=1,
-    )
+    split_test_set: int = flag(8000, "with --data bundled: train on this many digits, test on the rest", min=1)
     val_size: float = flag(
-        0.1,
-        "share of the training images held out for validation (fixed shuffle); every choice is made on it",
-        gt=0,
-        max=0.5,
+        0.1, "share of the training images held out for validation, where every choice is made", gt=0, max=0.5
     )
-    score_test: bool = flag(
-        True,
-        "score the held-out test set once, after training; --no-score-test leaves it unread (for runs that "
-        "make a choice, such as tools/grpo_val_sweep.py's), so metrics.json holds no test number",
-    )
-    data_dir: str = flag(
-        "",
-        "read the IDX .gz files from this folder: the t10k pair (--data bundled) or all four (--data full)",
-    )
+    score_test: bool = flag(True, "score the test set once, after training (--no-score-test: leave it unread)")
+    data_dir: str = flag("", "read the IDX .gz files from this folder: the t10k pair (bundled) or all four (full)")
     dataset: str = flag("mnist", "with --data full: the tensorflow-datasets name", choices=("mnist", "fashion_mnist"))
-    download: bool = flag(
-        True,
-        "with --data full: if the dataset is not cached, let tensorflow-datasets prepare it, or else fetch "
-        "the IDX files its builder uses (checked against its SHA-256 list)",
-    )
+    download: bool = flag(True, "with --data full: let tensorflow-datasets prepare the data, or fetch its IDX files")
     objective: str = flag(
         "grpo",
-        "grpo: learn from the 0/1 reward; supervised: cross-entropy on the labels",
+        "grpo: learn from the verifier's reward; supervised: cross-entropy on the labelled images instead",
         choices=("grpo", "supervised"),
+    )
+    label_fraction: float = flag(0.05, "share of training images whose labels SFT and supervised may read", gt=0, max=1)
+    sft_steps: int = flag(-1, "supervised warm-start steps before RL (-1: 300 for --task number, 0 for digit)", min=-1)
+    reward: str = flag(
+        "exact",
+        "exact: 1 for the exact number, else 0; partial: digits right in place / the longer of answer and number",
+        choices=("exact", "partial"),
     )
     group_mode: str = flag(
         "prompt",
-        "prompt: each image's G answers form a group (real GRPO); batch: one baseline for all B·G answers "
-        "of the batch (the original guide's variant; add --group-size 1 for its one answer per image)",
+        "prompt: a prompt's G answers form a group (GRPO); batch: one baseline for all B·G answers (original guide)",
         choices=("prompt", "batch"),
     )
-    group_size: int = flag(16, "G, answers sampled per image (prompt mode needs G >= 2)", min=1)
-    batch_size: int = flag(64, "images (prompts) per rollout and update", min=1)
-    inner_steps: int = flag(
-        1, "μ, clipped-surrogate gradient steps on each rollout (1 keeps the ratio at 1, so the clip never acts)", min=1
-    )
-    epochs: int = flag(10, "passes over the training images", min=1)
-    learning_rate: float = flag(1e-3, "Adam learning rate", gt=0)
-    clip_eps: float = flag(0.2, "ε of the PPO clip: the ratio π/π_old is clipped to [1 − ε, 1 + ε]", gt=0, max=1)
-    beta: float = flag(
-        1.0, "β, weight of the KL penalty towards π_ref, the frozen initial actor; 0 turns it off", min=0
-    )
+    group_size: int = flag(8, "G, answers sampled per prompt (prompt mode needs G >= 2)", min=1)
+    batch_size: int = flag(64, "B, prompts per rollout and update", min=1)
+    inner_steps: int = flag(2, "μ, gradient steps per rollout (1: the ratio stays 1, the clip never acts)", min=1)
+    iterations: int = flag(1500, "RL iterations (rollout + μ steps), or supervised steps after the warm start", min=1)
+    eval_every: int = flag(150, "iterations between validation scores and progress lines", min=1)
+    learning_rate: float = flag(5e-4, "Adam learning rate (SFT and RL)", gt=0)
+    clip_eps: float = flag(0.2, "ε: each token's ratio π/π_old is clipped to [1 − ε, 1 + ε]", gt=0, max=1)
+    beta: float = flag(0.0, "β, weight of the per-token KL penalty towards π_ref; 0 turns it off", min=0)
     kl: str = flag(
-        "exact",
-        "exact: the analytic KL(π_θ ‖ π_ref) over the ten answers; k3: the sampled "
-        "estimator π_ref/π − log(π_ref/π) − 1 of LLM-scale GRPO",
-        choices=("exact", "k3"),
+        "k3",
+        "per-token KL: exact (summed over the vocabulary), k1 or k3 (estimates on the sampled token)",
+        choices=("exact", "k1", "k3"),
     )
+    ref_refresh: int = flag(0, "copy the policy into π_ref every this many iterations (0: π_ref stays frozen)", min=0)
+    loss_agg: str = flag(
+        "seq-mean-token-mean",
+        "per-token losses → one number: seq-mean-token-mean (GRPO), token-mean (DAPO) or dr-grpo (Dr. GRPO)",
+        choices=("seq-mean-token-mean", "token-mean", "dr-grpo"),
+    )
+    drop_zero_var: bool = flag(False, "leave groups whose rewards are all equal out of the loss and its normaliser")
     adv_eps: float = flag(1e-4, "ε in (r − mean) / (std + ε)", gt=0)
-    hidden_size: int = flag(128, "width of the actor's two hidden layers", min=1)
-    out: str = flag("runs/grpo_mnist", "folder for metrics.json, the curve PNG and actor.npz")
+    hidden_size: int = flag(128, "width of the image encoder's features", min=1)
+    decoder_size: int = flag(256, "width of the decoder's hidden layer", min=1)
+    eval_samples: int = flag(16, "n, answers sampled per validation / test prompt for pass@1 and pass@k", min=1)
+    pass_k: int = flag(8, "k of pass@k (at most --eval-samples)", min=1)
+    out: str = flag("runs/grpo_mnist", "folder for metrics.json, the curve PNG and policy.npz")
     compile_cache: str = flag("~/.cache/jax-rl-course", "JAX's persistent compilation cache folder ('' turns it off)")
 
 
-# ---- Data: every image is a prompt; its label is what the verifier checks an answer against
-class Data(NamedTuple):
-    x_train: np.ndarray  # (N, 784) float32 in [0, 1]: the prompts
-    y_train: np.ndarray  # (N,) int32: what the verifier checks an answer against
-    x_val: np.ndarray  # (V, 784) validation images, carved from the training images: every choice is made here
-    y_val: np.ndarray
-    x_test: np.ndarray | None  # (M, 784) held-out test images, scored once at the end (None: --no-score-test)
-    y_test: np.ndarray | None
-    source: str  # what the numbers were measured on
+def sft_steps_for(args: Args) -> int:
+    """--sft-steps -1 means: 300 warm-start steps for --task number, none for --task digit."""
+    return args.sft_steps if args.sft_steps >= 0 else (300 if args.task == "number" else 0)
 
 
-SPLIT_SEED = 0  # the fixed shuffles behind --split-test-set and --val-size: the same digits for every --seed
+def slots_for(args: Args) -> int:
+    """N, the image slots of a prompt and the longest answer: --max-digits for --task number, 1 for digit."""
+    return args.max_digits if args.task == "number" else 1
 
 
-def split_test_digits(x: np.ndarray, y: np.ndarray, n_train: int) -> tuple[np.ndarray, ...]:
-    """--data bundled: the 10,000 official test digits, shuffled once, become n_train training digits and a
-    held-out test set (the rest). Returns (x_train, y_train, x_test, y_test)."""
-    order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
-    train, held = order[:n_train], order[n_train:]
-    return x[train], y[train], x[held], y[held]
+# ---- Prompts: a strip of 1..N images; the target is its digits, then EOS
+VOCAB, EOS = 11, 10  # tokens 0-9 are the digits, token 10 ends the answer
 
 
-def carve_validation(x: np.ndarray, y: np.ndarray, val_size: float) -> tuple[np.ndarray, ...]:
-    """Split the training images into (x_train, y_train, x_val, y_val) with a fixed shuffle; val gets
-    round(val_size · N) images, at least one, and training keeps at least one."""
-    n_val = min(max(1, round(val_size * len(y))), len(y) - 1)
-    order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
-    train, val = order[n_val:], order[:n_val]
-    return x[train], y[train], x[val], y[val]
+class Strips(NamedTuple):
+    images: jax.Array  # (P, N, 784): N image slots, empty ones zero
+    slots: jax.Array  # (P, N) 1.0 where the strip has an image
+    target: jax.Array  # (P, N) int: the digits, then EOS in every empty slot
 
 
-# ---- The policy: the actor is the only network GRPO trains; the critic exists only to be counted
-class Actor(nnx.Module):
-    """π_θ(a | s): 784 → hidden_size → hidden_size → 10 logits, returned as a Categorical over the digits."""
+def make_strips(x, y, idx, lengths) -> Strips:
+    """idx (P, N) image indices, lengths (P,) in 1..N → strips whose first `length` slots hold images."""
+    slots = (jnp.arange(idx.shape[1]) < lengths[:, None]).astype(jnp.float32)
+    return Strips(x[idx] * slots[..., None], slots, jnp.where(slots > 0, y[idx], EOS))
 
-    def __init__(self, hidden_size: int, *, rngs: nnx.Rngs, in_features: int = 784, n_actions: int = 10):
-        self.fc1 = nnx.Linear(in_features, hidden_size, rngs=rngs)
-        self.fc2 = nnx.Linear(hidden_size, hidden_size, rngs=rngs)
-        self.out = nnx.Linear(hidden_size, n_actions, rngs=rngs)
 
-    def __call__(self, x: jax.Array) -> tfd.Categorical:
-        h = nnx.relu(self.fc1(x))  # (B, hidden_size)
-        h = nnx.relu(self.fc2(h))
-        return tfd.Categorical(logits=self.out(h))  # batch_shape (B,), 10 classes
+def draw_strips(key, x, y, n_prompts: int, n_slots: int) -> Strips:
+    """A fresh training batch: every slot an image drawn uniformly from (x, y), every length in 1..N equally likely."""
+    k_idx, k_len = jax.random.split(key)
+    idx = jax.random.randint(k_idx, (n_prompts, n_slots), 0, len(y))
+    return make_strips(x, y, idx, jax.random.randint(k_len, (n_prompts,), 1, n_slots + 1))
+
+
+# ---- The policy: a causal model over answer tokens; the critic exists only to be counted
+class Policy(nnx.Module):
+    """π_θ(y_t | x, y_<t). encode: each image slot → hidden_size features (one Linear + ReLU, shared by the slots;
+    empty slots give zeros). __call__: at position t, the prompt's features, the one-hot tokens before t and a
+    one-hot of t → decoder_size → VOCAB logits. The causal mask makes position t blind to tokens t, t+1, …"""
+
+    def __init__(self, n_slots: int, hidden_size: int, decoder_size: int, *, rngs: nnx.Rngs):
+        self.n_slots = n_slots  # N: image slots, and the longest answer
+        self.encoder = nnx.Linear(784, hidden_size, rngs=rngs)
+        self.decoder = nnx.Linear(n_slots * (hidden_size + VOCAB + 1), decoder_size, rngs=rngs)
+        self.head = nnx.Linear(decoder_size, VOCAB, rngs=rngs)
+
+    def encode(self, images: jax.Array, slots: jax.Array) -> jax.Array:
+        """images (P, N, 784), slots (P, N) → prompt features (P, N · hidden_size)."""
+        h = nnx.relu(self.encoder(images)) * slots[..., None]
+        return h.reshape(h.shape[0], -1)
+
+    def __call__(self, prompt: jax.Array, tokens: jax.Array) -> jax.Array:
+        """prompt (S, F), tokens (S, N) → logits (S, N, VOCAB); row t depends on tokens[:, :t] only."""
+        S, N = tokens.shape
+        before = jnp.tril(jnp.ones((N, N)), k=-1)  # before[t, s] = 1 iff s < t
+        seen = before[None, :, :, None] * jax.nn.one_hot(tokens, VOCAB)[:, None]  # (S, N, N, VOCAB)
+        position = jnp.broadcast_to(jnp.eye(N), (S, N, N))  # (S, N, N): a one-hot of t in row t
+        context = jnp.broadcast_to(prompt[:, None], (S, N, prompt.shape[-1]))
+        h = nnx.relu(self.decoder(jnp.concatenate([context, seen.reshape(S, N, -1), position], axis=-1)))
+        return self.head(h)
 
 
 class Critic(nnx.Module):
-    """PPO's value network V(s) with the actor's trunk and one output. GRPO never builds or trains it;
-    this script instantiates it only to count the parameters (and memory) that GRPO saves (`param_table`)."""
+    """PPO's value network V(x): the policy's encoder and decoder width, one output. GRPO never builds or trains
+    it; this script instantiates it only to count the parameters (and memory) that GRPO saves (`param_table`)."""
 
-    def __init__(self, hidden_size: int, *, rngs: nnx.Rngs, in_features: int = 784):
-        self.fc1 = nnx.Linear(in_features, hidden_size, rngs=rngs)
-        self.fc2 = nnx.Linear(hidden_size, hidden_size, rngs=rngs)
-        self.out = nnx.Linear(hidden_size, 1, rngs=rngs)
+    def __init__(self, n_slots: int, hidden_size: int, decoder_size: int, *, rngs: nnx.Rngs):
+        self.encoder = nnx.Linear(784, hidden_size, rngs=rngs)
+        self.trunk = nnx.Linear(n_slots * hidden_size, decoder_size, rngs=rngs)
+        self.out = nnx.Linear(decoder_size, 1, rngs=rngs)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.out(nnx.relu(self.fc2(nnx.relu(self.fc1(x)))))[..., 0]  # (B,)
+    def __call__(self, images: jax.Array, slots: jax.Array) -> jax.Array:
+        h = (nnx.relu(self.encoder(images)) * slots[..., None]).reshape(images.shape[0], -1)
+        return self.out(nnx.relu(self.trunk(h)))[:, 0]  # (P,)
+
+
+def token_logp(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+    """log π(y_t | …) of the given tokens: logits (S, N, VOCAB), tokens (S, N) → (S, N)."""
+    return jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[..., None], axis=-1)[..., 0]
+
+
+# ---- Sampling: N decoding steps in lax.scan; step t fills token t from the logits at position t
+def generate(policy: Policy, prompt: jax.Array, key, greedy: bool = False) -> jax.Array:
+    """prompt (S, F) → tokens (S, N), sampled at temperature 1 (greedy: the argmax). Tokens after the first EOS
+    are sampled too; `completion_mask` leaves them out of every loss and score."""
+    n = policy.n_slots
+
+    def step(tokens, inputs):
+        t, step_key = inputs
+        logits = policy(prompt, tokens)[:, t]  # (S, VOCAB): position t sees tokens[:, :t] only
+        token = jnp.argmax(logits, -1) if greedy else jax.random.categorical(step_key, logits)
+        return tokens.at[:, t].set(token), None
+
+    start = jnp.full((prompt.shape[0], n), EOS)
+    tokens, _ = jax.lax.scan(step, start, (jnp.arange(n), jax.random.split(key, n)))
+    return tokens
+
+
+def completion_mask(tokens: jax.Array) -> jax.Array:
+    """1.0 on the tokens of the answer: up to and including the first EOS (all N if there is none). (S, N)."""
+    eos = tokens == EOS
+    return (jnp.cumsum(eos, axis=1) - eos == 0).astype(jnp.float32)
+
+
+# ---- The verifier: reward 1 for the exact number (or per-digit credit); it never sees the policy
+def answer_length(tokens: jax.Array) -> jax.Array:
+    """Digits before the first EOS. (S, N) → (S,)."""
+    return jnp.sum(completion_mask(tokens) * (tokens != EOS), axis=1)
+
+
+def verify(tokens: jax.Array, target: jax.Array, partial: bool = False) -> jax.Array:
+    """Reward per answer, (S,). Exact: 1 iff the digits and the stopping point match the target. Partial: digits
+    right in place, divided by the longer of the answer and the target (1 only for the exact answer)."""
+    canonical = jnp.where(completion_mask(tokens) > 0, tokens, EOS)  # every token after the first EOS → EOS
+    if not partial:
+        return jnp.all(canonical == target, axis=1).astype(jnp.float32)
+    n_answer, n_target = answer_length(tokens), answer_length(target)
+    in_both = jnp.arange(tokens.shape[1]) < jnp.minimum(n_answer, n_target)[:, None]
+    return jnp.sum((tokens == target) & in_both, axis=1) / jnp.maximum(n_answer, n_target)
 
 
 # ---- Group advantages: the baseline is the group's own mean, so no critic is needed
@@ -198,62 +256,47 @@ def batch_advantages(rewards: jax.Array, eps: float) -> jax.Array:
     return (rewards - rewards.mean()) / (rewards.std() + eps)
 
 
-# ---- KL to the frozen reference: exact over the ten answers, or the sampled k3 estimator
-def exact_kl(logits: jax.Array, ref_logits: jax.Array) -> jax.Array:
-    """KL(π_θ ‖ π_ref) = Σ_a π_θ(a) (log π_θ(a) − log π_ref(a)) per image, summed over all ten answers.
-    logits, ref_logits (B, 10) -> (B,). Its gradient is the true ∇KL(π_θ ‖ π_ref)."""
-    return tfd.Categorical(logits=logits).kl_divergence(tfd.Categorical(logits=ref_logits))
-
-
-def k3_kl(logp: jax.Array, logp_ref: jax.Array) -> jax.Array:
-    """Per-sample k3 estimate of KL(π_θ ‖ π_ref): π_ref/π − log(π_ref/π) − 1 (≥ 0, = 0 where π = π_ref).
-
-    Its mean over a ~ π_θ is KL(π_θ ‖ π_ref), but its gradient on fixed samples has mean
-    E_π[(1 − π_ref/π) ∇log π] = −Σ_a π_ref(a) ∇log π(a) = ∇KL(π_ref ‖ π_θ): the other direction."""
-    log_r = logp_ref - logp
-    return jnp.exp(log_r) - log_r - 1
-
-
-# ---- The GRPO loss: the clipped surrogate plus β·KL (and cross-entropy for the supervised baseline)
-def clipped_surrogate(logp: jax.Array, logp_old: jax.Array, adv: jax.Array, clip_eps: float):
-    """PPO-clip objective to MAXIMISE, averaged over samples, and two shares of the samples.
-    ρ = π_θ(a|s) / π_old(a|s) = exp(log π_θ − log π_old);  L = mean(min(ρ·A, clip(ρ, 1 − ε, 1 + ε)·A)).
-
-    clip_frac: where the clip binds (ρ > 1 + ε with A > 0, or ρ < 1 − ε with A < 0); there the clipped
-    constant is the minimum and the sample's gradient is 0. outside_frac: |ρ − 1| > ε, whatever A's sign."""
+# ---- Per token: the clipped ratio and the KL to π_ref
+def clipped_surrogate(logp, logp_old, adv, clip_eps: float):
+    """Per token, the PPO-clip objective to MAXIMISE: ρ_t = exp(log π_θ − log π_old), min(ρ_t A, clip(ρ_t, 1 ± ε) A).
+    Also per token: binds (ρ > 1 + ε with A > 0, or ρ < 1 − ε with A < 0: the clipped constant is the minimum,
+    the gradient is 0) and outside (|ρ − 1| > ε, whatever A's sign). All (S, N); adv broadcasts from (S, 1)."""
     ratio = jnp.exp(logp - logp_old)
     objective = jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
     binds = ((ratio > 1 + clip_eps) & (adv > 0)) | ((ratio < 1 - clip_eps) & (adv < 0))
-    outside = jnp.abs(ratio - 1) > clip_eps
-    return objective.mean(), {"clip_frac": binds.mean(), "outside_frac": outside.mean()}
+    return objective, binds, jnp.abs(ratio - 1) > clip_eps
 
 
-def grpo_loss(actor: Actor, x, actions, logp_old, adv, ref_logits, clip_eps: float, beta: float, kl: str):
-    """Loss to minimise: −clipped surrogate + β·KL.  x (B, 784); actions, logp_old, adv (B, G); ref_logits (B, 10).
-
-    kl="exact": mean over images of KL(π_θ ‖ π_ref) (`exact_kl`); kl="k3": mean of k3 over the sampled answers."""
-    dist = actor(x)
-    logp = dist.log_prob(actions.T).T  # (B, G): log π_θ of each sampled answer
-    surrogate, clip_shares = clipped_surrogate(logp, logp_old, adv, clip_eps)
-    if kl == "exact":
-        kl_value = exact_kl(dist.logits, ref_logits).mean()
-    else:
-        logp_ref = tfd.Categorical(logits=ref_logits).log_prob(actions.T).T  # (B, G)
-        kl_value = k3_kl(logp, logp_ref).mean()
-    loss = -surrogate + beta * kl_value
-    return loss, {"loss": loss, **clip_shares, "kl": kl_value}
+def token_kl(logits, ref_logits, tokens, how: str) -> jax.Array:
+    """Per-token KL(π_θ ‖ π_ref) at each answer position, (S, N).
+    exact: Σ_v π(v) (log π(v) − log π_ref(v)) over the vocabulary. On the sampled token y_t, with log_r =
+    log π_ref(y_t) − log π(y_t): k1 = −log_r; k3 = e^log_r − log_r − 1 (≥ 0). Their gradients differ (README)."""
+    logp_all, ref_all = jax.nn.log_softmax(logits), jax.nn.log_softmax(ref_logits)
+    if how == "exact":
+        return jnp.sum(jnp.exp(logp_all) * (logp_all - ref_all), axis=-1)
+    log_r = token_logp(ref_all, tokens) - token_logp(logp_all, tokens)
+    return -log_r if how == "k1" else jnp.exp(log_r) - log_r - 1
 
 
-def supervised_loss(actor: Actor, x, labels):
-    """Cross-entropy: −mean log π_θ(label | x)."""
-    loss = -actor(x).log_prob(labels).mean()
-    return loss, {"loss": loss}
+# ---- Loss aggregation: how the per-token losses of S answers become one number
+def aggregate(per_token: jax.Array, mask: jax.Array, how: str) -> jax.Array:
+    """per_token, mask (S, N). seq-mean-token-mean: each answer's mean over its tokens, then the mean over answers;
+    token-mean: the sum over all tokens / their number; dr-grpo: the sum / (answers × N), a constant normaliser.
+    Answers whose mask is all 0 (dropped groups) count in no denominator."""
+    total = jnp.sum(per_token * mask, axis=1)  # (S,)
+    length = jnp.sum(mask, axis=1)  # (S,)
+    answers = jnp.maximum(jnp.sum(length > 0), 1)
+    if how == "seq-mean-token-mean":
+        return jnp.sum(total / jnp.maximum(length, 1)) / answers
+    if how == "token-mean":
+        return jnp.sum(total) / jnp.maximum(jnp.sum(length), 1)
+    return jnp.sum(total) / (answers * per_token.shape[1])
 
 
-# ---- The compiled update: rollout, rewards, advantages, μ steps; a whole epoch is one lax.scan
+# ---- The losses: GRPO (clipped surrogate + β·KL, aggregated) and cross-entropy for SFT
 @dataclass(frozen=True)
 class GRPOConfig:
-    """The static (compile-time) part of Args that the jitted epoch needs."""
+    """The static (compile-time) part of Args that the jitted updates need."""
 
     objective: str
     group_mode: str
@@ -263,6 +306,10 @@ class GRPOConfig:
     clip_eps: float
     beta: float
     kl: str
+    loss_agg: str
+    drop_zero_var: bool
+    ref_refresh: int
+    reward: str
     adv_eps: float
 
     @classmethod
@@ -270,142 +317,183 @@ class GRPOConfig:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
 
-def grpo_update(actor: Actor, optimizer: nnx.Optimizer, reference: Actor, x, y, key, config: GRPOConfig) -> dict:
-    """Rollout G answers per image from π_old, score them, then μ clipped-surrogate steps on that rollout."""
-    dist_old = actor(x)  # π_old: the parameters before this rollout's μ steps
-    actions = dist_old.sample(config.group_size, seed=key).T  # (B, G)
-    logp_old = jax.lax.stop_gradient(dist_old.log_prob(actions.T).T)  # (B, G)
-    rewards = (actions == y[:, None]).astype(jnp.float32)  # (B, G): 1 if the answer names the digit
+class Rollout(NamedTuple):
+    tokens: jax.Array  # (S, N), S = B·G answers; the G answers to a prompt are adjacent rows
+    mask: jax.Array  # (S, N) completion mask, zeroed for dropped groups
+    logp_old: jax.Array  # (S, N) log π_old of each sampled token
+    adv: jax.Array  # (S, 1) one advantage per answer, shared by its tokens
+    ref_logits: jax.Array | None  # (S, N, VOCAB) π_ref at every position (None when β = 0)
+
+
+def grpo_loss(policy: Policy, strips: Strips, rollout: Rollout, config: GRPOConfig):
+    """−aggregate(min(ρ_t A, clip(ρ_t) A) − β·KL_t) over the answer tokens; returns (loss, metrics)."""
+    prompt = jnp.repeat(policy.encode(strips.images, strips.slots), config.group_size, axis=0)  # (S, F)
+    logits = policy(prompt, rollout.tokens)  # (S, N, VOCAB)
+    logp = token_logp(logits, rollout.tokens)
+    objective, binds, outside = clipped_surrogate(logp, rollout.logp_old, rollout.adv, config.clip_eps)
+    per_token = -objective
+    metrics = {
+        "clip_frac": aggregate(binds, rollout.mask, "token-mean"),
+        "outside_frac": aggregate(outside, rollout.mask, "token-mean"),
+    }
+    if config.beta > 0:
+        kl = token_kl(logits, rollout.ref_logits, rollout.tokens, config.kl)
+        per_token = per_token + config.beta * kl
+        metrics["kl"] = aggregate(kl, rollout.mask, "token-mean")
+    loss = aggregate(per_token, rollout.mask, config.loss_agg)
+    return loss, {"loss": loss, **metrics}
+
+
+def sft_loss(policy: Policy, strips: Strips):
+    """Cross-entropy of the target answer (its digits and EOS), teacher-forced, averaged over its tokens."""
+    logits = policy(policy.encode(strips.images, strips.slots), strips.target)
+    loss = aggregate(-token_logp(logits, strips.target), completion_mask(strips.target), "token-mean")
+    return loss, {"loss": loss}
+
+
+# ---- The compiled updates: one GRPO iteration, one SFT step; a block of them is one lax.scan
+def rollout_groups(policy: Policy, reference: Policy, strips: Strips, key, config: GRPOConfig):
+    """Sample G answers per prompt from π_old (the current policy), score them, and fix everything the μ steps
+    reuse. Returns (Rollout, metrics)."""
+    prompt = jnp.repeat(policy.encode(strips.images, strips.slots), config.group_size, axis=0)  # (S, F)
+    tokens = generate(policy, prompt, key)
+    logp_old = jax.lax.stop_gradient(token_logp(policy(prompt, tokens), tokens))
+    target = jnp.repeat(strips.target, config.group_size, axis=0)
+    rewards = verify(tokens, target, config.reward == "partial").reshape(-1, config.group_size)  # (B, G)
     if config.group_mode == "prompt":
         adv = group_advantages(rewards, config.adv_eps)
-        zero_signal = jnp.mean(rewards.std(axis=1) == 0)  # groups with all-equal rewards teach nothing
+        signal = rewards.std(axis=1) > 0  # (B,): False where all G rewards are equal, so every A is 0
     else:
         adv = batch_advantages(rewards, config.adv_eps)
-        zero_signal = (rewards.std() == 0).astype(jnp.float32)
+        signal = jnp.full(rewards.shape[0], rewards.std() > 0)
+    mask = completion_mask(tokens)
+    if config.drop_zero_var:
+        mask = mask * jnp.repeat(signal, config.group_size)[:, None]
+    ref_logits = None
     if config.beta > 0:
-        ref_logits = reference(x).logits  # (B, 10), frozen π_ref
-    else:
-        ref_logits = dist_old.logits  # unused: β = 0 multiplies it away; skip the extra forward pass
+        ref_logits = reference(jnp.repeat(reference.encode(strips.images, strips.slots), config.group_size, 0), tokens)
+    rollout = Rollout(tokens, mask, logp_old, adv.reshape(-1, 1), ref_logits)
+    return rollout, {"reward": rewards.mean(), "zero_signal": 1 - signal.mean()}
+
+
+def grpo_update(policy, optimizer, reference, strips: Strips, key, config: GRPOConfig) -> dict:
+    """One GRPO iteration: a rollout from π_old, then μ gradient steps on it (after the first, ρ ≠ 1)."""
+    rollout, metrics = rollout_groups(policy, reference, strips, key, config)
     grad_fn = nnx.value_and_grad(grpo_loss, has_aux=True)
-    step_metrics = []
-    for _ in range(config.inner_steps):  # μ steps: after the first, ρ ≠ 1 and the clip can act
-        (_, aux), grads = grad_fn(actor, x, actions, logp_old, adv, ref_logits, config.clip_eps, config.beta, config.kl)
-        optimizer.update(actor, grads)
-        step_metrics.append(aux)
-    metrics = jax.tree.map(lambda *v: jnp.mean(jnp.stack(v)), *step_metrics)
-    if config.beta == 0:
-        del metrics["kl"]  # with β = 0 it compared π_θ with π_old, not with π_ref
-    return {**metrics, "reward": rewards.mean(), "zero_signal": zero_signal}
+    steps = []
+    for _ in range(config.inner_steps):
+        (_, aux), grads = grad_fn(policy, strips, rollout, config)
+        optimizer.update(policy, grads)
+        steps.append(aux)
+    return {**jax.tree.map(lambda *v: jnp.mean(jnp.stack(v)), *steps), **metrics}
 
 
-def supervised_update(actor: Actor, optimizer: nnx.Optimizer, x, y, key) -> dict:
-    """One cross-entropy step; also samples one answer per image so 'reward' is comparable with GRPO's."""
-    reward = (actor(x).sample(seed=key) == y).astype(jnp.float32).mean()
-    (_, aux), grads = nnx.value_and_grad(supervised_loss, has_aux=True)(actor, x, y)
-    optimizer.update(actor, grads)
+def sft_update(policy, optimizer, strips: Strips, key) -> dict:
+    """One cross-entropy step; also samples one answer per prompt so 'reward' is comparable with GRPO's."""
+    reward = verify(generate(policy, policy.encode(strips.images, strips.slots), key), strips.target).mean()
+    (_, aux), grads = nnx.value_and_grad(sft_loss, has_aux=True)(policy, strips)
+    optimizer.update(policy, grads)
     return {**aux, "reward": reward}
 
 
-def train_epoch(
-    graphdef: nnx.GraphDef, ref_graphdef: nnx.GraphDef, config: GRPOConfig, state, ref_state, x_all, y_all, key
-):
-    """One pass over the shuffled training images, compiled as a single lax.scan over batches.
+def train_block(graphdef, policy_def, config: GRPOConfig, n_slots: int, state, ref_state, step0, x, y, keys):
+    """len(keys) iterations as one lax.scan. state = nnx.state((policy, optimizer)), ref_state = π_ref's state
+    (policy_def is its graphdef), replaced by the policy's every config.ref_refresh iterations if that is > 0.
+    Prompts are drawn from (x, y). The NNX objects are rebuilt inside the traced step (nnx.merge) and split
+    back out, so Python and NNX bookkeeping run once, at trace time."""
 
-    `state` is nnx.state((actor, optimizer)), `ref_state` the frozen reference's. The NNX objects are rebuilt
-    inside the traced function (nnx.merge), updated in place, and split back out, so Python and NNX
-    bookkeeping run once at trace time, not once per batch."""
-    n_batches = x_all.shape[0] // config.batch_size  # the last partial batch is dropped
-    key, perm_key = jax.random.split(key)
-    order = jax.random.permutation(perm_key, x_all.shape[0])[: n_batches * config.batch_size]
-    batches = order.reshape(n_batches, config.batch_size)  # (n_batches, B) image indices
-    keys = jax.random.split(key, n_batches)
-    reference = nnx.merge(ref_graphdef, ref_state)
-
-    def one_batch(state, inputs):
-        idx, batch_key = inputs
-        actor, optimizer = nnx.merge(graphdef, state)
-        x, y = x_all[idx], y_all[idx]  # (B, 784), (B,)
+    def one_iteration(carry, inputs):
+        state, ref_state = carry
+        step, key = inputs
+        policy, optimizer = nnx.merge(graphdef, state)
+        draw_key, update_key = jax.random.split(key)
+        strips = draw_strips(draw_key, x, y, config.batch_size, n_slots)
         if config.objective == "grpo":
-            metrics = grpo_update(actor, optimizer, reference, x, y, batch_key, config)
+            reference = nnx.merge(policy_def, ref_state)
+            metrics = grpo_update(policy, optimizer, reference, strips, update_key, config)
         else:
-            metrics = supervised_update(actor, optimizer, x, y, batch_key)
-        return nnx.state((actor, optimizer)), metrics
+            metrics = sft_update(policy, optimizer, strips, update_key)
+        if config.ref_refresh > 0:  # π_ref ← π_θ after every ref_refresh-th iteration
+            refresh = (step + 1) % config.ref_refresh == 0
+            ref_state = jax.tree.map(lambda new, old: jnp.where(refresh, new, old), nnx.state(policy), ref_state)
+        return (nnx.state((policy, optimizer)), ref_state), metrics
 
-    state, metrics = jax.lax.scan(one_batch, state, (batches, keys))
-    return state, jax.tree.map(jnp.mean, metrics)
+    steps = step0 + jnp.arange(len(keys))
+    (state, ref_state), metrics = jax.lax.scan(one_iteration, (state, ref_state), (steps, keys))
+    return state, ref_state, jax.tree.map(jnp.mean, metrics)
 
 
-# ---- The training loop: compile the epoch once, run it, score validation after each epoch
-def train(args: Args, data: Data) -> tuple[Actor, Actor, list[dict], dict]:
-    """Build the actor, its frozen reference and Adam; run the epochs, scoring validation after each.
-    Returns (actor, reference, history, timings). The test images are not touched here."""
-    key = jax.random.key(args.seed)
-    actor = Actor(args.hidden_size, rngs=nnx.Rngs(args.seed))
-    reference = nnx.clone(actor)  # π_ref: the frozen initial policy
-    optimizer = nnx.Optimizer(actor, optax.adam(args.learning_rate), wrt=nnx.Param)
-    graphdef, state = nnx.split((actor, optimizer))
-    actor_graphdef, ref_state = nnx.split(reference)
-    x_train, y_train = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
-    x_val, y_val = jnp.asarray(data.x_val), jnp.asarray(data.y_val)
+# ---- Evaluation: n sampled answers per prompt give pass@1 and pass@k; greedy decoding gives exact match
+def pass_at_k(n: int, correct, k: int) -> float:
+    """Unbiased pass@k from n samples per prompt, c of them correct (Chen et al., 2021):
+    the mean over prompts of 1 − C(n − c, k) / C(n, k), the chance that k of the n samples include a right one."""
+    return float(np.mean([1 - math.comb(n - int(c), k) / math.comb(n, k) for c in correct]))
 
-    t0 = time.perf_counter()
-    run_epoch = jax.jit(partial(train_epoch, graphdef, actor_graphdef, GRPOConfig.from_args(args)))
-    run_epoch = run_epoch.lower(state, ref_state, x_train, y_train, key).compile()  # compile once, up front
-    score = jax.jit(partial(evaluate, actor_graphdef))
-    compile_seconds = time.perf_counter() - t0
 
-    def score_validation(state) -> dict:  # state[0]: the actor's part of (actor, optimizer)
-        scores = {k: float(v) for k, v in score(state[0], ref_state, x_val, y_val).items()}
-        return {
-            "val_accuracy": scores["accuracy"],
-            "val_sampled_accuracy": scores["sampled_accuracy"],
-            "kl_ref": scores["kl_ref"],
-        }
-
-    history = [{"epoch": 0, **score_validation(state)}]
-    print_progress(history[0], len(data.y_train))
-    for epoch in range(1, args.epochs + 1):
-        key, epoch_key = jax.random.split(key)
-        t_epoch = time.perf_counter()
-        state, metrics = run_epoch(state, ref_state, x_train, y_train, epoch_key)
-        jax.block_until_ready(state)
-        seconds = time.perf_counter() - t_epoch
-        row = {
-            "epoch": epoch,
-            **score_validation(state),
-            "train_reward": float(metrics["reward"]),
-            "seconds": seconds,
-            **{k: float(v) for k, v in metrics.items() if k != "reward"},
-        }
-        history.append(row)
-        print_progress(row, len(data.y_train))
-    actor, _ = nnx.merge(graphdef, state)
-    timings = {
-        "train_seconds": time.perf_counter() - t0,
-        "compile_seconds": compile_seconds,
-        "seconds_per_epoch": float(np.mean([h["seconds"] for h in history[1:]])),
+def evaluate(policy_def, state, ref_state, strips: Strips, key, n_samples: int) -> dict:
+    """On fixed prompts: `correct` (P,), how many of n answers sampled at temperature 1 are exactly right; the
+    greedy exact match; the mean answer length (tokens in the completion mask) overall and of wrong answers;
+    and the exact KL(π_θ ‖ π_ref) summed over each answer's tokens."""
+    policy, reference = nnx.merge(policy_def, state), nnx.merge(policy_def, ref_state)
+    prompt = policy.encode(strips.images, strips.slots)
+    greedy = verify(generate(policy, prompt, key, greedy=True), strips.target).mean()
+    prompts = jnp.repeat(prompt, n_samples, axis=0)  # (P·n, F)
+    tokens = generate(policy, prompts, key)
+    right = verify(tokens, jnp.repeat(strips.target, n_samples, axis=0))  # (P·n,) exact match, 0 or 1
+    mask = completion_mask(tokens)
+    length = mask.sum(axis=1)
+    ref_prompts = jnp.repeat(reference.encode(strips.images, strips.slots), n_samples, axis=0)
+    kl = token_kl(policy(prompts, tokens), reference(ref_prompts, tokens), tokens, "exact")
+    return {
+        "correct": right.reshape(-1, n_samples).sum(axis=1),
+        "greedy": greedy,
+        "length": length.mean(),
+        "wrong_length": jnp.sum(length * (1 - right)) / jnp.maximum(jnp.sum(1 - right), 1),
+        "kl_ref": jnp.sum(kl * mask, axis=1).mean(),
     }
-    return actor, reference, history, timings
 
 
-# ---- Evaluation: greedy accuracy and KL to π_ref on held-out images; the test set once, at the end
-def evaluate(graphdef: nnx.GraphDef, state, ref_state, x, y) -> dict:
-    """On held-out images: the greedy (argmax) accuracy; the sampled accuracy, i.e. the expected reward of one
-    answer drawn from π, mean π(y | x), exact without sampling; and the exact mean KL(π_θ ‖ π_ref).
-    `graphdef` is the actor's; `state` and `ref_state` are the actor's and the frozen reference's."""
-    actor, reference = nnx.merge(graphdef, state), nnx.merge(graphdef, ref_state)
-    dist = actor(x)
-    accuracy = jnp.mean(dist.mode() == y)
-    kl_ref = jnp.mean(dist.kl_divergence(reference(x)))  # exact: only 10 actions to sum over
-    return {"accuracy": accuracy, "sampled_accuracy": jnp.mean(dist.prob(y)), "kl_ref": kl_ref}
-
-
-def score_test_set(actor: Actor, reference: Actor, data: Data) -> dict:
-    """evaluate() on the held-out test images, called once, after training: test_accuracy, test_sampled_accuracy
-    and test_kl_ref."""
-    score = jax.jit(partial(evaluate, nnx.graphdef(actor)))
-    scores = score(nnx.state(actor), nnx.state(reference), jnp.asarray(data.x_test), jnp.asarray(data.y_test))
-    return {f"test_{name}": float(value) for name, value in scores.items()}
+# ---- The training loop: SFT warm start, then RL (or more SFT) in blocks, scoring validation after each
+def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
+    """Returns (policy, reference, history, timings). π_ref is the policy RL starts from: after the SFT warm
+    start, or the initial policy without one. The test images are not touched here."""
+    n_slots, n, key = slots_for(args), args.eval_samples, jax.random.key(args.seed)
+    policy = Policy(n_slots, args.hidden_size, args.decoder_size, rngs=nnx.Rngs(args.seed))
+    optimizer = nnx.Optimizer(policy, optax.adam(args.learning_rate), wrt=nnx.Param)
+    graphdef, state = nnx.split((policy, optimizer))
+    policy_def, ref_state = nnx.graphdef(policy), state[0]
+    x, y = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
+    labelled = labelled_count(args, len(y))  # the training images are shuffled: SFT reads the first ones' labels
+    rl, sft = GRPOConfig.from_args(args), replace(GRPOConfig.from_args(args), objective="supervised", ref_refresh=0)
+    phases = [("sft", sft, sft_steps_for(args), x[:labelled], y[:labelled])]
+    if args.objective == "grpo":
+        phases.append(("rl", rl, args.iterations, x, y))
+    else:  # the baseline: more of the same supervised steps
+        phases.append(("supervised", sft, args.iterations, x[:labelled], y[:labelled]))
+    val, (key, eval_key) = fixed_strips(data.x_val, data.y_val, n_slots), jax.random.split(key)
+    score = jax.jit(partial(evaluate, policy_def), static_argnums=4)  # the same eval_key at every score: less noise
+    history, t0 = [], time.perf_counter()
+    for phase, config, total, x_pool, y_pool in phases:
+        if phase == "rl":
+            ref_state = state[0]  # π_ref: a copy of the policy RL starts from
+        run = jax.jit(partial(train_block, graphdef, policy_def, config, n_slots))
+        done = 0
+        while done < total:
+            if not history:
+                history.append({"phase": "start", "iteration": 0})
+            else:
+                steps, t_block = min(args.eval_every, total - done), time.perf_counter()
+                key, block_key = jax.random.split(key)
+                state, ref_state, metrics = run(
+                    state, ref_state, done, x_pool, y_pool, jax.random.split(block_key, steps)
+                )
+                done += steps
+                history.append({"phase": phase, "iteration": done, **{k: float(v) for k, v in metrics.items()}})
+                history[-1]["seconds"] = time.perf_counter() - t_block
+            history[-1].update(scores(score(state[0], ref_state, val, eval_key, n), n, args.pass_k, "val_"))
+            print_progress(history[-1])
+    policy, _ = nnx.merge(graphdef, state)
+    return policy, nnx.merge(policy_def, ref_state), history, {"train_seconds": time.perf_counter() - t0}
 
 
 # =============================================================================================
@@ -490,6 +578,8 @@ def validate(args: Args) -> None:
             f"--group-size must be >= 2 with --group-mode prompt (a group of one always has advantage 0), "
             f"got {args.group_size}"
         )
+    if args.pass_k > args.eval_samples:  # pass@k needs k of the n samples
+        raise InputError(f"--pass-k must be at most --eval-samples ({args.eval_samples}), got {args.pass_k}")
     if args.dataset != "mnist" and args.data != "full":
         # the bundled digits are MNIST's; another tensorflow-datasets name needs its own files
         raise InputError(f"--dataset {args.dataset} needs --data full (the bundled digits are MNIST)")
@@ -500,6 +590,52 @@ def validate(args: Args) -> None:
         os.remove(os.path.join(args.out, ".write_test"))
     except OSError as e:
         raise InputError(f"--out {args.out!r} is not a writable folder ({e.strerror or type(e).__name__})") from None
+
+
+# ---- The splits: train / validation / test images; prompts are built from one split only
+class Data(NamedTuple):
+    x_train: np.ndarray  # (N, 784) float32 in [0, 1]
+    y_train: np.ndarray  # (N,) int32 digit labels
+    x_val: np.ndarray  # (V, 784) validation images, carved from the training images: every choice is made here
+    y_val: np.ndarray
+    x_test: np.ndarray | None  # (M, 784) held-out test images, scored once at the end (None: --no-score-test)
+    y_test: np.ndarray | None
+    source: str  # what the numbers were measured on
+
+
+SPLIT_SEED = 0  # the fixed shuffles behind --split-test-set, --val-size and the evaluation strips
+
+
+def split_test_digits(x: np.ndarray, y: np.ndarray, n_train: int) -> tuple[np.ndarray, ...]:
+    """--data bundled: the 10,000 official test digits, shuffled once, become n_train training digits and a
+    held-out test set (the rest). Returns (x_train, y_train, x_test, y_test)."""
+    order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
+    train, held = order[:n_train], order[n_train:]
+    return x[train], y[train], x[held], y[held]
+
+
+def carve_validation(x: np.ndarray, y: np.ndarray, val_size: float) -> tuple[np.ndarray, ...]:
+    """Split the training images into (x_train, y_train, x_val, y_val) with a fixed shuffle; val gets
+    round(val_size · N) images, at least one, and training keeps at least one."""
+    n_val = min(max(1, round(val_size * len(y))), len(y) - 1)
+    order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
+    train, val = order[n_val:], order[:n_val]
+    return x[train], y[train], x[val], y[val]
+
+
+def fixed_strips(x, y, n_slots: int) -> Strips:
+    """The validation or test prompts: one strip per image, which opens it; the other slots and the length come
+    from a fixed shuffle, so every run scores the same strips. With N = 1 these are the images themselves."""
+    rng = np.random.default_rng(SPLIT_SEED)
+    idx = np.concatenate([np.arange(len(y))[:, None], rng.integers(0, len(y), (len(y), n_slots - 1))], axis=1)
+    return make_strips(
+        jnp.asarray(x), jnp.asarray(y), jnp.asarray(idx), jnp.asarray(rng.integers(1, n_slots + 1, len(y)))
+    )
+
+
+def labelled_count(args: Args, n_train: int) -> int:
+    """How many training images SFT and --objective supervised may read the labels of: round(fraction · N), >= 1."""
+    return max(1, round(args.label_fraction * n_train))
 
 
 # ---- Reading MNIST: the IDX .gz files from a folder, or tensorflow-datasets, or a checked download
@@ -704,21 +840,28 @@ BYTES_PER_PARAM = 2 + 2 + 2 * 2  # bf16 weight + bf16 gradient + Adam's m and v 
 LLM_ACTOR_PARAMS = 8e9  # the original guide's 8B example
 
 
-def param_table(hidden_size: int) -> tuple[str, dict]:
-    """Actor-only (GRPO) vs actor + critic (PPO), counted from the models and scaled to an 8B actor."""
-    actor = count_params(Actor(hidden_size, rngs=nnx.Rngs(0)))
-    critic = count_params(Critic(hidden_size, rngs=nnx.Rngs(0)))
-    scale = LLM_ACTOR_PARAMS / actor  # an 8B actor; its critic has the same trunk and a 1-unit head
-    rows = [("actor only (GRPO)", actor), ("critic V(s) (PPO only)", critic), ("actor + critic (PPO)", actor + critic)]
-    lines = [f"{'model':<24}{'params here':>13}{'scaled to 8B actor':>20}{'train state, 8 B/param':>25}"]
-    for name, n in rows:
-        lines.append(f"{name:<24}{n:>13,}{n * scale / 1e9:>19.2f}B{n * scale * BYTES_PER_PARAM / 1e9:>22.1f} GB")
+def param_table(args: Args) -> tuple[str, dict]:
+    """Policy only (GRPO) vs policy + critic (PPO), counted from the models and scaled to an 8B policy."""
+    sizes = (slots_for(args), args.hidden_size, args.decoder_size)
+    actor = count_params(Policy(*sizes, rngs=nnx.Rngs(0)))
+    critic = count_params(Critic(*sizes, rngs=nnx.Rngs(0)))
+    scale = LLM_ACTOR_PARAMS / actor  # an 8B policy; its critic shares the encoder and width, with a 1-unit head
+    rows = [
+        ("policy only (GRPO)", actor),
+        ("critic V(x) (PPO only)", critic),
+        ("policy + critic (PPO)", actor + critic),
+    ]
+    lines = [f"{'model':<24}{'params here':>13}{'scaled to 8B policy':>21}{'train state, 8 B/param':>25}"]
+    for name, count in rows:
+        lines.append(
+            f"{name:<24}{count:>13,}{count * scale / 1e9:>20.2f}B{count * scale * BYTES_PER_PARAM / 1e9:>22.1f} GB"
+        )
     saved = critic / (actor + critic)
     lines.append(
         f"GRPO drops the critic: {saved:.1%} of PPO's parameters, "
         f"{critic * scale * BYTES_PER_PARAM / 1e9:.1f} GB of training state at the 8B scale"
     )
-    return "\n".join(lines), {"params_actor": actor, "params_critic": critic, "critic_share": saved}
+    return "\n".join(lines), {"params_policy": actor, "params_critic": critic, "critic_share": saved}
 
 
 # ---- Checkpoints and the figure
@@ -783,110 +926,137 @@ def load_checkpoint(path: str, parts: dict) -> dict:
     return loaded
 
 
-def plot_curve(path: str, history: list[dict], test_accuracy: float | None, title: str) -> None:
-    """Per epoch: accuracy and sampled reward (%); for GRPO, the clip and zero-signal shares (%); the KL to
-    π_ref (nats). The test score is one star at the end, drawn only if the test set was scored."""
-    epochs = [h["epoch"] for h in history]
-    trained = [h for h in history if h["epoch"] > 0]
-    trained_epochs = [h["epoch"] for h in trained]
-    grpo = "clip_frac" in trained[0]  # the supervised objective has no clip and no groups
-    fig, axes = plt.subplots(1, 3 if grpo else 2, figsize=(15 if grpo else 10, 3.8))
-    accuracy, kl_axis = axes[0], axes[-1]
-    accuracy.plot(epochs, [100 * h["val_accuracy"] for h in history], "o-", label="greedy validation accuracy")
-    sampled = [100 * h["val_sampled_accuracy"] for h in history]
-    accuracy.plot(epochs, sampled, "d-", label="sampled validation accuracy, mean π(label | x)")
-    accuracy.plot(trained_epochs, [100 * h["train_reward"] for h in trained], "s--", label="sampled train reward")
-    if test_accuracy is not None:
-        accuracy.plot([epochs[-1]], [100 * test_accuracy], "k*", ms=12, label="test accuracy (scored once, at the end)")
-    accuracy.set(xlabel="epoch", ylabel="%", title="accuracy and reward")
-    if grpo:
-        shares = axes[1]
-        for key, style, text in (
-            ("clip_frac", "o-", "clip binds (clip_frac)"),
-            ("outside_frac", "x--", "ratio outside [1 − ε, 1 + ε] (outside_frac)"),
-            ("zero_signal", "s-", "groups with all-equal rewards (zero_signal)"),
-        ):
-            shares.plot(trained_epochs, [100 * h[key] for h in trained], style, label=text)
-        shares.set(xlabel="epoch", ylabel="% of samples / groups", title="clip and zero-signal shares")
-    kl_axis.plot(epochs, [h["kl_ref"] for h in history], "^-", label="KL(π ‖ π_ref) on validation")
-    if "kl" in trained[0]:
-        kl_axis.plot(trained_epochs, [h["kl"] for h in trained], "v--", label="KL term of the loss (--kl), training")
-    kl_axis.set(xlabel="epoch", ylabel="nats", title="KL to the initial policy π_ref")
+def plot_curve(path: str, history: list[dict], k: int, test: dict, title: str) -> None:
+    """Per block of iterations: validation pass@1, pass@k and greedy exact match with the training reward; the clip
+    and zero-signal shares (RL only); the answer lengths and the KL to π_ref. Test scores are stars at the end."""
+    sft = max((h["iteration"] for h in history if h["phase"] == "sft"), default=0)
+    steps = [h["iteration"] - (sft if h["phase"] in ("start", "sft") else 0) for h in history]  # SFT at x <= 0
+    rl = [h for h in history if h["phase"] == "rl"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    score_axis, share_axis, length_axis = axes
+    for key, style, text in (
+        ("val_pass1", "o-", "pass@1"),
+        (f"val_pass{k}", "d-", f"pass@{k}"),
+        ("val_greedy", "s-", "greedy"),
+    ):
+        score_axis.plot(steps, [100 * h[key] for h in history], style, label=f"{text} (validation)")
+    trained = [h for h in history if "reward" in h]
+    score_axis.plot(
+        [steps[history.index(h)] for h in trained], [100 * h["reward"] for h in trained], "x--", label="train reward"
+    )
+    for key, text in (("test_pass1", "pass@1"), ("test_greedy", "greedy")):
+        if key in test:
+            score_axis.plot([steps[-1]], [100 * test[key]], "k*", ms=10, label=f"test {text} (scored once)")
+    score_axis.set(xlabel="iteration (SFT steps at x ≤ 0)", ylabel="%", title="validation scores")
+    for key, style, text in (
+        ("clip_frac", "o-", "clip binds (clip_frac)"),
+        ("outside_frac", "x--", "ratio outside [1 − ε, 1 + ε]"),
+        ("zero_signal", "s-", "groups with all-equal rewards"),
+    ):
+        share_axis.plot([h["iteration"] for h in rl], [100 * h.get(key, 0) for h in rl], style, label=text)
+    share_axis.set(xlabel="RL iteration", ylabel="% of tokens / groups", title="clip and zero-signal shares")
+    length_axis.plot(steps, [h["val_length"] for h in history], "o-", label="answer length (tokens)")
+    length_axis.plot(steps, [h["val_wrong_length"] for h in history], "x--", label="length of wrong answers")
+    length_axis.plot(steps, [h["val_kl_ref"] for h in history], "^-", label="KL(π ‖ π_ref) per answer (nats)")
+    length_axis.set(xlabel="iteration", title="lengths and KL to π_ref")
     for ax in axes:
-        ax.xaxis.get_major_locator().set_params(integer=True)  # epochs are whole numbers
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
+def scores(raw: dict, n: int, k: int, prefix: str) -> dict:
+    """evaluate()'s arrays → floats: pass@1 (the mean reward of one sampled answer), pass@k, greedy, lengths, KL."""
+    out = {"pass1": float(raw["correct"].mean()) / n, f"pass{k}": pass_at_k(n, raw["correct"], k)}
+    out.update({name: float(raw[name]) for name in ("greedy", "length", "wrong_length", "kl_ref")})
+    return {f"{prefix}{name}": value for name, value in out.items()}
+
+
 # ---- main: check the flags, load the data, train, score the test set once, save
-def print_progress(row: dict, n_train: int) -> None:
-    """One grep-able line per epoch; GRPO adds the clip shares, the zero-signal share and the loss's KL term."""
-    line = f"epoch={row['epoch']} val_acc={row['val_accuracy']:.4f} val_sampled={row['val_sampled_accuracy']:.4f}"
-    if row["epoch"] == 0:
-        print(f"{line} kl_ref={row['kl_ref']:.4f} (untrained)", flush=True)
-        return
-    extra = "".join(f" {k}={row[k]:.4f}" for k in ("clip_frac", "outside_frac", "zero_signal", "kl") if k in row)
-    print(
-        f"{line} train_reward={row['train_reward']:.4f} loss={row['loss']:.4f}{extra} kl_ref={row['kl_ref']:.4f} "
-        f"sec={row['seconds']:.2f} img/s={n_train / row['seconds']:.0f}",
-        flush=True,
+PROGRESS = ("reward", "loss", "clip_frac", "outside_frac", "zero_signal", "kl")
+
+
+def print_progress(row: dict) -> None:
+    """One grep-able line per block: the phase and iteration, validation scores, then the block's training means."""
+    k = next(key for key in row if key.startswith("val_pass") and key != "val_pass1")
+    line = (
+        f"phase={row['phase']} iter={row['iteration']} val_pass1={row['val_pass1']:.4f} {k}={row[k]:.4f} "
+        f"val_greedy={row['val_greedy']:.4f} len={row['val_length']:.2f} wrong_len={row['val_wrong_length']:.2f} "
+        f"kl_ref={row['val_kl_ref']:.4f}"
     )
+    extra = "".join(f" {key}={row[key]:.4f}" for key in PROGRESS if key in row)
+    print(line + extra + (f" sec={row['seconds']:.2f}" if "seconds" in row else ""), flush=True)
 
 
 def run_label(args: Args) -> str:
+    task = f"task {args.task}" + (f" (1-{args.max_digits} digits)" if args.task == "number" else "")
+    sft = f"SFT {sft_steps_for(args)} steps on {args.label_fraction:.0%} of labels"
     if args.objective == "supervised":
-        return "supervised"
+        return f"{task}, supervised: {sft} + {args.iterations} more"
     kl = f"β={args.beta}, kl {args.kl}" if args.beta > 0 else "β=0"
-    return f"grpo, group-mode {args.group_mode}, G={args.group_size}, μ={args.inner_steps}, {kl}"
+    refresh = f", π_ref refreshed every {args.ref_refresh}" if args.ref_refresh else ""
+    return (
+        f"{task}, {sft}, then grpo: G={args.group_size}, μ={args.inner_steps}, {kl}{refresh}, "
+        f"{args.loss_agg}, reward {args.reward}" + (", zero-variance groups dropped" if args.drop_zero_var else "")
+    )
 
 
 def print_header(args: Args, data: Data, label: str) -> dict:
     """Print the data, the run and the parameter table (GRPO vs PPO); return the counts for metrics.json."""
     print(f"data: {data.source}", flush=True)
     print(
-        f"run: {label}, batch {args.batch_size}, learning rate {args.learning_rate}, {args.epochs} epochs, "
-        f"seed {args.seed}",
+        f"run: {label}, batch {args.batch_size} prompts, learning rate {args.learning_rate}, "
+        f"{args.iterations} iterations, seed {args.seed}",
         flush=True,
     )
-    table, param_counts = param_table(args.hidden_size)
+    table, param_counts = param_table(args)
     print(table, flush=True)
     return param_counts
 
 
-def save_outputs(args: Args, results: dict, actor: Actor, title: str) -> None:
-    """metrics.json, learning_curve.png and the actor's checkpoint actor.npz, all in --out."""
+def score_test_set(args: Args, policy: Policy, reference: Policy, data: Data) -> dict:
+    """evaluate() on the held-out test prompts, called once, after training: test_pass1, test_pass{k}, ..."""
+    strips = fixed_strips(data.x_test, data.y_test, slots_for(args))
+    key = jax.random.fold_in(jax.random.key(args.seed), 2)
+    evaluate_test = jax.jit(partial(evaluate, nnx.graphdef(policy)), static_argnums=4)
+    raw = evaluate_test(nnx.state(policy), nnx.state(reference), strips, key, args.eval_samples)
+    return scores(raw, args.eval_samples, args.pass_k, "test_")
+
+
+def save_outputs(args: Args, results: dict, policy: Policy, title: str) -> None:
+    """metrics.json, learning_curve.png and the policy's checkpoint policy.npz, all in --out."""
     with open(os.path.join(args.out, "metrics.json"), "w") as f:
         json.dump(results, f, indent=2)
-    plot_curve(os.path.join(args.out, "learning_curve.png"), results["history"], results.get("test_accuracy"), title)
-    save_checkpoint(os.path.join(args.out, "actor.npz"), {"actor": actor})
+    test = {k[5:]: v for k, v in results.items() if k.startswith("test_")}
+    test = {f"test_{k}": v for k, v in test.items()}
+    plot_curve(os.path.join(args.out, "learning_curve.png"), results["history"], args.pass_k, test, title)
+    save_checkpoint(os.path.join(args.out, "policy.npz"), {"policy": policy})
 
 
 def print_summary(args: Args, results: dict, label: str) -> None:
+    k = args.pass_k
     print("---- summary ----")
-    print(f"data:              {results['data']}")
-    print(f"objective:         {label}")
-    print(f"val_accuracy:      {results['val_accuracy']:.4f}  (greedy, validation split, after epoch {args.epochs})")
-    print(f"val_sampled_acc:   {results['val_sampled_accuracy']:.4f}  (mean π(label | x): one sampled answer)")
-    if "test_accuracy" in results:
-        print(f"test_accuracy:     {results['test_accuracy']:.4f}  (greedy, held-out test set, scored once)")
-        print(f"test_sampled_acc:  {results['test_sampled_accuracy']:.4f}  (mean π(label | x): one sampled answer)")
-    else:
-        print("test_accuracy:     not scored (--no-score-test)")
-    print(f"train_reward:      {results['train_reward']:.4f}  (sampled, last epoch)")
+    print(f"data:            {results['data']}")
+    print(f"run:             {label}")
+    for split in ("val", "test"):
+        if f"{split}_pass1" not in results:
+            print("test:            not scored (--no-score-test)")
+            continue
+        print(
+            f"{split + ':':<17}pass@1 {results[f'{split}_pass1']:.4f}  pass@{k} {results[f'{split}_pass{k}']:.4f}  "
+            f"greedy {results[f'{split}_greedy']:.4f}  length {results[f'{split}_length']:.2f} "
+            f"(wrong answers {results[f'{split}_wrong_length']:.2f})  KL to π_ref {results[f'{split}_kl_ref']:.3f}"
+        )
     if "clip_frac" in results:
         binds = "ρ > 1+ε with A > 0, or ρ < 1−ε with A < 0"
-        print(f"clip_frac:         {results['clip_frac']:.4f}  (last epoch; the clip binds: {binds})")
-        print(f"outside_frac:      {results['outside_frac']:.4f}  (last epoch; |ρ − 1| > ε, whatever the sign of A)")
-    print(
-        f"seconds_per_epoch: {results['seconds_per_epoch']:.2f}  ({results['seconds_per_epoch_at_60k']:.2f} s "
-        f"scaled to 60,000 images; compile {results['compile_seconds']:.1f} s, total "
-        f"{results['train_seconds']:.1f} s)"
-    )
-    print(f"outputs:           {args.out}/metrics.json, learning_curve.png, actor.npz", flush=True)
+        print(f"clip_frac:       {results['clip_frac']:.4f}  (last block, share of tokens; the clip binds: {binds})")
+        print(f"outside_frac:    {results['outside_frac']:.4f}  (last block; |ρ − 1| > ε, whatever the sign of A)")
+        print(f"zero_signal:     {results['zero_signal']:.4f}  (last block; groups whose G rewards are all equal)")
+    print(f"train_seconds:   {results['train_seconds']:.1f}  (SFT, RL and validation scoring)")
+    print(f"outputs:         {args.out}/metrics.json, learning_curve.png, policy.npz", flush=True)
 
 
 def use_compile_cache(folder: str) -> None:
@@ -905,25 +1075,23 @@ def main(args: Args) -> dict:
     data = load_data(args)
     if not args.score_test:  # the test images are dropped before training: nothing below can read them
         data = data._replace(x_test=None, y_test=None)
-    if args.batch_size > len(data.y_train):
-        raise InputError(f"--batch-size {args.batch_size} exceeds the {len(data.y_train)} training images")
     label = run_label(args)
     param_counts = print_header(args, data, label)
 
-    actor, reference, history, timings = train(args, data)
-    results = {k: history[-1][k] for k in ("val_accuracy", "val_sampled_accuracy")}
-    if args.score_test:  # the held-out test set is scored once, here, after every choice was made on validation
-        results.update(**score_test_set(actor, reference, data), test_images=len(data.y_test))
+    policy, reference, history, timings = train(args, data)
     last = history[-1]
+    results = {k: v for k, v in last.items() if k.startswith("val_")}
+    if args.score_test:  # the held-out test set is scored once, here, after every choice was made on validation
+        results.update(**score_test_set(args, policy, reference, data), test_prompts=len(data.y_test))
     results.update(
         {
-            "train_reward": last["train_reward"],
-            **{k: last[k] for k in ("clip_frac", "outside_frac") if k in last},
-            "epochs": args.epochs,
+            **{k: last[k] for k in PROGRESS if k in last},
+            "iterations": args.iterations,
+            "sft_steps": sft_steps_for(args),
+            "labelled_images": labelled_count(args, len(data.y_train)),
             **timings,
             "train_images": len(data.y_train),
-            "val_images": len(data.y_val),
-            "seconds_per_epoch_at_60k": timings["seconds_per_epoch"] * 60_000 / len(data.y_train),
+            "val_prompts": len(data.y_val),
             "data": data.source,
             **param_counts,
             "history": history,
@@ -931,7 +1099,7 @@ def main(args: Args) -> dict:
         }
     )
     title = f"{label} | train {len(data.y_train)} / validation {len(data.y_val)} images"
-    save_outputs(args, results, actor, title)
+    save_outputs(args, results, policy, title)
     print_summary(args, results, label)
     return results
 

@@ -11,8 +11,9 @@ from conftest import REPO
 pytestmark = pytest.mark.unit
 
 SCRIPTS = sorted(str(p.relative_to(REPO)) for p in REPO.glob("[0-9]_*/*.py"))
-# The lesson part (docstring to banner): about 450 lines for 3_Pendulum (two backends), fewer for the others.
-LESSON_MAX_LINES = {"3_Pendulum": 480}
+# The lesson part (docstring to banner): about 450 lines; 3_Pendulum has two backends and 4_GRPO_MNIST two
+# tasks with token-level decoding, so they get a little more.
+LESSON_MAX_LINES = {"3_Pendulum": 480, "4_GRPO_MNIST": 500}
 LESSON_MAX_DEFAULT = 450
 # Plumbing: whichever of these a script defines must sit below the banner.
 PLUMBING = {
