@@ -77,7 +77,7 @@ def test_summary_counts_the_bar_and_takes_the_median_time():
     assert s["mean"] == pytest.approx((500 + 474.9 + 475 + 120) / 4)
     assert s["median"] == pytest.approx((474.9 + 475) / 2)
     assert s["min"] == 120.0 and s["median_seconds"] == pytest.approx(8.5)
-    assert seeds.summarise({0: 0.9}, {0: 1.0}, seeds.Headline("test_accuracy", None))["solved"] is None
+    assert seeds.summarise({0: 0.9}, {0: 1.0}, seeds.Headline("test_pass1", None))["solved"] is None
 
 
 @pytest.mark.unit
@@ -87,8 +87,8 @@ def test_known_headlines():
     assert seeds.headline_for(REPO / "3_Pendulum" / "pendulum.py", None, None).bar == -200.0
     assert seeds.headline_for(REPO / "1_Q_Learning" / "Q_Learning.py", None, None).metric == "policy_is_optimal"
     grpo = REPO / "4_GRPO_MNIST" / "grpo_mnist.py"
-    assert seeds.headline_for(grpo, None, None) == seeds.Headline("test_accuracy", None)
-    assert seeds.headline_for(REPO / "4_GRPO_MNIST" / "grpo_mnist.py", "val_accuracy", None).bar is None
+    assert seeds.headline_for(grpo, None, None) == seeds.Headline("test_pass1", None)
+    assert seeds.headline_for(REPO / "4_GRPO_MNIST" / "grpo_mnist.py", "val_pass1", None).bar is None
     with pytest.raises(seeds.SweepError):
         seeds.headline_for(REPO / "tools" / "seeds.py", None, None)
 

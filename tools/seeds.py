@@ -46,7 +46,7 @@ HEADLINES = {
     "1_Q_Learning": Headline("policy_is_optimal", 1.0),
     "2_Cart_Pole_DQN": Headline("eval_return_mean", 475.0),
     "3_Pendulum": Headline("eval_return_mean", -200.0),
-    "4_GRPO_MNIST": Headline("test_accuracy", None),
+    "4_GRPO_MNIST": Headline("test_pass1", None),
 }
 
 CONFIDENCE = 0.95
@@ -248,6 +248,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--seeds", required=True, help="seeds to run: 0-19, 3, or 0,5,7-9")
     p.add_argument("--metric", default=None, help="metrics.json key to summarise (default: the module's headline)")
     p.add_argument("--bar", type=float, default=None, help="a seed is solved when metric >= bar (default: module's)")
+    p.add_argument(
+        "--also",
+        default="",
+        help="more metrics.json keys to summarise from the same runs, comma-separated; with --save each is written "
+        "to <results-dir>/SAVE.KEY.json",
+    )
     p.add_argument("--tag", default=None, help="name of this sweep's folder (default: the script flags and the seeds)")
     p.add_argument("--out", default="runs/seeds", help="root folder of all sweeps")
     p.add_argument("--save", default=None, help="also write the summary to <results-dir>/SAVE.json for the READMEs")
@@ -292,6 +298,7 @@ def main(argv: list[str] | None = None) -> dict:
         ["python", "tools/seeds.py", args.script, "--seeds", args.seeds]
         + (["--metric", args.metric] if args.metric else [])
         + (["--bar", f"{args.bar:g}"] if args.bar is not None else [])
+        + (["--also", args.also] if args.also else [])
         + (["--save", args.save] if args.save else [])
         + (["--", *map(shlex.quote, flags)] if flags else [])
     )
@@ -300,11 +307,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     scores: dict[int, float] = {}
     seconds: dict[int, float] = {}
+    also = {key: {} for key in filter(None, args.also.split(","))}  # key -> {seed: value}
     failure = None
     try:
         for seed in seeds:
             metrics, secs = run_seed(script, seed, folder / f"seed_{seed}", flags)
             scores[seed], seconds[seed] = score_of(metrics, headline, seed), secs
+            for key, values in also.items():
+                values[seed] = score_of(metrics, Headline(key, None), seed)
             solved = "" if headline.bar is None else f" solved={'yes' if scores[seed] >= headline.bar else 'no'}"
             print(f"seed={seed} {headline.metric}={scores[seed]:.4f}{solved} seconds={secs:.1f}", flush=True)
     except SweepError as e:
@@ -322,6 +332,11 @@ def main(argv: list[str] | None = None) -> dict:
             saved = Path(args.results_dir) / f"{args.save}.json"
             saved.write_text(json.dumps({**summary, "provenance": measured}, indent=2, ensure_ascii=False) + "\n")
             print(f"wrote {saved}", flush=True)
+            for key, values in also.items():  # the same runs, another metric: SAVE.KEY.json
+                extra = {**summarise(values, seconds, Headline(key, None)), "provenance": measured}
+                extra_path = Path(args.results_dir) / f"{args.save}.{key}.json"
+                extra_path.write_text(json.dumps(extra, indent=2, ensure_ascii=False) + "\n")
+                print(f"wrote {extra_path}", flush=True)
     if failure:
         raise SweepError(failure + (f" ({len(scores)} finished run(s) summarised in {folder})" if scores else ""))
     return summary
