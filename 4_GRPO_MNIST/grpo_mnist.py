@@ -56,6 +56,11 @@ def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
 @dataclass
 class Args:
     seed: int = flag(0, "seeds everything: jax.random.key (prompts, sampling) and nnx.Rngs (weights)", min=0)
+    host_devices: int = flag(0, "fake N CPU devices before JAX starts (0: the devices there are)", min=0)
+    mesh: str = flag("", "device mesh as DATAxMODEL, e.g. 2x2 (empty: every device on 'data')")
+    rules: str = flag(
+        "dp", "logical-axis rules: dp (split the prompts) or fsdp (also the large weights)", choices=("dp", "fsdp")
+    )
     task: str = flag(
         "digit",
         "digit: one image, answer its digit; number: a strip of 1 to --max-digits images, answer the number",
@@ -122,16 +127,6 @@ class Args:
     compile_cache: str = flag("~/.cache/jax-rl-course", "JAX's persistent compilation cache folder ('' turns it off)")
 
 
-def sft_steps_for(args: Args) -> int:
-    """--sft-steps -1 means: 300 warm-start steps for --task number, none for --task digit."""
-    return args.sft_steps if args.sft_steps >= 0 else (300 if args.task == "number" else 0)
-
-
-def slots_for(args: Args) -> int:
-    """N, the image slots of a prompt and the longest answer: --max-digits for --task number, 1 for digit."""
-    return args.max_digits if args.task == "number" else 1
-
-
 # ---- Prompts: a strip of 1..N images; the target is its digits, then EOS
 VOCAB, EOS = 11, 10  # tokens 0-9 are the digits, token 10 ends the answer
 
@@ -163,9 +158,10 @@ class Policy(nnx.Module):
 
     def __init__(self, n_slots: int, hidden_size: int, decoder_size: int, *, rngs: nnx.Rngs):
         self.n_slots = n_slots  # N: image slots, and the longest answer
-        self.encoder = nnx.Linear(784, hidden_size, rngs=rngs)
-        self.decoder = nnx.Linear(n_slots * (hidden_size + VOCAB + 1), decoder_size, rngs=rngs)
-        self.head = nnx.Linear(decoder_size, VOCAB, rngs=rngs)
+        self.encoder = nnx.Linear(784, hidden_size, **named(("pixels", "features")), rngs=rngs)
+        inputs = n_slots * (hidden_size + VOCAB + 1)  # prompt features, tokens before t, one-hot of t
+        self.decoder = nnx.Linear(inputs, decoder_size, **named(("inputs", "hidden")), rngs=rngs)
+        self.head = nnx.Linear(decoder_size, VOCAB, **named(("hidden", "vocab")), rngs=rngs)
 
     def encode(self, images: jax.Array, slots: jax.Array) -> jax.Array:
         """images (P, N, 784), slots (P, N) → prompt features (P, N · hidden_size)."""
@@ -184,13 +180,12 @@ class Policy(nnx.Module):
 
 
 class Critic(nnx.Module):
-    """PPO's value network V(x): the policy's encoder and decoder width, one output. GRPO never builds or trains
-    it; this script instantiates it only to count the parameters (and memory) that GRPO saves (`param_table`)."""
+    """PPO's value network V(x), the policy's widths with one output: never trained, built only to be counted."""
 
     def __init__(self, n_slots: int, hidden_size: int, decoder_size: int, *, rngs: nnx.Rngs):
-        self.encoder = nnx.Linear(784, hidden_size, rngs=rngs)
-        self.trunk = nnx.Linear(n_slots * hidden_size, decoder_size, rngs=rngs)
-        self.out = nnx.Linear(decoder_size, 1, rngs=rngs)
+        self.encoder = nnx.Linear(784, hidden_size, **named(("pixels", "features")), rngs=rngs)
+        self.trunk = nnx.Linear(n_slots * hidden_size, decoder_size, **named(("inputs", "hidden")), rngs=rngs)
+        self.out = nnx.Linear(decoder_size, 1, **named(("hidden", "value")), rngs=rngs)
 
     def __call__(self, images: jax.Array, slots: jax.Array) -> jax.Array:
         h = (nnx.relu(self.encoder(images)) * slots[..., None]).reshape(images.shape[0], -1)
@@ -311,10 +306,12 @@ class GRPOConfig:
     ref_refresh: int
     reward: str
     adv_eps: float
+    batch_axis: str | None = None  # the mesh axis the prompts are split along (RULE_SETS[...]['batch'])
 
     @classmethod
     def from_args(cls, args: Args) -> GRPOConfig:
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+        flags = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        return cls(**flags, batch_axis=dict(RULE_SETS[args.rules]).get("batch"))
 
 
 class Rollout(NamedTuple):
@@ -408,6 +405,8 @@ def train_block(graphdef, policy_def, config: GRPOConfig, n_slots: int, state, r
         policy, optimizer = nnx.merge(graphdef, state)
         draw_key, update_key = jax.random.split(key)
         strips = draw_strips(draw_key, x, y, config.batch_size, n_slots)
+        if config.batch_axis and not jax.sharding.get_abstract_mesh().empty:  # under jax.set_mesh: split the prompts
+            strips = jax.lax.with_sharding_constraint(strips, jax.P(config.batch_axis))
         if config.objective == "grpo":
             reference = nnx.merge(policy_def, ref_state)
             metrics = grpo_update(policy, optimizer, reference, strips, update_key, config)
@@ -461,7 +460,8 @@ def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
     policy = Policy(n_slots, args.hidden_size, args.decoder_size, rngs=nnx.Rngs(args.seed))
     optimizer = nnx.Optimizer(policy, optax.adam(args.learning_rate), wrt=nnx.Param)
     graphdef, state = nnx.split((policy, optimizer))
-    policy_def, ref_state = nnx.graphdef(policy), state[0]
+    state = place(state, args.rules)  # weights and Adam's moments, split by the rules over the mesh
+    policy_def, ref_state = nnx.graphdef(policy), state[0]  # π_ref: the same arrays, so the same layout
     x, y = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
     labelled = labelled_count(args, len(y))  # the training images are shuffled: SFT reads the first ones' labels
     rl, sft = GRPOConfig.from_args(args), replace(GRPOConfig.from_args(args), objective="supervised", ref_refresh=0)
@@ -631,6 +631,16 @@ def fixed_strips(x, y, n_slots: int) -> Strips:
     return make_strips(
         jnp.asarray(x), jnp.asarray(y), jnp.asarray(idx), jnp.asarray(rng.integers(1, n_slots + 1, len(y)))
     )
+
+
+def sft_steps_for(args: Args) -> int:
+    """--sft-steps -1 means: 300 warm-start steps for --task number, none for --task digit."""
+    return args.sft_steps if args.sft_steps >= 0 else (300 if args.task == "number" else 0)
+
+
+def slots_for(args: Args) -> int:
+    """N, the image slots of a prompt and the longest answer: --max-digits for --task number, 1 for digit."""
+    return args.max_digits if args.task == "number" else 1
 
 
 def labelled_count(args: Args, n_train: int) -> int:
@@ -831,6 +841,133 @@ def load_data(args: Args) -> Data:
     )
 
 
+# ---- The device mesh: fake CPU devices, the (data, model) mesh, the layout of the weights, bytes per device
+# Logical axis names → mesh axes (chapter 6), as MaxText's logical_axis_rules: 'batch' is the prompts' dimension;
+# 'pixels' and 'inputs' are the input dimensions of the two large weights; names no rule lists are replicated.
+RULE_SETS = {
+    "dp": (("batch", "data"),),  # data parallel: split the prompts, replicate every weight
+    "fsdp": (("batch", "data"), ("pixels", "data"), ("inputs", "data")),  # and the two large weights' input dim
+}
+
+
+def named(names: tuple[str, str]) -> dict:
+    """nnx.Linear initialisers that tag the kernel with logical axis names (and the bias with the output's)."""
+    init = partial(nnx.with_partitioning, eager_sharding=False)  # laid out later, by the rules, on a mesh
+    return {
+        "kernel_init": init(nnx.initializers.lecun_normal(), names),
+        "bias_init": init(nnx.initializers.zeros_init(), names[1:]),
+    }
+
+
+def start_devices(args: Args) -> list:
+    """The devices to build the mesh from. --host-devices N asks JAX for N CPU devices; it must run before the
+    first JAX operation (the flag only shapes the CPU backend: on a GPU or TPU host the accelerators are used)."""
+    if args.host_devices > 0:
+        try:
+            jax.config.update("jax_num_cpu_devices", args.host_devices)
+        except RuntimeError:  # JAX had already started (inside a test or a notebook): it keeps its devices
+            if len(jax.devices("cpu")) < args.host_devices:
+                raise InputError(
+                    f"--host-devices {args.host_devices} came too late: JAX had already started with "
+                    f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line"
+                ) from None
+        return jax.devices("cpu")[: args.host_devices]
+    return jax.devices()
+
+
+def make_mesh(args: Args, devices: list) -> jax.sharding.Mesh:
+    """A (data, model) mesh with Auto axes (GSPMD lays out what is computed from the placed arrays). --mesh DATAxMODEL,
+    or every device on 'data'. A mesh that does not fit the devices, the batch or a weight is a one-line error."""
+    text = args.mesh or f"{len(devices)}x1"
+    try:
+        shape = tuple(int(n) for n in text.lower().split("x"))
+        assert len(shape) == 2 and min(shape) >= 1
+    except (ValueError, AssertionError):
+        raise InputError(f"--mesh must look like DATAxMODEL, e.g. 2x2, got {args.mesh!r}") from None
+    if shape[0] * shape[1] != len(devices):
+        raise InputError(
+            f"--mesh {text} needs {shape[0] * shape[1]} devices, there are {len(devices)} (see --host-devices)"
+        )
+    if args.batch_size % shape[0]:
+        raise InputError(f"--batch-size {args.batch_size} must split evenly along 'data' ({shape[0]} devices)")
+    mesh = jax.make_mesh(shape, ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices)
+    sizes = (slots_for(args), args.hidden_size, args.decoder_size)
+    state = nnx.state(nnx.eval_shape(lambda: Policy(*sizes, rngs=nnx.Rngs(0))))
+    for path, spec, leaf in zip(*spec_paths(state, mesh, args.rules), jax.tree.leaves(state)):
+        for dim, axis in zip(leaf.shape, spec):
+            if axis is not None and dim % mesh.shape[axis]:
+                raise InputError(
+                    f"--rules {args.rules} splits {path} {tuple(leaf.shape)} along '{axis}' ({mesh.shape[axis]} "
+                    f"devices), which does not divide {dim}; pick another --mesh or --rules"
+                )
+    return mesh
+
+
+LOGICAL_NAMES = ("batch", "pixels", "features", "inputs", "hidden", "vocab", "value")
+
+
+def shardings(state, mesh: jax.sharding.Mesh, rules: str):
+    """NamedSharding for every leaf of `state`, from its logical axis names: nnx.logical_axis_rules +
+    nnx.get_named_sharding, with every name the rule set does not list replicated."""
+    listed = {name for name, _ in RULE_SETS[rules]}
+    with nnx.logical_axis_rules((*RULE_SETS[rules], *((n, None) for n in LOGICAL_NAMES if n not in listed))):
+        return nnx.get_named_sharding(state, mesh)
+
+
+def spec_paths(state, mesh, rules: str) -> tuple[list[str], list]:
+    """('encoder/kernel', …) and each leaf's PartitionSpec, in jax.tree.leaves order."""
+    flat = jax.tree_util.tree_flatten_with_path(shardings(state, mesh, rules))[0]
+    paths = ["/".join(str(k.key) for k in path if hasattr(k, "key")) for path, _ in flat]
+    return paths, [sharding.spec for _, sharding in flat]
+
+
+def place(state, rules: str):
+    """Put every array of `state` where the rules say, on the mesh set by jax.set_mesh (as is without one)."""
+    mesh = jax.sharding.get_mesh()
+    return state if mesh.empty else jax.device_put(state, shardings(state, mesh, rules))
+
+
+def bytes_on(tree, device) -> int:
+    """Bytes that `device` holds of every array in `tree` (its addressable shards), measured, not computed."""
+    return sum(
+        shard.data.nbytes for a in jax.tree.leaves(tree) for shard in a.addressable_shards if shard.device == device
+    )
+
+
+def mesh_memory(args: Args, data: Data, mesh: jax.sharding.Mesh) -> dict:
+    """On the first device of the mesh: the bytes of the policy + Adam state, of π_ref (parameters only: it is never
+    trained, so it has no gradient and no optimizer state) and of the critic + Adam that GRPO does not build; and
+    what XLA's compiled RL block (--eval-every iterations) reserves there (memory_analysis; None if not reported)."""
+    sizes, device = ((slots_for(args), args.hidden_size, args.decoder_size), mesh.devices.flat[0])
+
+    def trained(model):  # (model, its Adam) placed by the rules
+        return place(
+            nnx.state((model, nnx.Optimizer(model, optax.adam(args.learning_rate), wrt=nnx.Param))), args.rules
+        )
+
+    policy = Policy(*sizes, rngs=nnx.Rngs(args.seed))
+    state = trained(policy)
+    critic = trained(Critic(*sizes, rngs=nnx.Rngs(args.seed)))
+    graphdef = nnx.graphdef((policy, nnx.Optimizer(policy, optax.adam(args.learning_rate), wrt=nnx.Param)))
+    run = jax.jit(partial(train_block, graphdef, nnx.graphdef(policy), GRPOConfig.from_args(args), sizes[0]))
+    keys = jax.random.split(jax.random.key(0), args.eval_every)
+    analysis = run.lower(state, state[0], 0, jnp.asarray(data.x_train), jnp.asarray(data.y_train), keys).compile()
+    stats = analysis.memory_analysis()
+    compiled = None
+    if stats is not None:
+        compiled = {k: int(getattr(stats, f"{k}_size_in_bytes")) for k in ("argument", "output", "temp", "alias")}
+    return {
+        "devices": mesh.size,
+        "mesh": dict(mesh.shape),
+        "rules": args.rules,
+        "policy_adam_bytes": bytes_on(state, device),
+        "policy_adam_bytes_total": sum(a.nbytes for a in jax.tree.leaves(state)),
+        "reference_bytes": bytes_on(state[0], device),
+        "critic_adam_bytes": bytes_on(critic, device),
+        "compiled_block": compiled,
+    }
+
+
 # ---- The parameter table: what dropping the critic saves
 def count_params(model: nnx.Module) -> int:
     return sum(int(p.size) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
@@ -1004,9 +1141,15 @@ def run_label(args: Args) -> str:
     )
 
 
-def print_header(args: Args, data: Data, label: str) -> dict:
-    """Print the data, the run and the parameter table (GRPO vs PPO); return the counts for metrics.json."""
+def print_header(args: Args, data: Data, label: str, mesh: jax.sharding.Mesh) -> dict:
+    """Print the data, the run, the mesh and the parameter table (GRPO vs PPO); return the counts for metrics.json."""
     print(f"data: {data.source}", flush=True)
+    kind = mesh.devices.flat[0].platform
+    print(
+        f"mesh: data {mesh.shape['data']} × model {mesh.shape['model']} over {mesh.size} {kind} device(s), "
+        f"rules {args.rules}: {RULE_SETS[args.rules]}",
+        flush=True,
+    )
     print(
         f"run: {label}, batch {args.batch_size} prompts, learning rate {args.learning_rate}, "
         f"{args.iterations} iterations, seed {args.seed}",
@@ -1055,6 +1198,15 @@ def print_summary(args: Args, results: dict, label: str) -> None:
         print(f"clip_frac:       {results['clip_frac']:.4f}  (last block, share of tokens; the clip binds: {binds})")
         print(f"outside_frac:    {results['outside_frac']:.4f}  (last block; |ρ − 1| > ε, whatever the sign of A)")
         print(f"zero_signal:     {results['zero_signal']:.4f}  (last block; groups whose G rewards are all equal)")
+    if "mesh" in results:
+        m, kb = results["mesh"], lambda n: f"{n / 1024:,.1f} kB"
+        print(
+            f"per device:      policy + Adam {kb(m['policy_adam_bytes'])} (of {kb(m['policy_adam_bytes_total'])}), "
+            f"π_ref {kb(m['reference_bytes'])}, a critic + Adam would add {kb(m['critic_adam_bytes'])} (shards)"
+        )
+        c = m["compiled_block"]
+        text = "not reported by this backend" if c is None else ", ".join(f"{k} {kb(v)}" for k, v in c.items())
+        print(f"compiled block:  {text}  (XLA memory_analysis of {args.eval_every} RL iterations, per device)")
     print(f"train_seconds:   {results['train_seconds']:.1f}  (SFT, RL and validation scoring)")
     print(f"outputs:         {args.out}/metrics.json, learning_curve.png, policy.npz", flush=True)
 
@@ -1071,18 +1223,22 @@ def use_compile_cache(folder: str) -> None:
 @reports_input_errors
 def main(args: Args) -> dict:
     validate(args)  # flag values and the output folder, before any work
+    mesh = make_mesh(args, start_devices(args))  # before any other JAX operation: --host-devices must come first
     use_compile_cache(args.compile_cache)
     data = load_data(args)
     if not args.score_test:  # the test images are dropped before training: nothing below can read them
         data = data._replace(x_test=None, y_test=None)
     label = run_label(args)
-    param_counts = print_header(args, data, label)
+    param_counts = print_header(args, data, label, mesh)
 
-    policy, reference, history, timings = train(args, data)
-    last = history[-1]
-    results = {k: v for k, v in last.items() if k.startswith("val_")}
-    if args.score_test:  # the held-out test set is scored once, here, after every choice was made on validation
-        results.update(**score_test_set(args, policy, reference, data), test_prompts=len(data.y_test))
+    with jax.set_mesh(mesh):  # every placement and sharding constraint below refers to this mesh
+        policy, reference, history, timings = train(args, data)
+        last = history[-1]
+        results = {k: v for k, v in last.items() if k.startswith("val_")}
+        if args.score_test:  # the held-out test set is scored once, here, after every choice was made on validation
+            results.update(**score_test_set(args, policy, reference, data), test_prompts=len(data.y_test))
+        if args.host_devices or args.mesh:  # a run on a mesh also measures what each device holds
+            results["mesh"] = mesh_memory(args, data, mesh)
     results.update(
         {
             **{k: last[k] for k in PROGRESS if k in last},
