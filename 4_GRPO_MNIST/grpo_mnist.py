@@ -890,17 +890,18 @@ def make_mesh(args: Args, devices: list) -> jax.sharding.Mesh:
         )
     if args.batch_size % shape[0]:
         raise InputError(f"--batch-size {args.batch_size} must split evenly along 'data' ({shape[0]} devices)")
-    mesh = jax.make_mesh(shape, ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices)
+    auto = (jax.sharding.AxisType.Auto,) * 2
+    abstract = jax.sharding.AbstractMesh(shape, ("data", "model"), axis_types=auto)  # sizes only: check first
     sizes = (slots_for(args), args.hidden_size, args.decoder_size)
     state = nnx.state(nnx.eval_shape(lambda: Policy(*sizes, rngs=nnx.Rngs(0))))
-    for path, spec, leaf in zip(*spec_paths(state, mesh, args.rules), jax.tree.leaves(state)):
+    for path, spec, leaf in zip(*spec_paths(state, abstract, args.rules), jax.tree.leaves(state)):
         for dim, axis in zip(leaf.shape, spec):
-            if axis is not None and dim % mesh.shape[axis]:
+            if axis is not None and dim % abstract.shape[axis]:
                 raise InputError(
-                    f"--rules {args.rules} splits {path} {tuple(leaf.shape)} along '{axis}' ({mesh.shape[axis]} "
+                    f"--rules {args.rules} splits {path} {tuple(leaf.shape)} along '{axis}' ({abstract.shape[axis]} "
                     f"devices), which does not divide {dim}; pick another --mesh or --rules"
                 )
-    return mesh
+    return jax.make_mesh(shape, ("data", "model"), axis_types=auto, devices=devices)
 
 
 LOGICAL_NAMES = ("batch", "pixels", "features", "inputs", "hidden", "vocab", "value")
