@@ -51,8 +51,8 @@ def main() -> None:
                 print(f"ran devices={n} rules={rules} val_pass1={m['val_pass1']:.4f}", flush=True)
     total = rows[0][2]["policy_adam_bytes_total"]
     print(f"\npolicy + Adam state in all: {kb(total)} (float32 weights, Adam's m and v); per device:")
-    print("| devices | rules | policy + Adam | π_ref | critic + Adam (PPO) | compiled: arguments | outputs | temp ", end="")
-    print("| val pass@1 |")
+    print("| devices | rules | policy + Adam | π_ref | critic + Adam (PPO) ", end="")
+    print("| compiled: arguments | outputs | temp | val pass@1 |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for n, rules, mesh, pass1 in rows:
         c = mesh["compiled_block"]
