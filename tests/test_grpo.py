@@ -1,8 +1,8 @@
 """Tests for 4_GRPO_MNIST/grpo_mnist.py, token-level GRPO: the LLM pieces against hand-computed cases (unit), the
 causal model and its sampler, the data, the CLI (smoke) and short real runs (learning).
 
-Every test's docstring names the broken code it catches; each of those mutations was run by hand on a copy of
-the script and made its test fail.
+Every test's docstring names broken code it catches ("Catches: …"). The main ones were run as mutations of a
+copy of the script (never of the script itself), and each made its test fail.
 """
 
 from __future__ import annotations
