@@ -1119,9 +1119,9 @@ PROGRESS = ("reward", "loss", "clip_frac", "outside_frac", "zero_signal", "kl")
 
 def print_progress(row: dict) -> None:
     """One grep-able line per block: the phase and iteration, validation scores, then the block's training means."""
-    k = next(key for key in row if key.startswith("val_pass") and key != "val_pass1")
+    passes = " ".join(f"{key}={row[key]:.4f}" for key in row if key.startswith("val_pass"))  # pass@1, pass@k
     line = (
-        f"phase={row['phase']} iter={row['iteration']} val_pass1={row['val_pass1']:.4f} {k}={row[k]:.4f} "
+        f"phase={row['phase']} iter={row['iteration']} {passes} "
         f"val_greedy={row['val_greedy']:.4f} len={row['val_length']:.2f} wrong_len={row['val_wrong_length']:.2f} "
         f"kl_ref={row['val_kl_ref']:.4f}"
     )

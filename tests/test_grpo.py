@@ -552,12 +552,6 @@ def test_pass_at_k_hand_values():
 
 
 @pytest.mark.unit
-@pytest.mark.xfail(
-    strict=True,
-    raises=StopIteration,
-    reason="script bug: print_progress looks for a val_pass{k} key other than val_pass1, so --pass-k 1 (allowed) "
-    "crashes with a StopIteration traceback at the first progress line",
-)
 def test_progress_line_with_pass_k_1(capsys):
     """--pass-k 1 is a valid flag (pass@1 twice); the progress line must still print. Catches: a progress line
     that assumes k ≠ 1."""
