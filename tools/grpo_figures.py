@@ -197,16 +197,17 @@ def report(m: dict) -> None:
     """The numbers the README quotes: per run, validation scores at the end of the warm start and at the end."""
     k = k_of(m["default"])
     print(f"validation ({m['default']['val_prompts']} prompts), seed 0, --task number; 'warm' = end of the warm start")
-    head = f"{'run':<37}{'flags':<32}{'pass@1':>8}{'pass@' + k[8:]:>8}{'greedy':>8}{'length':>8}{'wrong len':>10}"
+    head = f"{'run':<20}{'flags':<32}{'pass@1':>8}{'pass@' + k[8:]:>8}{'greedy':>8}{'length':>8}{'wrong len':>10}"
     warm_k = f"warm pass@{k[8:]}"
     head += f"{'kl_ref':>8}{'zero_sig':>9}{'clip_frac':>10}{'outside':>9}"
     print(head + f"{'warm pass@1':>12}{warm_k:>12}{'warm greedy':>12}")
     for name, metrics in m.items():
         warm = rl_part(metrics["history"])[0]
         flags = " ".join(RUNS[name]) or "(defaults)"
-        same = next(other for other in m if m[other] is metrics)  # a reused run: the same flags as an earlier one
-        name = name.replace("_", "-") + ("" if same == name else f" (= {same.replace('_', '-')})")
-        row = f"{name:<37}{flags:<32}{metrics['val_pass1']:>8.4f}{metrics[k]:>8.4f}{metrics['val_greedy']:>8.4f}"
+        if next(other for other in m if m[other] is metrics) != name:
+            continue  # a reused run (the same flags as an earlier one, e.g. --beta 0 when that is the default)
+        name = name.replace("_", "-")
+        row = f"{name:<20}{flags:<32}{metrics['val_pass1']:>8.4f}{metrics[k]:>8.4f}{metrics['val_greedy']:>8.4f}"
         rl = "zero_signal" in metrics  # without RL there is no π_ref of RL: its kl_ref is to the initial policy
         kl = f"{metrics['val_kl_ref']:>8.3f}" if rl else f"{'–':>8}"
         row += f"{metrics['val_length']:>8.2f}{metrics['val_wrong_length']:>10.2f}{kl}"
