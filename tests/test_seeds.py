@@ -194,3 +194,15 @@ def test_unwritable_sweep_folder_is_refused_before_any_run(tmp_path):
     blocker.write_text("")
     r = run_tool("1_Q_Learning/Q_Learning.py", "--seeds", "0-1", "--out", str(blocker / "x"))
     assert r.returncode != 0 and r.stderr.startswith("error: cannot write into") and "seed=" not in r.stdout
+
+
+@pytest.mark.unit
+def test_long_flag_lists_get_their_own_folders():
+    """Two flag lists that differ only after 80 characters get different folders (a plain cut at 80 made the
+    second sweep overwrite the first's runs); short ones keep their readable name."""
+    base = ["--task", "number", "--objective", "grpo", "--group-size", "8", "--inner-steps", "2", "--beta", "0"]
+    base += ["--kl", "k3", "--learning-rate"]
+    a = seeds.default_tag([*base, "1e-3", "--loss-agg", "token-mean"], "0-1")
+    b = seeds.default_tag([*base, "1e-3", "--loss-agg", "dr-grpo"], "0-1")
+    assert a != b and len(a) < 100 and a.endswith("_seeds-0-1")
+    assert seeds.default_tag(["--episodes", "3"], "0-2") == "episodes_3_seeds-0-2"

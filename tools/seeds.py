@@ -17,6 +17,7 @@ quote it through `<!-- results: NAME -->` markers that `python tools/results.py`
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import shlex
@@ -266,9 +267,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def default_tag(flags: list[str], seeds_text: str) -> str:
-    """A folder name per sweep: the script flags and the seeds, e.g. 'default_seeds-0-19', 'episodes_3_seeds-0-2'."""
+    """A folder name per sweep: the script flags and the seeds, e.g. 'default_seeds-0-19', 'episodes_3_seeds-0-2'.
+    Flags longer than 80 characters are cut and end in a hash of all of them, so two sweeps never share a folder."""
     name = "_".join(a.lstrip("-") for a in flags) or "default"
-    return re.sub(r"[^A-Za-z0-9.=_-]+", "_", f"{name[:80]}_seeds-{seeds_text}").strip("_")
+    if len(name) > 80:
+        name = f"{name[:71]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return re.sub(r"[^A-Za-z0-9.=_-]+", "_", f"{name}_seeds-{seeds_text}").strip("_")
 
 
 def check_writable(folder: Path) -> None:
