@@ -6,7 +6,7 @@ written with the same flags is reused, so a second call redraws without training
 4_GRPO_MNIST/assets/ (--assets):
 
     grpo_sharpening.png   validation pass@1, pass@k and greedy over the SFT warm start and RL (the default
-                          run), beside SFT alone for the same number of steps (--objective supervised);
+                          run), beside SFT alone for as many iterations (--objective supervised);
     grpo_kl.png           KL(π ‖ π_ref) on validation over the RL iterations, for --kl exact, k1 and k3 at
                           --beta 0.1, and --beta 0;
     grpo_loss_agg.png     the mean answer length and the mean length of wrong answers over the RL iterations,
@@ -113,7 +113,7 @@ def sharpening(m: dict, assets: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     for ax, name, title in (
         (axes[0], "default", "SFT warm start, then GRPO (the default)"),
-        (axes[1], "sft_only", "SFT alone, the same number of steps"),
+        (axes[1], "sft_only", "SFT alone, as many iterations"),
     ):
         h = m[name]["history"]
         x = steps(h)
