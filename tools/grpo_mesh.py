@@ -3,8 +3,8 @@
     python tools/grpo_mesh.py                      # the table 4_GRPO_MNIST/README.md quotes
     python tools/capture.py grpo_mesh -- python tools/grpo_mesh.py
 
-Each cell is one short `--task number` run of 4_GRPO_MNIST/grpo_mnist.py (`--host-devices N --rules R`, no SFT,
---eval-every iterations, --no-score-test) in its own process, because JAX fixes its device count when it starts. From
+Each cell is one short `--task number` run of 4_GRPO_MNIST/grpo_mnist.py (`--host-devices N --rules R`, 100 SFT
+steps, then --iterations RL iterations in one block, --no-score-test) in its own process, because JAX fixes its device count when it starts. From
 each run's metrics.json["mesh"]: the bytes of the policy + Adam state on the first device (measured from its
 shards), of π_ref there, of the critic + Adam that PPO would add under the same rules, and XLA's memory_analysis of
 the compiled RL block (arguments, outputs, temporaries); and the run's validation pass@1, which must not depend on
@@ -25,7 +25,7 @@ SCRIPT = REPO / "4_GRPO_MNIST" / "grpo_mnist.py"
 
 
 def run(devices: int, rules: str, iterations: int, out: Path) -> dict:
-    flags = ["--task", "number", "--sft-steps", "0", "--iterations", str(iterations), "--eval-every", str(iterations)]
+    flags = ["--task", "number", "--sft-steps", "100", "--iterations", str(iterations), "--eval-every", str(iterations)]
     flags += ["--no-score-test", "--host-devices", str(devices), "--rules", rules, "--out", str(out)]
     proc = subprocess.run([sys.executable, str(SCRIPT), *flags], capture_output=True, text=True)
     if proc.returncode != 0:
