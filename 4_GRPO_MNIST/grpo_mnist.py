@@ -1095,7 +1095,11 @@ def plot_curve(path: str, history: list[dict], k: int, test: dict, title: str) -
     share_axis.set(xlabel="RL iteration", ylabel="% of tokens / groups", title="clip and zero-signal shares")
     length_axis.plot(steps, [h["val_length"] for h in history], "o-", label="answer length (tokens)")
     length_axis.plot(steps, [h["val_wrong_length"] for h in history], "x--", label="length of wrong answers")
-    length_axis.plot(steps, [h["val_kl_ref"] for h in history], "^-", label="KL(π ‖ π_ref) per answer (nats)")
+    if rl:  # π_ref is the policy at the start of RL (x = 0): its KL starts there, at 0
+        kl_x, kl_y = [0] + [h["iteration"] for h in rl], [0.0] + [h["val_kl_ref"] for h in rl]
+    else:  # supervised: π_ref stays the initial policy
+        kl_x, kl_y = steps, [h["val_kl_ref"] for h in history]
+    length_axis.plot(kl_x, kl_y, "^-", label="KL(π ‖ π_ref) per answer (nats)")
     length_axis.set(xlabel="iteration", title="lengths and KL to π_ref")
     for ax in axes:
         ax.grid(alpha=0.3)
