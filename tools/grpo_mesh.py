@@ -4,11 +4,11 @@
     python tools/capture.py grpo_mesh -- python tools/grpo_mesh.py
 
 Each cell is one short `--task number` run of 4_GRPO_MNIST/grpo_mnist.py (`--host-devices N --rules R`, 100 SFT
-steps, then --iterations RL iterations in one block, --no-score-test) in its own process, because JAX fixes its device count when it starts. From
-each run's metrics.json["mesh"]: the bytes of the policy + Adam state on the first device (measured from its
-shards), of π_ref there, of the critic + Adam that PPO would add under the same rules, and XLA's memory_analysis of
-the compiled RL block (arguments, outputs, temporaries); and the run's validation pass@1, which must not depend on
-the mesh.
+steps, then --iterations RL iterations in one block, --no-score-test) in its own process, because JAX fixes its
+device count when it starts. From each run's metrics.json["mesh"]: the bytes of the policy + Adam state on the first
+device (measured from its shards), of π_ref there, of the critic + Adam that PPO would add under the same rules, and
+XLA's memory_analysis of the compiled RL block (arguments, outputs, temporaries); and the run's validation pass@1,
+which must not depend on the mesh.
 """
 
 from __future__ import annotations
