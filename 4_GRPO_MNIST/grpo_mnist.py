@@ -464,7 +464,8 @@ def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
     policy_def, ref_state = nnx.graphdef(policy), state[0]  # π_ref: the same arrays, so the same layout
     x, y = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
     labelled = labelled_count(args, len(y))  # the training images are shuffled: SFT reads the first ones' labels
-    rl, sft = GRPOConfig.from_args(args), replace(GRPOConfig.from_args(args), objective="supervised", ref_refresh=0)
+    rl = GRPOConfig.from_args(args)
+    sft = replace(rl, objective="supervised", ref_refresh=0)
     phases = [("sft", sft, sft_steps_for(args), x[:labelled], y[:labelled])]
     if args.objective == "grpo":
         phases.append(("rl", rl, args.iterations, x, y))
@@ -484,9 +485,8 @@ def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
             else:
                 steps, t_block = min(args.eval_every, total - done), time.perf_counter()
                 key, block_key = jax.random.split(key)
-                state, ref_state, metrics = run(
-                    state, ref_state, done, x_pool, y_pool, jax.random.split(block_key, steps)
-                )
+                keys = jax.random.split(block_key, steps)
+                state, ref_state, metrics = run(state, ref_state, done, x_pool, y_pool, keys)
                 done += steps
                 history.append({"phase": phase, "iteration": done, **{k: float(v) for k, v in metrics.items()}})
                 history[-1]["seconds"] = time.perf_counter() - t_block
@@ -939,17 +939,15 @@ def mesh_memory(args: Args, data: Data, mesh: jax.sharding.Mesh) -> dict:
     """On the first device of the mesh: the bytes of the policy + Adam state, of π_ref (parameters only: it is never
     trained, so it has no gradient and no optimizer state) and of the critic + Adam that GRPO does not build; and
     what XLA's compiled RL block (--eval-every iterations) reserves there (memory_analysis; None if not reported)."""
-    sizes, device = ((slots_for(args), args.hidden_size, args.decoder_size), mesh.devices.flat[0])
+    sizes, device = (slots_for(args), args.hidden_size, args.decoder_size), mesh.devices.flat[0]
 
-    def trained(model):  # (model, its Adam) placed by the rules
-        return place(
-            nnx.state((model, nnx.Optimizer(model, optax.adam(args.learning_rate), wrt=nnx.Param))), args.rules
-        )
+    def trained(model):  # nnx.split of (model, its Adam), the state placed by the rules
+        graphdef, state = nnx.split((model, nnx.Optimizer(model, optax.adam(args.learning_rate), wrt=nnx.Param)))
+        return graphdef, place(state, args.rules)
 
     policy = Policy(*sizes, rngs=nnx.Rngs(args.seed))
-    state = trained(policy)
-    critic = trained(Critic(*sizes, rngs=nnx.Rngs(args.seed)))
-    graphdef = nnx.graphdef((policy, nnx.Optimizer(policy, optax.adam(args.learning_rate), wrt=nnx.Param)))
+    graphdef, state = trained(policy)
+    critic = trained(Critic(*sizes, rngs=nnx.Rngs(args.seed)))[1]
     run = jax.jit(partial(train_block, graphdef, nnx.graphdef(policy), GRPOConfig.from_args(args), sizes[0]))
     keys = jax.random.split(jax.random.key(0), args.eval_every)
     analysis = run.lower(state, state[0], 0, jnp.asarray(data.x_train), jnp.asarray(data.y_train), keys).compile()
@@ -1178,8 +1176,7 @@ def save_outputs(args: Args, results: dict, policy: Policy, title: str) -> None:
     """metrics.json, learning_curve.png and the policy's checkpoint policy.npz, all in --out."""
     with open(os.path.join(args.out, "metrics.json"), "w") as f:
         json.dump(results, f, indent=2)
-    test = {k[5:]: v for k, v in results.items() if k.startswith("test_")}
-    test = {f"test_{k}": v for k, v in test.items()}
+    test = {k: v for k, v in results.items() if k.startswith("test_")}
     plot_curve(os.path.join(args.out, "learning_curve.png"), results["history"], args.pass_k, test, title)
     save_checkpoint(os.path.join(args.out, "policy.npz"), {"policy": policy})
 
