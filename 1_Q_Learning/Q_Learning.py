@@ -16,6 +16,7 @@ loop calls every few episodes (value iteration, policy evaluation, the success w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -24,7 +25,11 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import NamedTuple
 
-import numpy as np
+try:  # Ctrl-C while the libraries load: one line and exit status 130, not a traceback
+    import numpy as np
+except KeyboardInterrupt:
+    print("interrupted while loading the libraries; nothing written", file=sys.stderr)
+    raise SystemExit(130) from None
 
 ENVS = ("grid", "frozenlake")
 ARROWS = "←↓→↑"  # action 0 = left, 1 = down, 2 = right, 3 = up (FrozenLake's order)
@@ -223,23 +228,24 @@ def train(env, model: Model, reference: Reference, args: Args, rng: np.random.Ge
     eval_every = max(1, episodes // args.evals)
     returns, evals = [], []
     train_seconds, env_steps = 0.0, 0
-    for episode in range(episodes):
-        t0 = time.perf_counter()
-        eps, alpha = epsilon_at(episode, args), alpha_at(episode, args)
-        ret, steps = run_episode(env, q, eps, alpha, args.gamma, rng)
-        train_seconds += time.perf_counter() - t0
-        returns.append(ret)
-        env_steps += steps
-        if (episode + 1) % eval_every == 0 or episode + 1 == episodes:
-            evals.append(evaluate_greedy(model, q, reference, episode + 1, args))
-            recent = float(np.mean(returns[-eval_every:]))
-            sps = env_steps / max(train_seconds, 1e-9)
-            print(
-                f"episode={episode + 1} return={recent:.2f} eps={eps:.3f} alpha={alpha:.4f} "
-                f"greedy_success={evals[-1].success:.4f} optimal={evals[-1].optimal} steps={env_steps} "
-                f"sps={sps:.0f}",
-                flush=True,
-            )
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops the loop here; what it measured is kept
+        for episode in range(episodes):
+            t0 = time.perf_counter()
+            eps, alpha = epsilon_at(episode, args), alpha_at(episode, args)
+            ret, steps = run_episode(env, q, eps, alpha, args.gamma, rng)
+            train_seconds += time.perf_counter() - t0
+            returns.append(ret)
+            env_steps += steps
+            if (episode + 1) % eval_every == 0 or episode + 1 == episodes:
+                evals.append(evaluate_greedy(model, q, reference, episode + 1, args))
+                recent = float(np.mean(returns[-eval_every:]))
+                sps = env_steps / max(train_seconds, 1e-9)
+                print(
+                    f"episode={episode + 1} return={recent:.2f} eps={eps:.3f} alpha={alpha:.4f} "
+                    f"greedy_success={evals[-1].success:.4f} optimal={evals[-1].optimal} steps={env_steps} "
+                    f"sps={sps:.0f}",
+                    flush=True,
+                )
     return q, TrainLog(returns, evals, env_steps, train_seconds)
 
 
@@ -437,14 +443,28 @@ class InputError(Exception):
 
 
 def reports_input_errors(main):
-    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1."""
+    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1, and Ctrl-C into
+    one line and exit status 130: where the run stopped, if main kept what it had measured (metrics["interrupted"]:
+    unit, at, of), or else that nothing was written."""
 
     @functools.wraps(main)
     def run(args):
         try:
-            return main(args)
+            metrics = main(args)
         except InputError as e:
             sys.exit(f"error: {e}")
+        except KeyboardInterrupt:
+            print(f"interrupted; nothing written to {args.out}", file=sys.stderr)
+            sys.exit(130)
+        if "interrupted" in metrics:
+            stop = metrics["interrupted"]
+            print(
+                f"interrupted at {stop['unit']} {stop['at']} of {stop['of']}; "
+                f"metrics so far in {os.path.join(args.out, 'metrics.json')}",
+                file=sys.stderr,
+            )
+            sys.exit(130)
+        return metrics
 
     return run
 
@@ -604,7 +624,7 @@ def plot_curve(path: str, log: TrainLog, reference: Reference, title: str) -> No
     plt.close(fig)
 
 
-def plot_q_map(path: str, env, q: np.ndarray, reference: Reference, args: Args) -> None:
+def plot_q_map(path: str, env, q: np.ndarray, reference: Reference, args: Args, episodes: int) -> None:
     """The Q-table as a map: max_a Q(s, a) as colour and the greedy arrow in each cell, next to value iteration's
     V*(s) and π*(s) on the same colour scale."""
     import matplotlib
@@ -636,33 +656,41 @@ def plot_q_map(path: str, env, q: np.ndarray, reference: Reference, args: Args) 
         ax.set(title=title, xticks=range(4), yticks=range(4), xlabel="column", ylabel="row")
         ax.title.set_fontsize(10)
     fig.colorbar(image, ax=axes, shrink=0.8, label="value")
-    fig.suptitle(f"Q-table as a map, {env_name(args)}, seed {args.seed}, {n_episodes(args)} episodes")
+    fig.suptitle(f"Q-table as a map, {env_name(args)}, seed {args.seed}, {episodes} episodes")
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
-def collect_metrics(args: Args, reference: Reference, log: TrainLog, final: FinalEvaluation, wall_start: float) -> dict:
-    """The numbers metrics.json records (the run's flags are added under 'args' when it is written)."""
-    return {
+def collect_metrics(
+    args: Args, reference: Reference, log: TrainLog, final: FinalEvaluation | None, wall_start: float
+) -> dict:
+    """The numbers metrics.json records (the run's flags are added under 'args' when it is written). Without `final`
+    (Ctrl-C stopped training, and nothing more was evaluated): the training's numbers and where it stopped."""
+    run = {
         "env": env_name(args),
-        "greedy_return": final.rollout_return,
         "optimal_return": reference.optimal_return,
-        "greedy_success_rate": final.rollout_success,
         "optimal_success_rate": reference.optimal_success,
         "time_dependent_success_rate": reference.time_dependent_success,
+        "optimal_value_start": reference.value_start,
+        "episodes_to_optimal": episodes_to_optimal(log.evals),
+        "episodes": len(log.returns),
+        "env_steps": log.env_steps,
+        "train_seconds": round(log.train_seconds, 4),
+        "wall_seconds": round(time.perf_counter() - wall_start, 4),
+    }
+    if final is None:
+        return {**run, "interrupted": {"unit": "episode", "at": len(log.returns), "of": n_episodes(args)}}
+    return {
+        **run,
+        "greedy_return": final.rollout_return,
+        "greedy_success_rate": final.rollout_success,
         "success_gap": float(reference.optimal_success - final.exact_success),
         "greedy_return_exact": final.exact_return,
         "greedy_success_rate_exact": final.exact_success,
         "policy_is_optimal": bool(final.optimal),
         "value_gap": final.value_gap,
         "greedy_value_start": float(reference.value_start - final.value_gap),
-        "optimal_value_start": reference.value_start,
-        "episodes_to_optimal": episodes_to_optimal(log.evals),
         "eval_episodes": final.rollouts,
-        "episodes": n_episodes(args),
-        "env_steps": log.env_steps,
-        "train_seconds": round(log.train_seconds, 4),
-        "wall_seconds": round(time.perf_counter() - wall_start, 4),
     }
 
 
@@ -712,7 +740,7 @@ def save_results(args: Args, metrics: dict, log: TrainLog, reference: Reference,
         reference,
         f"Q-learning on {env_name(args)}, seed {args.seed}",
     )
-    plot_q_map(os.path.join(args.out, "q_map.png"), env, q, reference, args)
+    plot_q_map(os.path.join(args.out, "q_map.png"), env, q, reference, args, len(log.returns))
 
 
 @reports_input_errors
@@ -727,10 +755,14 @@ def main(args: Args) -> dict:
     print_header(args, reference)
 
     q, log = train(env, model, reference, args, rng)
+    stopped = len(log.returns) < n_episodes(args)  # Ctrl-C ended training early: nothing more is evaluated
+    if stopped and not log.returns:
+        raise KeyboardInterrupt  # before the first episode ended: nothing measured, nothing to write
 
-    final = evaluate_final(env, model, q, reference, args)
+    final = None if stopped else evaluate_final(env, model, q, reference, args)
     metrics = collect_metrics(args, reference, log, final, wall_start)
-    print_summary(env, q, reference, log, final, args)
+    if final is not None:
+        print_summary(env, q, reference, log, final, args)
     save_results(args, metrics, log, reference, env, q)
     return metrics
 

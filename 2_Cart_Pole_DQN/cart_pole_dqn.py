@@ -17,6 +17,7 @@ the plot, metrics.json and main.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -26,12 +27,16 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from typing import NamedTuple
 
-import gymnasium as gym
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from flax import nnx
+try:  # Ctrl-C while the libraries load: one line and exit status 130, not a traceback
+    import gymnasium as gym
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx
+except KeyboardInterrupt:
+    print("interrupted while loading the libraries; nothing written", file=sys.stderr)
+    raise SystemExit(130) from None
 
 
 def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
@@ -75,13 +80,13 @@ class Args:
         "bootstrap from s' when the time limit cuts an episode "
         "(--no-bootstrap-truncated treats the cut as termination, as the original guide does)",
     )
-    eval_frequency: int = flag(5_000, "env steps between two periodic greedy evaluations (learning curve)", gt=0)
-    periodic_eval_episodes: int = flag(10, "greedy episodes per periodic evaluation", gt=0)
-    eval_episodes: int = flag(100, "greedy episodes of the final evaluation", gt=0)
+    eval_frequency: int = flag(2_500, "env steps between two periodic greedy evaluations (learning curve)", gt=0)
+    periodic_eval_episodes: int = flag(100, "greedy episodes per periodic evaluation (the validation episodes)", gt=0)
+    eval_episodes: int = flag(100, "greedy episodes of the final evaluation (the test episodes)", gt=0)
     eval_seed: int = flag(10_000, "seed of the final evaluation's episodes; periodic ones use eval_seed + 1", min=0)
     final_agent: str = flag(
-        "last",
-        "parameters saved and finally evaluated: the 'last', or the 'best' periodic evaluation's (ties: later)",
+        "best",
+        "parameters saved and finally evaluated: the 'best' periodic evaluation's (ties: the later), or the 'last'",
         choices=("best", "last"),
     )
     solve_threshold: float = flag(475.0, "a periodic evaluation at or above this mean return counts as solved")
@@ -348,49 +353,51 @@ def train(args: Args, act, update, state: nnx.State) -> tuple[nnx.State, dict]:
     best = dict(params=state[0], eval_return=-np.inf, step=0)
     solved_step = solved_seconds = None
     env_steps, t_train = 0, time.perf_counter()
-    while env_steps < args.total_timesteps:
-        # ε-greedy in every env: a uniform random action with probability ε_t, else a = argmax_a Q_θ(s, a)
-        epsilon = epsilon_schedule(env_steps, args.eps_start, args.eps_end, args.learning_starts, decay_steps)
-        explore = rng.random(n) < epsilon
-        actions = np.where(explore, rng.integers(n_actions, size=n), np.asarray(act(state[0], obs)))
-        next_obs, rewards, terminated, truncated, _ = envs.step(actions)
-        # Keep the real transitions (s, a, r, s'): not the reset steps, and no more than total_timesteps in all.
-        keep = ~resetting & (np.cumsum(~resetting) <= args.total_timesteps - env_steps)
-        buffer.add(obs[keep], actions[keep], rewards[keep], next_obs[keep], terminated[keep], truncated[keep])
-        before, env_steps = env_steps, env_steps + int(keep.sum())
-        resetting = terminated | truncated
-        episode_returns += rewards * keep
-        train_returns += episode_returns[resetting & keep].tolist()
-        episode_returns[resetting] = 0.0
-        obs = next_obs
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops the loop here; what it measured is kept
+        while env_steps < args.total_timesteps:
+            # ε-greedy in every env: a uniform random action with probability ε_t, else a = argmax_a Q_θ(s, a)
+            epsilon = epsilon_schedule(env_steps, args.eps_start, args.eps_end, args.learning_starts, decay_steps)
+            explore = rng.random(n) < epsilon
+            actions = np.where(explore, rng.integers(n_actions, size=n), np.asarray(act(state[0], obs)))
+            next_obs, rewards, terminated, truncated, _ = envs.step(actions)
+            # Keep the real transitions (s, a, r, s'): not the reset steps, and no more than total_timesteps in all.
+            keep = ~resetting & (np.cumsum(~resetting) <= args.total_timesteps - env_steps)
+            buffer.add(obs[keep], actions[keep], rewards[keep], next_obs[keep], terminated[keep], truncated[keep])
+            before, env_steps = env_steps, env_steps + int(keep.sum())
+            resetting = terminated | truncated
+            episode_returns += rewards * keep
+            train_returns += episode_returns[resetting & keep].tolist()
+            episode_returns[resetting] = 0.0
+            obs = next_obs
 
-        if env_steps > args.learning_starts:
-            if crossed(args.train_frequency, max(before, args.learning_starts), env_steps):
-                batches = buffer.sample(rng, args.batch_size, args.gradient_steps)
-                state, loss = update(state, target_params, batches)
-                losses.append(loss)
-            if crossed(args.target_network_frequency, max(before, args.learning_starts), env_steps):
-                target_params = sync_target(state[0], target_params, args.tau)
+            if env_steps > args.learning_starts:
+                if crossed(args.train_frequency, max(before, args.learning_starts), env_steps):
+                    batches = buffer.sample(rng, args.batch_size, args.gradient_steps)
+                    state, loss = update(state, target_params, batches)
+                    losses.append(loss)
+                if crossed(args.target_network_frequency, max(before, args.learning_starts), env_steps):
+                    target_params = sync_target(state[0], target_params, args.tau)
 
-        if crossed(args.eval_frequency, before, env_steps) or env_steps == args.total_timesteps:
-            eval_return = float(evaluate(act, state[0], args.periodic_eval_episodes, args.eval_seed + 1).returns.mean())
-            elapsed = time.perf_counter() - t_train
-            train_return = float(np.mean(train_returns[-10:])) if train_returns else 0.0
-            mean_loss = float(np.mean(losses[-10:])) if losses else float("nan")
-            row = dict(step=env_steps, eval_return=eval_return, train_return=train_return, loss=mean_loss)
-            curve.append(dict(row, seconds=round(elapsed, 2)))
-            if eval_return >= best["eval_return"]:  # ties go to the later, longer-trained parameters
-                best = dict(params=state[0], eval_return=eval_return, step=env_steps)
-            if solved_step is None and eval_return >= args.solve_threshold:
-                solved_step, solved_seconds = env_steps, round(elapsed, 2)
-            print(
-                f"step={env_steps} return={train_return:.1f} eval_return={eval_return:.1f} loss={mean_loss:.4f} "
-                f"eps={epsilon:.3f} sps={env_steps / elapsed:.0f}",
-                flush=True,
-            )
+            if crossed(args.eval_frequency, before, env_steps) or env_steps == args.total_timesteps:
+                periodic = evaluate(act, state[0], args.periodic_eval_episodes, args.eval_seed + 1)
+                eval_return = float(periodic.returns.mean())
+                elapsed = time.perf_counter() - t_train
+                train_return = float(np.mean(train_returns[-10:])) if train_returns else 0.0
+                mean_loss = float(np.mean(losses[-10:])) if losses else float("nan")
+                row = dict(step=env_steps, eval_return=eval_return, train_return=train_return, loss=mean_loss)
+                curve.append(dict(row, seconds=round(elapsed, 2)))
+                if eval_return >= best["eval_return"]:  # ties go to the later, longer-trained parameters
+                    best = dict(params=state[0], eval_return=eval_return, step=env_steps)
+                if solved_step is None and eval_return >= args.solve_threshold:
+                    solved_step, solved_seconds = env_steps, round(elapsed, 2)
+                print(
+                    f"step={env_steps} return={train_return:.1f} eval_return={eval_return:.1f} loss={mean_loss:.4f} "
+                    f"eps={epsilon:.3f} sps={env_steps / elapsed:.0f}",
+                    flush=True,
+                )
     envs.close()
     log = dict(curve=curve, best=best, solved_step=solved_step, solved_seconds=solved_seconds)
-    log.update(train_seconds=time.perf_counter() - t_train, train_episodes=len(train_returns))
+    log.update(env_steps=env_steps, train_seconds=time.perf_counter() - t_train, train_episodes=len(train_returns))
     return state[0], dict(log, gradient_steps_total=len(losses) * args.gradient_steps)
 
 
@@ -435,14 +442,28 @@ class InputError(Exception):
 
 
 def reports_input_errors(main):
-    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1."""
+    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1, and Ctrl-C into
+    one line and exit status 130: where the run stopped, if main kept what it had measured (metrics["interrupted"]:
+    unit, at, of), or else that nothing was written."""
 
     @functools.wraps(main)
     def run(args):
         try:
-            return main(args)
+            metrics = main(args)
         except InputError as e:
             sys.exit(f"error: {e}")
+        except KeyboardInterrupt:
+            print(f"interrupted; nothing written to {args.out}", file=sys.stderr)
+            sys.exit(130)
+        if "interrupted" in metrics:
+            stop = metrics["interrupted"]
+            print(
+                f"interrupted at {stop['unit']} {stop['at']} of {stop['of']}; "
+                f"metrics so far in {os.path.join(args.out, 'metrics.json')}",
+                file=sys.stderr,
+            )
+            sys.exit(130)
+        return metrics
 
     return run
 
@@ -682,15 +703,17 @@ def evaluate_saved(args: Args, act, q_network: QNetwork) -> dict:
     return metrics
 
 
-def training_metrics(args: Args, final: Evaluation, last: Evaluation, log: dict, t_start: float) -> dict:
-    """metrics.json of a training run: the final evaluation of the saved parameters, then how training went."""
+def training_metrics(args: Args, final: Evaluation | None, last: Evaluation | None, log: dict, t_start: float) -> dict:
+    """metrics.json of a training run: the final evaluation of the saved parameters, then how training went. When
+    Ctrl-C stopped training there is no final evaluation (final and last are None): `interrupted` says where."""
+    stopped = dict(interrupted=dict(unit="env step", at=log["env_steps"], of=args.total_timesteps))
     return dict(
-        **evaluation_metrics(final),
+        **(stopped if final is None else evaluation_metrics(final)),
         final_agent=args.final_agent,
         best_step=log["best"]["step"],
         best_periodic_return=log["best"]["eval_return"],
-        last_eval_return_mean=float(last.returns.mean()),
-        env_steps=args.total_timesteps,
+        last_eval_return_mean=None if last is None else float(last.returns.mean()),
+        env_steps=log["env_steps"],
         train_seconds=round(log["train_seconds"], 2),
         gradient_steps_total=log["gradient_steps_total"],
         solved_step=log["solved_step"],
@@ -702,9 +725,10 @@ def training_metrics(args: Args, final: Evaluation, last: Evaluation, log: dict,
 
 
 def print_summary(args: Args, metrics: dict) -> None:
+    saved_step = metrics["best_step"] if args.final_agent == "best" else metrics["env_steps"]
     print(
-        f"\nfinal greedy evaluation of the {args.final_agent} parameters over {metrics['eval_episodes']} episodes "
-        f"(--eval-seed {args.eval_seed}): "
+        f"\nfinal greedy evaluation of the {args.final_agent} parameters (step {saved_step}) over "
+        f"{metrics['eval_episodes']} test episodes (--eval-seed {args.eval_seed}): "
         f"eval_return_mean={metrics['eval_return_mean']:.1f} eval_return_std={metrics['eval_return_std']:.1f} "
         f"min={metrics['eval_return_min']:.0f}"
     )
@@ -750,13 +774,16 @@ def main(args: Args) -> dict:
         return evaluate_saved(args, act, q_network)
 
     last_params, log = train(args, act, update, state)
+    stopped = log["env_steps"] < args.total_timesteps  # Ctrl-C ended training early: nothing more is evaluated
+    if stopped and not log["curve"]:
+        raise KeyboardInterrupt  # before the first periodic evaluation: nothing measured, nothing to write
 
     # Final greedy evaluation with a fixed seed, other than the periodic evaluations' seed used to pick `best`.
-    last = evaluate(act, last_params, args.eval_episodes, args.eval_seed)
-    params, final = last_params, last
-    if args.final_agent == "best":
-        params = log["best"]["params"]
-        final = evaluate(act, params, args.eval_episodes, args.eval_seed)
+    params = log["best"]["params"] if args.final_agent == "best" else last_params
+    final = last = None
+    if not stopped:
+        last = evaluate(act, last_params, args.eval_episodes, args.eval_seed)
+        final = last if args.final_agent == "last" else evaluate(act, params, args.eval_episodes, args.eval_seed)
     save_checkpoint(os.path.join(args.out, "q_network.npz"), {"q_network": nnx.merge(q_graphdef, params)})
     metrics = training_metrics(args, final, last, log, t_start)
     save_metrics(args.out, metrics, args)
@@ -765,8 +792,10 @@ def main(args: Args) -> dict:
         log["curve"],
         args.solve_threshold,
         f"DQN on {ENV_ID}, seed {args.seed}",
-        chosen_step=log["best"]["step"] if args.final_agent == "best" else args.total_timesteps,
+        chosen_step=log["best"]["step"] if args.final_agent == "best" else log["env_steps"],
     )
+    if stopped:
+        return metrics
     print_summary(args, metrics)
     if args.video:
         write_video(act, params, args.out, args.eval_seed, metrics, args)

@@ -1,6 +1,6 @@
 """PPO (actor-critic, GAE, clipped surrogate) that swings up and balances Pendulum-v1, in JAX + Flax NNX.
 
-The lesson, in the order the algorithm runs: Args → environments → Normal → actor / critic → GAE → losses →
+The lesson, in the order the algorithm runs: Args → environments → actor (a tfd.Normal) / critic → GAE → losses →
 the update → the rollout → the training loop → evaluation. One iteration collects `--num-envs × --num-steps`
 transitions, computes GAE(λ) advantages and runs `--update-epochs` epochs of minibatch steps on the clipped
 surrogate (actor) and the value regression (critic). `--algo` picks a rung of the ladder (`ladder`).
@@ -17,6 +17,7 @@ the command line, checks, checkpoints, GIF, plot, metrics.json and main.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -28,14 +29,19 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from typing import NamedTuple
 
-import gymnasium as gym
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from flax import nnx, traverse_util
-from gymnasium.wrappers.utils import RunningMeanStd
-from gymnasium.wrappers.vector import RecordEpisodeStatistics
+try:  # Ctrl-C while the libraries load: one line and exit status 130, not a traceback
+    import gymnasium as gym
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx, traverse_util
+    from gymnasium.wrappers.utils import RunningMeanStd
+    from gymnasium.wrappers.vector import RecordEpisodeStatistics
+    from tensorflow_probability.substrates.jax import distributions as tfd  # TFP on JAX: no TensorFlow needed
+except KeyboardInterrupt:
+    print("interrupted while loading the libraries; nothing written", file=sys.stderr)
+    raise SystemExit(130) from None
 
 MAX_TORQUE = 2.0  # Pendulum-v1's action space is [-2, 2]
 ENV_ID = "Pendulum-v1"
@@ -146,25 +152,6 @@ class Rollout(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------------------- Networks
-LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)  # log √(2π)
-
-
-class Normal(NamedTuple):
-    """A batch of independent Gaussians N(μ, σ²), the policy's distribution: loc μ and scale σ > 0, (B, act_dim)."""
-
-    loc: jax.Array
-    scale: jax.Array
-
-    def sample(self, key) -> jax.Array:  # a = μ + σ·z, z ~ N(0, 1) of the event shape
-        return self.loc + self.scale * jax.random.normal(key, self.loc.shape)
-
-    def log_prob(self, x) -> jax.Array:  # log N(x; μ, σ²) = −½((x − μ)/σ)² − log σ − log √(2π), elementwise
-        return -0.5 * ((x - self.loc) / self.scale) ** 2 - jnp.log(self.scale) - LOG_SQRT_2PI
-
-    def entropy(self) -> jax.Array:  # H = ½ + log σ + log √(2π), elementwise
-        return 0.5 + jnp.log(self.scale) + LOG_SQRT_2PI
-
-
 ACTIVATIONS = {"tanh": jnp.tanh, "relu": nnx.relu}
 
 
@@ -186,7 +173,7 @@ class Actor(nnx.Module):
         else:
             self.log_std = nnx.Param(jnp.full((act_dim,), log_std_init, jnp.float32))
 
-    def __call__(self, obs: jax.Array) -> Normal:  # obs (B, obs_dim) → batch of Normals (B, act_dim)
+    def __call__(self, obs: jax.Array) -> tfd.Normal:  # obs (B, obs_dim) → batch of Normals (B, act_dim)
         nonlinearity = ACTIVATIONS[self.activation]
         h = nonlinearity(self.fc2(nonlinearity(self.fc1(obs))))
         loc = MAX_TORQUE * jnp.tanh(self.mu(h))
@@ -194,7 +181,10 @@ class Actor(nnx.Module):
             scale = nnx.softplus(self.sigma_head(h)) + 1e-5  # state-dependent σ(s) > 0
         else:
             scale = jnp.broadcast_to(jnp.exp(self.log_std[...]), loc.shape)  # one σ for all states
-        return Normal(loc, scale)
+        # Independent Gaussians N(μ, σ²), (B, act_dim), each action dimension on its own (callers sum over -1):
+        # .sample(seed=key) is a = μ + σ·z, z ~ N(0, 1); .log_prob(x) = −½((x − μ)/σ)² − log σ − ½ log 2π;
+        # .entropy() = ½ + ½ log 2π + log σ.
+        return tfd.Normal(loc, scale)
 
 
 class Critic(nnx.Module):
@@ -317,7 +307,7 @@ def act(graphdef, state, obs, key):
     """a ~ π(·|s) for obs (N, obs_dim): the UNCLIPPED a (N, act_dim) (the env clips it), log π(a|s) (N,), next key."""
     key, k = jax.random.split(key)
     dist = nnx.merge(graphdef, state)(obs)
-    action = dist.sample(k)
+    action = dist.sample(seed=k)
     return action, dist.log_prob(action).sum(-1), key
 
 
@@ -431,23 +421,24 @@ def train_gymnasium(args: Args, sizes: Derived) -> tuple[tuple, RunningMeanStd |
     obs, _ = envs.reset(seed=[int(s) for s in np.random.default_rng(args.seed).integers(0, 2**31 - 1, args.num_envs)])
     print(first_line(args, sizes), flush=True)
     log, steps, t_train = TrainLog([], [], [], 0.0, 0.0, None), 0, time.perf_counter()
-    for update_index in range(1, sizes.num_updates + 1):
-        t0 = time.perf_counter()
-        rollout, raw_obs, obs, key, episodes = collect_rollout(envs, act_fn, state[0], obs, key, rms, args, steps)
-        log.ep_steps.extend(s for s, _ in episodes)
-        log.ep_returns.extend(r for _, r in episodes)
-        if rms is not None:  # the statistics are frozen within a rollout, so log π_old stays consistent
-            rms.update(raw_obs.reshape(-1, 3))
-        steps += sizes.batch_size
-        key, k = jax.random.split(key)
-        state, stats = update(state, rollout, k)
-        stats = {name: float(value) for name, value in stats.items()}
-        if update_index == 1:
-            log = log._replace(first_update_seconds=round(time.perf_counter() - t0, 2))  # includes compilation
-        ret = float(np.mean(log.ep_returns[-args.num_envs :])) if log.ep_returns else float("nan")
-        log.history.append(dict(step=steps, **stats))
-        sps = sizes.batch_size / (time.perf_counter() - t0)
-        print_progress(update_index, sizes.num_updates, steps, ret, stats, sps)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops the loop here; what it measured is kept
+        for update_index in range(1, sizes.num_updates + 1):
+            t0 = time.perf_counter()
+            rollout, raw_obs, obs, key, episodes = collect_rollout(envs, act_fn, state[0], obs, key, rms, args, steps)
+            log.ep_steps.extend(s for s, _ in episodes)
+            log.ep_returns.extend(r for _, r in episodes)
+            if rms is not None:  # the statistics are frozen within a rollout, so log π_old stays consistent
+                rms.update(raw_obs.reshape(-1, 3))
+            steps += sizes.batch_size
+            key, k = jax.random.split(key)
+            state, stats = update(state, rollout, k)
+            stats = {name: float(value) for name, value in stats.items()}
+            if update_index == 1:
+                log = log._replace(first_update_seconds=round(time.perf_counter() - t0, 2))  # includes compilation
+            ret = float(np.mean(log.ep_returns[-args.num_envs :])) if log.ep_returns else float("nan")
+            log.history.append(dict(step=steps, **stats))
+            sps = sizes.batch_size / (time.perf_counter() - t0)
+            print_progress(update_index, sizes.num_updates, steps, ret, stats, sps)
     envs.close()
     nnx.update(agent, state)
     return agent, rms, log._replace(train_seconds=time.perf_counter() - t_train)
@@ -540,7 +531,7 @@ def jax_rollout(actor_def, args: Args, actor_state, runner: Runner) -> tuple[Run
         env, obs, key, ep_ret, last_ret = carry
         key, act_key, reset_key = jax.random.split(key, 3)
         dist = actor(obs)
-        action = dist.sample(act_key)  # (N, 1), unclipped
+        action = dist.sample(seed=act_key)  # (N, 1), unclipped
         logp = dist.log_prob(action).sum(-1)  # (N,)
         env_next, next_obs, reward, term, trunc = jax.vmap(pendulum_step)(env, action[:, 0])  # the env clips u
         done = term | trunc
@@ -665,7 +656,12 @@ def train_jax(args: Args, sizes: Derived, devices: list) -> tuple[tuple, nnx.Sta
     per_device = jax.shard_map(jax.vmap(train.run), mesh=mesh, in_specs=by_seed, out_specs=by_seed)
     run = jax.jit(per_device).lower(runners).compile()
     compile_seconds = round(time.perf_counter() - t_train, 2)
-    runners, stats = jax.block_until_ready(run(runners))
+    out, interrupted = run(runners), False  # dispatched: XLA runs every update in this one call
+    try:
+        jax.block_until_ready(out)
+    except KeyboardInterrupt:  # Ctrl-C lands only when the call returns; its results are kept
+        interrupted = True
+    runners, stats = out
     train_seconds = time.perf_counter() - t_train
     stats = {name: np.asarray(value) for name, value in stats.items()}  # each (S, num_updates)
     log = TrainLog([], [], [], train_seconds, compile_seconds, None)
@@ -682,7 +678,7 @@ def train_jax(args: Args, sizes: Derived, devices: list) -> tuple[tuple, nnx.Sta
         print_progress(u + 1, sizes.num_updates, steps, ret, log.history[-1], sps)
     last = {name: [float(x) for x in v[:, -1]] for name, v in stats.items() if name != "ret"}
     agent = nnx.merge(graphdef, jax.tree.map(lambda x: x[0], runners.state))
-    return agent, runners.state[0], log._replace(last_per_seed=last)
+    return agent, runners.state[0], log._replace(last_per_seed=last, interrupted=interrupted)
 
 
 # ---------------------------------------------------------------------------------------------- Logging
@@ -695,6 +691,7 @@ class TrainLog(NamedTuple):
     train_seconds: float
     first_update_seconds: float  # gymnasium: the first update, compilation included; jax: the compilation
     last_per_seed: dict | None  # the final update's statistics of every seed (--backend jax)
+    interrupted: bool = False  # --backend jax: Ctrl-C came during the compiled training, which it cannot stop
 
 
 def first_line(args: Args, sizes: Derived, devices: int = 0) -> str:
@@ -760,14 +757,28 @@ class InputError(Exception):
 
 
 def reports_input_errors(main):
-    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1."""
+    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1, and Ctrl-C into
+    one line and exit status 130: where the run stopped, if main kept what it had measured (metrics["interrupted"]:
+    unit, at, of), or else that nothing was written."""
 
     @functools.wraps(main)
     def run(args):
         try:
-            return main(args)
+            metrics = main(args)
         except InputError as e:
             sys.exit(f"error: {e}")
+        except KeyboardInterrupt:
+            print(f"interrupted; nothing written to {args.out}", file=sys.stderr)
+            sys.exit(130)
+        if "interrupted" in metrics:
+            stop = metrics["interrupted"]
+            print(
+                f"interrupted at {stop['unit']} {stop['at']} of {stop['of']}; "
+                f"metrics so far in {os.path.join(args.out, 'metrics.json')}",
+                file=sys.stderr,
+            )
+            sys.exit(130)
+        return metrics
 
     return run
 
@@ -1084,8 +1095,10 @@ def evaluate_saved(args: Args, t_start: float) -> dict:
 
 
 def write_results(args: Args, metrics: dict, actor: Actor, rms, history: list, t_start: float) -> dict:
-    """The video (optional), metrics.json and the summary lines, for a training run and a --load run alike."""
-    if args.video:  # the evaluation episode that starts closest to hanging straight down: a full swing-up
+    """The video (optional), metrics.json and the summary lines, for a training run and a --load run alike; after
+    Ctrl-C stopped training (metrics["interrupted"]), metrics.json only."""
+    stopped = "interrupted" in metrics
+    if args.video and not stopped:  # the evaluation episode that starts closest to hanging down: a full swing-up
         probe = gym.make(ENV_ID)
         starts = [probe.reset(seed=args.eval_seed + i)[0][0] for i in range(args.eval_episodes)]  # cos θ at t=0
         probe.close()
@@ -1095,6 +1108,8 @@ def write_results(args: Args, metrics: dict, actor: Actor, rms, history: list, t
         print(f"video: {path} (return {metrics['video_return']:.1f})", flush=True)
     metrics["total_seconds"] = round(time.perf_counter() - t_start, 2)
     save_metrics(os.path.join(output_folder(args), "metrics.json"), dict(metrics, args=asdict(args), history=history))
+    if stopped:
+        return metrics
     seeds = f"seed {args.seed}" + ("" if args.num_seeds == 1 else f"–{args.seed + args.num_seeds - 1}")
     print(
         f"\n== {'PPO' if args.load or args.algo == 'ppo' else args.algo} {ENV_ID}, {args.backend}, {seeds}, "
@@ -1133,16 +1148,12 @@ def use_compile_cache(folder: str) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def training_metrics(args: Args, sizes: Derived, log: TrainLog, all_returns: np.ndarray, n_devices: int) -> dict:
+def training_metrics(args: Args, sizes: Derived, log: TrainLog, all_returns: np.ndarray | None, n_devices: int) -> dict:
     """metrics.json of a training run (without the whole process's time and the history, which write_results
-    adds). all_returns: (S, episodes) deterministic returns of every seed's final policy."""
-    per_seed = all_returns.mean(1)
+    adds). all_returns: (S, episodes) deterministic returns of every seed's final policy; None when Ctrl-C stopped
+    training, and nothing was evaluated (`interrupted` then says where it stopped)."""
     metrics = dict(
-        eval_return_mean=float(all_returns.mean()),
-        eval_return_std=float(all_returns.std()),
-        eval_episodes=args.eval_episodes,
-        eval_returns=[round(float(r), 2) for r in all_returns[0]],
-        env_steps=sizes.num_updates * sizes.batch_size,
+        env_steps=len(log.history) * sizes.batch_size,
         train_seconds=round(log.train_seconds, 2),
         first_update_seconds=log.first_update_seconds,
         train_return_last10=float(np.mean(log.ep_returns[-10:])) if log.ep_returns else None,
@@ -1153,8 +1164,18 @@ def training_metrics(args: Args, sizes: Derived, log: TrainLog, all_returns: np.
         algo=args.algo,
         seeds=list(range(args.seed, args.seed + args.num_seeds)),
         devices=n_devices,
-        eval_return_per_seed=[round(float(r), 2) for r in per_seed],  # each seed's mean over its episodes
         last_update=log.history[-1],  # losses, KL, clip fractions of the final update
+    )
+    if all_returns is None:
+        return dict(interrupted=dict(unit="update", at=len(log.history), of=sizes.num_updates), **metrics)
+    per_seed = all_returns.mean(1)
+    metrics = dict(
+        eval_return_mean=float(all_returns.mean()),
+        eval_return_std=float(all_returns.std()),
+        eval_episodes=args.eval_episodes,
+        eval_returns=[round(float(r), 2) for r in all_returns[0]],
+        eval_return_per_seed=[round(float(r), 2) for r in per_seed],  # each seed's mean over its episodes
+        **metrics,
     )
     if args.num_seeds > 1:  # env_steps, eval_returns and params.npz are per seed / of the first seed
         metrics["across_seeds"] = seed_summary(per_seed)
@@ -1177,18 +1198,23 @@ def main(args: Args) -> dict:
     else:
         agent, rms, log = train_gymnasium(args, sizes)
         actor_states = jax.tree.map(lambda x: x[None], nnx.state(agent[0]))
+    stopped = log.interrupted or len(log.history) < sizes.num_updates  # Ctrl-C: nothing more is evaluated
+    if stopped and not log.history:
+        raise KeyboardInterrupt  # before the first update was done: nothing measured, nothing to write
     actor, critic = agent[:2]
     save_checkpoint(os.path.join(args.out, "params.npz"), {"actor": actor, "critic": critic, **obs_norm_parts(rms)})
 
     # Every seed's final policy on gymnasium's Pendulum-v1, whichever backend trained it: (S, episodes).
-    all_returns = evaluate_seeds(nnx.split(actor)[0], actor_states, rms, args.eval_episodes, args.eval_seed)
+    all_returns = None
+    if not stopped:
+        all_returns = evaluate_seeds(nnx.split(actor)[0], actor_states, rms, args.eval_episodes, args.eval_seed)
     metrics = training_metrics(args, sizes, log, all_returns, len(devices) if devices else 1)
     who = f"seed {args.seed}" if args.num_seeds == 1 else f"seeds {args.seed}–{args.seed + args.num_seeds - 1}"
     plot_curve(
         os.path.join(args.out, "learning_curve.png"),
         log.ep_steps,
         log.ep_returns,
-        metrics["eval_return_mean"],
+        metrics.get("eval_return_mean"),
         f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID} ({args.backend}), {who}, preset {args.preset}",
         *(["one seed: mean of its envs' latest training episodes"] if args.backend == "jax" else []),
     )

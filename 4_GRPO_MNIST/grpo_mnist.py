@@ -21,6 +21,7 @@ the command line, checks, the data splits, reading MNIST, checkpoints, the figur
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gzip
 import hashlib
@@ -36,15 +37,20 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
 from typing import NamedTuple
 
-import jax
-import jax.numpy as jnp
-import matplotlib
-import numpy as np
-import optax
-from flax import nnx
+try:  # Ctrl-C while the libraries load: one line and exit status 130, not a traceback
+    import jax
+    import jax.numpy as jnp
+    import matplotlib
+    import numpy as np
+    import optax
+    from flax import nnx
+    from tensorflow_probability.substrates.jax import distributions as tfd  # TFP on JAX: no TensorFlow needed
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
+except KeyboardInterrupt:
+    print("interrupted while loading the libraries; nothing written", file=sys.stderr)
+    raise SystemExit(130) from None
 
 
 def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
@@ -193,8 +199,8 @@ class Critic(nnx.Module):
 
 
 def token_logp(logits: jax.Array, tokens: jax.Array) -> jax.Array:
-    """log π(y_t | …) of the given tokens: logits (S, N, VOCAB), tokens (S, N) → (S, N)."""
-    return jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[..., None], axis=-1)[..., 0]
+    """log π(y_t | …) of the given tokens, (S, N), from logits z (S, N, VOCAB): log π(v) = z_v − log Σ_u e^{z_u}."""
+    return tfd.Categorical(logits=logits).log_prob(tokens)
 
 
 # ---- Sampling: N decoding steps in lax.scan; step t fills token t from the logits at position t
@@ -263,13 +269,12 @@ def clipped_surrogate(logp, logp_old, adv, clip_eps: float):
 
 
 def token_kl(logits, ref_logits, tokens, how: str) -> jax.Array:
-    """Per-token KL(π_θ ‖ π_ref) at each answer position, (S, N).
-    exact: Σ_v π(v) (log π(v) − log π_ref(v)) over the vocabulary. On the sampled token y_t, with log_r =
-    log π_ref(y_t) − log π(y_t): k1 = −log_r; k3 = e^log_r − log_r − 1 (≥ 0). Their gradients differ (README)."""
-    logp_all, ref_all = jax.nn.log_softmax(logits), jax.nn.log_softmax(ref_logits)
+    """Per-token KL(π_θ ‖ π_ref), (S, N). exact: Σ_v π(v)(log π(v) − log π_ref(v)). On the sampled token y_t, with
+    log_r = log π_ref(y_t) − log π(y_t): k1 = −log_r; k3 = e^log_r − log_r − 1 (≥ 0). The gradients differ (README)."""
+    policy, reference = tfd.Categorical(logits=logits), tfd.Categorical(logits=ref_logits)
     if how == "exact":
-        return jnp.sum(jnp.exp(logp_all) * (logp_all - ref_all), axis=-1)
-    log_r = token_logp(ref_all, tokens) - token_logp(logp_all, tokens)
+        return tfd.kl_divergence(policy, reference)  # the vocabulary sum above, at every position
+    log_r = reference.log_prob(tokens) - policy.log_prob(tokens)
     return -log_r if how == "k1" else jnp.exp(log_r) - log_r - 1
 
 
@@ -474,24 +479,25 @@ def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
     val, (key, eval_key) = fixed_strips(data.x_val, data.y_val, n_slots), jax.random.split(key)
     score = jax.jit(partial(evaluate, policy_def), static_argnums=4)  # the same eval_key at every score: less noise
     history, t0 = [], time.perf_counter()
-    for phase, config, total, x_pool, y_pool in phases:
-        if phase == "rl":
-            ref_state = state[0]  # π_ref: a copy of the policy RL starts from
-        run = jax.jit(partial(train_block, graphdef, policy_def, config, n_slots))
-        done = 0
-        while done < total:
-            if not history:
-                history.append({"phase": "start", "iteration": 0})
-            else:
-                steps, t_block = min(args.eval_every, total - done), time.perf_counter()
-                key, block_key = jax.random.split(key)
-                keys = jax.random.split(block_key, steps)
-                state, ref_state, metrics = run(state, ref_state, done, x_pool, y_pool, keys)
-                done += steps
-                history.append({"phase": phase, "iteration": done, **{k: float(v) for k, v in metrics.items()}})
-                history[-1]["seconds"] = time.perf_counter() - t_block
-            history[-1].update(scores(score(state[0], ref_state, val, eval_key, n), n, args.pass_k, "val_"))
-            print_progress(history[-1])
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops the loop here; what it measured is kept
+        for phase, config, total, x_pool, y_pool in phases:
+            if phase == "rl":
+                ref_state = state[0]  # π_ref: a copy of the policy RL starts from
+            run = jax.jit(partial(train_block, graphdef, policy_def, config, n_slots))
+            done = 0
+            while done < total:
+                row = {"phase": "start", "iteration": 0}  # the first row scores the initial policy
+                if history:
+                    steps, t_block = min(args.eval_every, total - done), time.perf_counter()
+                    key, block_key = jax.random.split(key)
+                    keys = jax.random.split(block_key, steps)
+                    state, ref_state, metrics = run(state, ref_state, done, x_pool, y_pool, keys)
+                    done += steps
+                    row = {"phase": phase, "iteration": done, **{k: float(v) for k, v in metrics.items()}}
+                    row["seconds"] = time.perf_counter() - t_block
+                row.update(scores(score(state[0], ref_state, val, eval_key, n), n, args.pass_k, "val_"))
+                history.append(row)  # a row joins the history once it is scored
+                print_progress(row)
     policy, _ = nnx.merge(graphdef, state)
     return policy, nnx.merge(policy_def, ref_state), history, {"train_seconds": time.perf_counter() - t0}
 
@@ -504,14 +510,28 @@ class InputError(Exception):
 
 
 def reports_input_errors(main):
-    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1."""
+    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1, and Ctrl-C into
+    one line and exit status 130: where the run stopped, if main kept what it had measured (metrics["interrupted"]:
+    unit, at, of), or else that nothing was written."""
 
     @functools.wraps(main)
     def run(args):
         try:
-            return main(args)
+            metrics = main(args)
         except InputError as e:
             sys.exit(f"error: {e}")
+        except KeyboardInterrupt:
+            print(f"interrupted; nothing written to {args.out}", file=sys.stderr)
+            sys.exit(130)
+        if "interrupted" in metrics:
+            stop = metrics["interrupted"]
+            print(
+                f"interrupted at {stop['unit']} {stop['at']} of {stop['of']}; "
+                f"metrics so far in {os.path.join(args.out, 'metrics.json')}",
+                file=sys.stderr,
+            )
+            sys.exit(130)
+        return metrics
 
     return run
 
@@ -1222,6 +1242,17 @@ def use_compile_cache(folder: str) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+def stopped_at(args: Args, history: list[dict]) -> dict | None:
+    """Where Ctrl-C ended training, as metrics.json records it: the phase and iteration of the last scored row.
+    None when that row is the last phase's last iteration: training ran to the end."""
+    last, final = history[-1], "rl" if args.objective == "grpo" else "supervised"
+    if (last["phase"], last["iteration"]) == (final, args.iterations):
+        return None
+    phase = last["phase"] if last["phase"] != "start" else "sft" if sft_steps_for(args) else final
+    total = sft_steps_for(args) if phase == "sft" else args.iterations
+    return {"unit": f"{phase} iteration", "at": last["iteration"], "of": total}
+
+
 @reports_input_errors
 def main(args: Args) -> dict:
     validate(args)  # flag values and the output folder, before any work
@@ -1235,11 +1266,14 @@ def main(args: Args) -> dict:
 
     with jax.set_mesh(mesh):  # every placement and sharding constraint below refers to this mesh
         policy, reference, history, timings = train(args, data)
+        if not history:
+            raise KeyboardInterrupt  # before the first validation score: nothing measured, nothing to write
+        stopped = stopped_at(args, history)  # where Ctrl-C ended training early (then nothing more is scored)
         last = history[-1]
         results = {k: v for k, v in last.items() if k.startswith("val_")}
-        if args.score_test:  # the held-out test set is scored once, here, after every choice was made on validation
+        if args.score_test and not stopped:  # the test set is scored once, here, after every choice on validation
             results.update(**score_test_set(args, policy, reference, data), test_prompts=len(data.y_test))
-        if args.host_devices or args.mesh:  # a run on a mesh also measures what each device holds
+        if (args.host_devices or args.mesh) and not stopped:  # a run on a mesh also measures what each device holds
             results["mesh"] = mesh_memory(args, data, mesh)
     results.update(
         {
@@ -1254,11 +1288,13 @@ def main(args: Args) -> dict:
             **param_counts,
             "history": history,
             "args": asdict(args),
+            **({"interrupted": stopped} if stopped else {}),
         }
     )
     title = f"{label} | train {len(data.y_train)} / validation {len(data.y_val)} images"
     save_outputs(args, results, policy, title)
-    print_summary(args, results, label)
+    if not stopped:
+        print_summary(args, results, label)
     return results
 
 

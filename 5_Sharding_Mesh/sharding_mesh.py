@@ -7,7 +7,7 @@ the activations by the same rules. The file reads in the order it runs:
 
 1. the mesh axes, the four rule sets and `Args`;
 2. devices and mesh (`make_mesh`), then logical axes -> mesh axes (`logical_to_mesh_axes`, `analytic_bytes`);
-3. the model (`TinyLM`) and the layout of its state (`state_shardings`, Flax's `flax_shardings`, `init_sharded`);
+3. the model (`batch_layout`, `TinyLM`) and its state's layout (`state_shardings`, `flax_shardings`, `init_sharded`);
 4. data, loss and the compiled step (`make_batches`, `place_batch`, `loss_fn`, `train_step`, `compile_step`, `train`);
 5. measuring the bytes each device holds (`measured_bytes`, `state_bytes`) and the compiled step's (`compiled_memory`);
 6. the check against one device (`train_single_device`, `equivalence_check`), and `run_rule_set`, which does 3-6
@@ -20,6 +20,7 @@ the command line, input checks, the per-weight table, the 8B example's arithmeti
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -30,16 +31,20 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from typing import NamedTuple
 
-# Importing JAX does not start its backends; they start at the first jax.devices() or computation.
-# That is why `--host-devices` can still set XLA_FLAGS in `start_devices`, after argument parsing.
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from flax import nnx
-from jax.experimental import multihost_utils
-from jax.sharding import AxisType, NamedSharding
-from jax.sharding import PartitionSpec as P
+try:  # Ctrl-C while the libraries load: one line and exit status 130, not a traceback
+    # Importing JAX does not start its backends; they start at the first jax.devices() or computation.
+    # That is why `--host-devices` can still set XLA_FLAGS in `start_devices`, after argument parsing.
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx
+    from jax.experimental import multihost_utils
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+except KeyboardInterrupt:
+    print("interrupted while loading the libraries; nothing written", file=sys.stderr)
+    raise SystemExit(130) from None
 
 # MaxText's config has one mesh axis per kind of parallelism (its mesh_axes: data, fsdp, tensor, ...), sized by
 # ici_data_parallelism, ici_fsdp_parallelism, ici_tensor_parallelism, ...; here FSDP folds into 'data' and
@@ -168,6 +173,16 @@ def with_axes(names: tuple[str, ...], init=NORMAL_INIT):
     return nnx.with_partitioning(init, names)
 
 
+def batch_layout(weight, names: tuple[str, ...], rules):
+    """A weight that meets the batch-split x outside a matmul, laid out as if a batch dim came first: the batch's mesh
+    axis is gathered (fsdp: embed off 'data', FSDP's all-gather written out); else XLA rematerializes (README)."""
+    if rules is None:  # one device: nothing to lay out
+        return weight
+    spec = P(*logical_to_mesh_axes(("batch", *names), rules)[1:])
+    explicit = jax.sharding.get_abstract_mesh().are_all_axes_explicit  # reshard changes the type; Auto: a constraint
+    return jax.sharding.reshard(weight, spec) if explicit else jax.lax.with_sharding_constraint(weight, spec)
+
+
 class TinyLM(nnx.Module):
     """Embedding -> one pre-norm transformer block (causal attention + MLP) -> unembedding."""
 
@@ -190,18 +205,17 @@ class TinyLM(nnx.Module):
         self.unembed = nnx.Linear(E, V, use_bias=False, kernel_init=with_axes(("embed", "vocab")), rngs=rngs)
 
     def __call__(self, tokens, rules=None):  # (B, L) int32
-        """rules=None (Auto axes): the compiler picks every activation's layout. With rules (Explicit axes): each
-        activation's logical names resolve to its `out_sharding`, as the weights' names do."""
+        """rules=None: one device. With rules, Auto axes leave the activations' layouts to the compiler; Explicit axes
+        resolve each activation's logical names to its `out_sharding`, as the weights' are. Both use batch_layout."""
+        explicit = rules is not None and jax.sharding.get_abstract_mesh().are_all_axes_explicit
 
         def spec(*names):  # e.g. ('batch', 'length', 'embed') -> P('data', None, None) under fsdp
-            return None if rules is None else P(*logical_to_mesh_axes(names, rules))
+            return P(*logical_to_mesh_axes(names, rules)) if explicit else None
 
         L, by_token = tokens.shape[1], spec("batch", "length", "embed")
-        x = self.token_embed(tokens, out_sharding=by_token)  # (B, L, E)
-        position = self.pos_embed[...][:L]  # (L, E)
-        if rules is not None:  # fsdp splits its embed dim along 'data', which x's batch dim already uses:
-            position = jax.sharding.reshard(position, P())  # gather it whole first (FSDP's all-gather, made explicit)
-        x = x + position
+        table = batch_layout(self.token_embed.embedding[...], ("vocab", "embed"), rules)  # (V, E)
+        position = batch_layout(self.pos_embed[...][:L], ("length", "embed"), rules)  # (L, E)
+        x = table.at[tokens].get(out_sharding=by_token) + position  # (B, L, E): nnx.Embed's lookup, on this table
         h = self.attn_norm(x)
         by_head = spec("batch", "length", "heads", "kv")
         q, k, v = (layer(h, out_sharding=by_head) for layer in (self.query, self.key, self.value))  # (B, L, H, K)
@@ -411,13 +425,13 @@ def run_rule_set(args: Args, name: str, mesh, graphdef, abstract, batches, refer
     if args.visualize and jax.process_index() == 0:
         show_layout(graphdef, state)
     explicit = args.axis_types == "explicit"
-    step = compile_step(graphdef, shardings, activation_rules=rules if explicit else None)
+    step = compile_step(graphdef, shardings, activation_rules=rules)
     if explicit:
-        show_types("before the first step", graphdef, state, place_batch(batches[0], mesh, rules))
+        show_types("before the first step", graphdef, state, place_batch(batches[0], mesh, rules), rules)
     run = train(args, step, state, batches, mesh, rules, name)
     diff, check_state, grads = equivalence_check(step, shardings, reference, batches[-1], mesh, rules, args.perturb)
     if explicit:
-        show_types("after the last step", graphdef, check_state, place_batch(batches[-1], mesh, rules), grads)
+        show_types("after the last step", graphdef, check_state, place_batch(batches[-1], mesh, rules), rules, grads)
     measured, analytic = state_bytes(graphdef, check_state, grads, mesh, rules)
     memory = compiled_memory(step, check_state, place_batch(batches[-1], mesh, rules))
     exact = measured == analytic and all(r.bytes == r.analytic and r.uniform and r.actual_spec == r.spec for r in rows)
@@ -499,14 +513,28 @@ class InputError(Exception):
 
 
 def reports_input_errors(main):
-    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1."""
+    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1, and Ctrl-C into
+    one line and exit status 130: where the run stopped, if main kept what it had measured (metrics["interrupted"]:
+    unit, at, of), or else that nothing was written."""
 
     @functools.wraps(main)
     def run(args):
         try:
-            return main(args)
+            metrics = main(args)
         except InputError as e:
             sys.exit(f"error: {e}")
+        except KeyboardInterrupt:
+            print(f"interrupted; nothing written to {args.out}", file=sys.stderr)
+            sys.exit(130)
+        if "interrupted" in metrics:
+            stop = metrics["interrupted"]
+            print(
+                f"interrupted at {stop['unit']} {stop['at']} of {stop['of']}; "
+                f"metrics so far in {os.path.join(args.out, 'metrics.json')}",
+                file=sys.stderr,
+            )
+            sys.exit(130)
+        return metrics
 
     return run
 
@@ -712,7 +740,7 @@ class StepConfig:
     """What the compiled step needs at trace time besides the graphdef."""
 
     grad_shardings: nnx.State  # a NamedSharding per parameter: the model part of the state's shardings
-    activation_rules: tuple | None = None  # Explicit axes: the rules that lay out the activations too
+    activation_rules: tuple | None = None  # the rules for TinyLM's batch_layout and (Explicit axes) its activations
 
 
 class RuleSetResult(NamedTuple):
@@ -823,16 +851,20 @@ def same_specs(ours, theirs) -> bool:
     return len(a) == len(b) and all(norm(x.spec) == norm(y.spec) for x, y in zip(a, b))
 
 
-def show_types(when: str, graphdef, state, tokens, grads=None) -> None:
+def show_types(when: str, graphdef, state, tokens, rules, grads=None) -> None:
     """Explicit axes: print jax.typeof of one weight, the batch and (after a step) that weight's gradient."""
     model = nnx.merge(graphdef, state)[0]
-    kernel, position = model.mlp_in.kernel[...], model.pos_embed[...]
+    kernel = model.mlp_in.kernel[...]
     line = f"  types {when}: mlp_in kernel {jax.typeof(kernel)}, batch {jax.typeof(tokens)}"
     if grads is not None:
         line += f", its gradient {jax.typeof(grads['mlp_in']['kernel'][...])}"
     log(line)
-    if grads is None:  # the one layout change inside TinyLM, done here on the real weight to print it
-        log(f"  reshard: pos_embed {jax.typeof(position)} -> {jax.typeof(jax.sharding.reshard(position, P()))}")
+    if grads is None:  # the layout changes inside TinyLM (batch_layout), done here on the real weights to print them
+        for name, weight, names in (
+            ("pos_embed", model.pos_embed[...], ("length", "embed")),
+            ("token_embed", model.token_embed.embedding[...], ("vocab", "embed")),
+        ):
+            log(f"  reshard: {name} {jax.typeof(weight)} -> {jax.typeof(batch_layout(weight, names, rules))}")
 
 
 def show_layout(graphdef, state) -> None:
@@ -1009,9 +1041,14 @@ def main(args: Args) -> dict:
     batches, config = make_batches(args), ModelConfig.from_args(args)
     graphdef, abstract = abstract_state(config)
     reference = train_single_device(args, config, graphdef, abstract, batches)
-    with jax.set_mesh(mesh):  # the mesh every sharding and jax.sharding.reshard below refers to
-        results = {name: run_rule_set(args, name, mesh, graphdef, abstract, batches, reference) for name in names}
-    memory_8b = report_8b(args.hbm_gb)
+    results = {}  # set_mesh: the mesh every sharding and jax.sharding.reshard below refers to
+    with jax.set_mesh(mesh), contextlib.suppress(KeyboardInterrupt):  # Ctrl-C keeps the rule sets checked so far
+        for name in names:
+            results[name] = run_rule_set(args, name, mesh, graphdef, abstract, batches, reference)
+    if not results:
+        raise KeyboardInterrupt  # before the first rule set was checked: nothing measured, nothing to write
+    stopped = len(results) < len(names)  # Ctrl-C ended the run early: nothing more is computed or checked
+    memory_8b = None if stopped else report_8b(args.hbm_gb)
 
     ok = all(r.passed and r.bytes_match_analytic for r in results.values())
     metrics = dict(
@@ -1032,7 +1069,11 @@ def main(args: Args) -> dict:
         seconds=round(time.perf_counter() - t_start, 2),
         args=asdict(args),
     )
+    if stopped:
+        metrics["interrupted"] = dict(unit="rule set", at=len(results), of=len(names))
     save_results(args, metrics, {"single device": reference.losses, **{n: r.losses for n, r in results.items()}})
+    if stopped:
+        return metrics
     print_summary(args, results, metrics, ok, mesh)
     if not ok:
         raise InputError(

@@ -670,6 +670,90 @@ def test_every_results_file_is_quoted_and_records_its_command():
         assert path.stem in quoted, f"{path.name} is quoted by no README (delete it, or quote it)"
 
 
+def primary_jax(requirements: Path = REPO / "requirements.txt") -> str:
+    """The JAX version requirements.txt pins for Python >= 3.12: the stack every quoted result is measured on."""
+    pins = re.findall(r'^jax==(\S+);\s*python_version\s*>=\s*"3\.12"', requirements.read_text(), re.M)
+    assert len(pins) == 1, "requirements.txt must pin jax once for python_version >= '3.12'"
+    return pins[0]
+
+
+# Files measured on purpose on the Python 3.11 set (jax 0.10.2), to show a claim holds on another floating-point
+# path; their names say so, and a README quotes them beside the primary stack's file.
+OTHER_STACK = re.compile(r"_py311(\.|$)")
+
+
+def stale_results(results_dir: Path, jax_version: str) -> list[str]:
+    """The results files whose recorded JAX is not `jax_version` (tools/remeasure.py --stale measures them again),
+    except those named `…_py311`, which must record Python 3.11."""
+    stale = []
+    for path in sorted(results_dir.glob("*.*")):
+        data = RESULTS.load(path.stem, results_dir)
+        header = data["provenance"] if isinstance(data, dict) else data[0]
+        if OTHER_STACK.search(path.stem):
+            if not header["versions"]["python"].startswith("3.11."):
+                stale.append(f"{path.name}: python {header['versions']['python']}, not 3.11")
+        elif header["versions"].get("jax") != jax_version:
+            stale.append(f"{path.name}: jax {header['versions'].get('jax')}")
+    return stale
+
+
+def test_every_result_is_measured_on_the_primary_stack():
+    assert stale_results(RESULTS.RESULTS_DIR, primary_jax()) == []
+
+
+def test_a_result_from_another_jax_is_stale(tmp_path):
+    header = RESULTS.provenance("python tools/capture.py demo")
+    header["versions"]["jax"] = "0.0.1"
+    (tmp_path / "demo.txt").write_text("# " + json.dumps(header) + "\n\nout\n", encoding="utf-8")
+    assert stale_results(tmp_path, primary_jax()) == ["demo.txt: jax 0.0.1"]
+    header["versions"]["python"] = "3.13.0"
+    (tmp_path / "demo_py311.txt").write_text("# " + json.dumps(header) + "\n\nout\n", encoding="utf-8")
+    assert stale_results(tmp_path, primary_jax())[1:] == ["demo_py311.txt: python 3.13.0, not 3.11"]
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text('jax==9.9; python_version >= "3.12"\njax==0.1; python_version < "3.12"\n')
+    assert primary_jax(requirements) == "9.9"
+
+
+# A captured run of a course script shows one seed on one machine; the sentence after it says so in both languages.
+RUN_NOTE = {
+    "README.md": "Another CPU or JAX version can print slightly different digits",
+    "README_ch.md": "換一顆 CPU 或另一個 JAX 版本",
+}
+SCRIPT_RUN = re.compile(r"^python \d_[A-Za-z0-9_]+/[A-Za-z0-9_]+\.py")
+
+
+def check_run_notes(readme: Path, results_dir: Path = RESULTS.RESULTS_DIR) -> list[str]:
+    """The first quoted capture of a module script's run (a .txt whose command is `python N_module/script.py …`)
+    is followed, after its closing marker, by the note that other machines give other digits."""
+    text = readme.read_text(encoding="utf-8")
+    for m in RESULTS.BLOCK.finditer(text):
+        path = results_dir / f"{m[2]}.txt"
+        if path.is_file() and SCRIPT_RUN.match(RESULTS.load(m[2], results_dir)[0]["command"]):
+            after = text[m.end() :].lstrip("\n").split("\n", 1)[0]
+            ok = RUN_NOTE[readme.name] in after
+            return [] if ok else [f"{readme}: the captured run {m[2]} is not followed by the other-machines note"]
+    return []
+
+
+MODULE_READMES = [p for p in ALL if MODULE_DIR.match(p.parent.name)]
+
+
+@pytest.mark.parametrize("readme", MODULE_READMES, ids=lambda p: str(p.relative_to(REPO)))
+def test_captured_runs_say_other_machines_differ(readme):
+    assert check_run_notes(readme) == []
+
+
+def test_a_captured_run_without_the_note_fails(tmp_path):
+    header = RESULTS.provenance("python 2_Cart_Pole_DQN/cart_pole_dqn.py")
+    (tmp_path / "demo.txt").write_text("# " + json.dumps(header) + "\n\nstep=1\n", encoding="utf-8")
+    readme = tmp_path / "README.md"
+    block = "<!-- results: demo -->\n```text\nstep=1\n```\n<!-- /results -->\n"
+    readme.write_text(f"# T\n\n{block}\n{RUN_NOTE['README.md']}; the table is the claim.\n", encoding="utf-8")
+    assert check_run_notes(readme, tmp_path) == []
+    readme.write_text(f"# T\n\n{block}\nSome other sentence.\n", encoding="utf-8")
+    assert len(check_run_notes(readme, tmp_path)) == 1
+
+
 def test_a_changed_result_fails_the_docs_check(tmp_path):
     """Mutation: a results file whose value changed (a re-measurement) while the README kept the old text."""
     results_dir = tmp_path / "results"

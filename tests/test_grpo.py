@@ -247,6 +247,33 @@ def test_token_kl_exact_is_the_vocabulary_sum_and_k3_is_nonnegative():
         np.testing.assert_allclose(g.token_kl(same, same, tokens, how), 0.0, atol=1e-6)
 
 
+@pytest.mark.unit
+def test_categorical_log_prob_entropy_and_kl_match_the_hand_formula():
+    """token_logp and token_kl (tfd.Categorical, tfd.kl_divergence) against the formulas written out in NumPy
+    (float64) on random logits z, mild (scale 1) and peaked (scale 20): log π(v) = z_v − log Σ_u e^{z_u} at the given
+    token; exact KL(π ‖ π_ref) = Σ_v π(v)(log π(v) − log π_ref(v)), which is not KL(π_ref ‖ π); and the entropy
+    H(π) = −Σ_v π(v) log π(v), read through the KL to the uniform π_ref: KL(π ‖ uniform) = log V − H(π).
+    Catches: an unnormalised log-prob (z_v alone), the log-prob of another token, the KL's arguments swapped,
+    a KL weighted by π_ref."""
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, g.VOCAB, (32, 4))
+    for scale in (1.0, 20.0):
+        z, z_ref = rng.normal(size=(2, 32, 4, g.VOCAB)) * scale
+        log_p, log_q = (v - v.max(-1, keepdims=True) for v in (z, z_ref))  # shifted for exp, then normalised:
+        log_p, log_q = (v - np.log(np.sum(np.exp(v), -1, keepdims=True)) for v in (log_p, log_q))
+        p, q = np.exp(log_p), np.exp(log_q)
+        logits, ref_logits = jnp.asarray(z, jnp.float32), jnp.asarray(z_ref, jnp.float32)
+        hand_logp = np.take_along_axis(log_p, tokens[..., None], axis=-1)[..., 0]
+        np.testing.assert_allclose(g.token_logp(logits, jnp.asarray(tokens)), hand_logp, rtol=1e-5, atol=1e-5)
+        exact = g.token_kl(logits, ref_logits, jnp.asarray(tokens), "exact")
+        hand_kl, reverse_kl = np.sum(p * (log_p - log_q), -1), np.sum(q * (log_q - log_p), -1)
+        np.testing.assert_allclose(exact, hand_kl, rtol=1e-5, atol=1e-5)
+        assert np.abs(hand_kl - reverse_kl).max() > 0.1  # the two directions differ: a swap cannot pass
+        hand_entropy = -np.sum(p * log_p, -1)
+        to_uniform = g.token_kl(logits, jnp.zeros_like(logits), jnp.asarray(tokens), "exact")
+        np.testing.assert_allclose(math.log(g.VOCAB) - np.asarray(to_uniform), hand_entropy, rtol=1e-5, atol=1e-5)
+
+
 def _one_position(seed=0):
     """Logits θ and reference logits over the vocabulary at one position, and their probabilities."""
     rng = np.random.default_rng(seed)

@@ -153,21 +153,49 @@ def test_normal_log_prob_of_the_unclipped_sample_matches_closed_form(pen):
 
 
 @pytest.mark.unit
-def test_normal_entropy_and_samples_match_the_gaussian(pen):
-    loc, scale = jnp.array([[0.5], [-1.0]]), jnp.array([[0.3], [2.0]])
-    dist = pen.Normal(loc, scale)
-    # H = ½ + ½ log 2π + log σ: 0.5 + 0.918939 + log 0.3 = 0.214966, 0.5 + 0.918939 + log 2 = 2.112086
-    np.testing.assert_allclose(np.asarray(dist.entropy())[:, 0], [0.214966, 2.112086], atol=1e-5)
-    # log N(x; μ, σ²) at x = μ + σ: −½ − log σ − ½ log 2π
-    np.testing.assert_allclose(
-        np.asarray(dist.log_prob(loc + scale))[:, 0],
-        [-0.5 - math.log(0.3) - 0.918939, -0.5 - math.log(2.0) - 0.918939],
-        atol=1e-5,
-    )
-    draws = jax.vmap(dist.sample)(jax.random.split(jax.random.key(0), 20_000))  # (20000, 2, 1)
-    np.testing.assert_allclose(np.asarray(draws.mean(0))[:, 0], [0.5, -1.0], atol=0.04)
-    np.testing.assert_allclose(np.asarray(draws.std(0))[:, 0], [0.3, 2.0], rtol=0.03)
-    assert np.array_equal(dist.sample(jax.random.key(3)), dist.sample(jax.random.key(3)))  # one key, one draw
+def test_policy_normal_matches_the_hand_formula(pen):
+    """The policy's tfd.Normal against the Gaussian written out here in NumPy (float64), per action dimension
+        log N(x; μ, σ²) = −½((x − μ)/σ)² − log σ − ½ log 2π,   H = ½ + ½ log 2π + log σ,
+    summed over the action dimensions, through the script's own uses: Actor.__call__, act (its sample and log-prob)
+    and actor_loss_fn (the log-prob in the loss, the entropy it reports). An actor with four action dimensions
+    and a constant μ = 2·tanh(b) (zero μ-kernel), σ from 1e-4 to 3; x from 0 to 4 σ away from μ. act's action is
+    a = μ + σ·z with z = jax.random.normal of the key's second half, as the script draws it. Catches: σ² or log σ
+    passed as the scale, a log-prob or entropy averaged (not summed) over the action dimensions, a sample drawn
+    with another key or another formula, the log-prob of the clipped action."""
+    from flax import nnx
+
+    actor = pen.Actor(3, 4, 8, "param", "tanh", 0.0, rngs=nnx.Rngs(0))
+    actor.mu.kernel[...] = jnp.zeros_like(actor.mu.kernel[...])
+    actor.mu.bias[...] = jnp.array([0.0, 0.3, -1.2, 2.0])  # μ = 2·tanh(b) = 0, 0.583, −1.667, 1.928
+    actor.log_std[...] = jnp.log(jnp.array([1e-4, 0.05, 1.0, 3.0]))
+    rng = np.random.default_rng(0)
+    obs = jnp.asarray(rng.normal(size=(16, 3)), jnp.float32)
+    mu = 2 * np.tanh(np.array([0.0, 0.3, -1.2, 2.0]))
+    sigma = np.exp(np.asarray(actor.log_std[...], np.float64))
+
+    def hand_logp(x):  # (B, 4) → (B,)
+        x = np.asarray(x, np.float64)
+        return np.sum(-0.5 * ((x - mu) / sigma) ** 2 - np.log(sigma) - 0.5 * np.log(2 * np.pi), axis=-1)
+
+    hand_entropy = np.sum(0.5 + 0.5 * np.log(2 * np.pi) + np.log(sigma))  # per state, summed over the 4 dims
+    dist = actor(obs)
+    np.testing.assert_allclose(np.asarray(dist.loc, np.float64), np.broadcast_to(mu, (16, 4)), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(dist.scale, np.float64), np.broadcast_to(sigma, (16, 4)), rtol=1e-6)
+    x = np.asarray(mu + sigma * rng.uniform(-4, 4, size=(16, 4)), np.float32)
+    np.testing.assert_allclose(dist.log_prob(x).sum(-1), hand_logp(x), rtol=1e-6, atol=1e-4)
+    np.testing.assert_allclose(dist.entropy().sum(-1), hand_entropy, rtol=1e-6, atol=1e-5)
+
+    key = jax.random.key(5)
+    action, logp, next_key = pen.act(*nnx.split(actor), obs, key)
+    next_expected, k = jax.random.split(key)
+    np.testing.assert_allclose(action, mu + sigma * np.asarray(jax.random.normal(k, (16, 4))), rtol=1e-5, atol=1e-8)
+    assert jax.random.key_data(next_key).tolist() == jax.random.key_data(next_expected).tolist()
+    np.testing.assert_allclose(logp, hand_logp(action), rtol=1e-6, atol=1e-4)
+
+    # clip=False, A = 1, no entropy bonus: the loss is −mean(log π(x|s)); aux reports the mean entropy
+    loss, aux = pen.actor_loss_fn(actor, obs, jnp.asarray(x), jnp.zeros(16), jnp.ones(16), 0.2, 0.0, clip=False)
+    np.testing.assert_allclose(loss, -hand_logp(x).mean(), rtol=1e-6, atol=1e-4)
+    np.testing.assert_allclose(aux["entropy"], hand_entropy, rtol=1e-6, atol=1e-5)
 
 
 @pytest.mark.unit

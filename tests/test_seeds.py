@@ -111,7 +111,7 @@ def test_sweep_runs_each_seed_and_writes_the_table(tmp_path):
         "--save",
         "demo",
         "--also",
-        "env_steps,episodes",
+        "env_steps,episodes@4",
         "--results-dir",
         str(tmp_path / "results"),
         "--",
@@ -133,12 +133,15 @@ def test_sweep_runs_each_seed_and_writes_the_table(tmp_path):
     assert summary["iqm"] == pytest.approx(sum(returns) / 3)
     saved = json.loads((tmp_path / "results" / "demo.json").read_text())  # --save: the same summary + provenance
     assert saved["per_seed"] == summary["per_seed"] and saved["iqm"] == summary["iqm"]
-    assert saved["provenance"]["command"].endswith("--also env_steps,episodes --save demo -- --episodes 3")
+    assert saved["provenance"]["command"].endswith("--also env_steps,episodes@4 --save demo -- --episodes 3")
     # --also: the same runs, other keys, one file each (a tool that re-ran seeds or mixed keys up fails here)
     for key in ("env_steps", "episodes"):
         also = json.loads((tmp_path / "results" / f"demo.{key}.json").read_text())
         assert also["metric"] == key and also["per_seed"] == {str(s): per_run[s][key] for s in (0, 1, 2)}
         assert also["provenance"] == saved["provenance"]
+    # KEY@BAR: the also-file counts the seeds at or above its own bar (3 episodes < 4: none; no bar: no count)
+    assert json.loads((tmp_path / "results" / "demo.episodes.json").read_text())["solved"] == 0
+    assert json.loads((tmp_path / "results" / "demo.env_steps.json").read_text()).get("solved") is None
     assert saved["provenance"]["versions"]["jax"] and saved["provenance"]["machine"]["cores"] >= 1
     assert (folder / "scores.png").stat().st_size > 1000
     table = (folder / "summary.md").read_text()

@@ -252,8 +252,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument(
         "--also",
         default="",
-        help="more metrics.json keys to summarise from the same runs, comma-separated; with --save each is written "
-        "to <results-dir>/SAVE.KEY.json",
+        help="more metrics.json keys to summarise from the same runs, comma-separated; KEY@BAR also counts the seeds "
+        "with KEY >= BAR as solved; with --save each is written to <results-dir>/SAVE.KEY.json",
     )
     p.add_argument("--tag", default=None, help="name of this sweep's folder (default: the script flags and the seeds)")
     p.add_argument("--out", default="runs/seeds", help="root folder of all sweeps")
@@ -273,6 +273,15 @@ def default_tag(flags: list[str], seeds_text: str) -> str:
     if len(name) > 80:
         name = f"{name[:71]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
     return re.sub(r"[^A-Za-z0-9.=_-]+", "_", f"{name}_seeds-{seeds_text}").strip("_")
+
+
+def also_headline(item: str) -> Headline:
+    """One --also item: 'KEY' (no bar) or 'KEY@BAR' (KEY >= BAR counts as solved)."""
+    key, _, bar = item.partition("@")
+    try:
+        return Headline(key, float(bar) if bar else None)
+    except ValueError:
+        raise SweepError(f"--also: cannot read the bar of {item!r} (use KEY or KEY@BAR, e.g. test_pass8@0.9)") from None
 
 
 def check_writable(folder: Path) -> None:
@@ -311,14 +320,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     scores: dict[int, float] = {}
     seconds: dict[int, float] = {}
-    also = {key: {} for key in filter(None, args.also.split(","))}  # key -> {seed: value}
+    also = {also_headline(item): {} for item in filter(None, args.also.split(","))}  # Headline -> {seed: value}
     failure = None
     try:
         for seed in seeds:
             metrics, secs = run_seed(script, seed, folder / f"seed_{seed}", flags)
             scores[seed], seconds[seed] = score_of(metrics, headline, seed), secs
             for key, values in also.items():
-                values[seed] = score_of(metrics, Headline(key, None), seed)
+                values[seed] = score_of(metrics, key, seed)
             solved = "" if headline.bar is None else f" solved={'yes' if scores[seed] >= headline.bar else 'no'}"
             print(f"seed={seed} {headline.metric}={scores[seed]:.4f}{solved} seconds={secs:.1f}", flush=True)
     except SweepError as e:
@@ -337,8 +346,8 @@ def main(argv: list[str] | None = None) -> dict:
             saved.write_text(json.dumps({**summary, "provenance": measured}, indent=2, ensure_ascii=False) + "\n")
             print(f"wrote {saved}", flush=True)
             for key, values in also.items():  # the same runs, another metric: SAVE.KEY.json
-                extra = {**summarise(values, seconds, Headline(key, None)), "provenance": measured}
-                extra_path = Path(args.results_dir) / f"{args.save}.{key}.json"
+                extra = {**summarise(values, seconds, key), "provenance": measured}
+                extra_path = Path(args.results_dir) / f"{args.save}.{key.metric}.json"
                 extra_path.write_text(json.dumps(extra, indent=2, ensure_ascii=False) + "\n")
                 print(f"wrote {extra_path}", flush=True)
     if failure:
