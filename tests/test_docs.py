@@ -4,13 +4,16 @@ The checks read the scripts with ``ast`` (no imports, no jax), so they run in mi
 
 - every ``python N_…/script.py --flag …`` command in a code block names a script that exists and
   flags that its ``Args`` dataclass defines;
-- every relative link and image resolves;
+- every relative link and image resolves, and so does every ``#anchor`` (GitHub's heading slugs), in the page or
+  in the README it links; every section a README names in quotes ("X" after a cue such as 'section' or 'under';
+  〈X〉 in Chinese) is a heading of the README it means;
 - every README.md has a README_ch.md twin with the same heading structure;
 - every backticked name that looks like code (``compute_gae``, ``pendulum.py``, ``--gamma``) exists
   in the module the README belongs to (the top-level README may name any module's code);
 - every README_ch.md uses one Traditional Chinese term per concept (no retired variant such as 代理人,
-  回歸, 無偏, or 截斷 for clip), has no paragraph hard-wrapped mid-sentence, and the top-level one has a
-  詞彙表 (glossary) table that maps each core English term to a single Chinese term.
+  回歸, 無偏, 激活值, 截斷 for clip, or an English word such as epoch left untranslated in prose), has no
+  paragraph hard-wrapped mid-sentence, and the top-level one has a 詞彙表 (glossary) table that maps each
+  core English term to a single Chinese term.
 
 Each check is a plain function that returns a list of problems, so the last tests can run it on a
 deliberately broken copy and prove that it fails.
@@ -24,8 +27,10 @@ import json
 import re
 import shutil
 import tokenize
+import unicodedata
 from functools import cache
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 from conftest import load_script
@@ -141,18 +146,108 @@ def check_commands(readme: Path, root: Path = REPO) -> list[str]:
     return problems
 
 
+def heading_text(line: str) -> str:
+    """A heading's text as GitHub renders it: no #'s, no code ticks, emphasis, link targets or HTML tags."""
+    text = re.sub(r"^#{1,6}\s+|\s+#+\s*$", "", line.strip())
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    text = re.sub(r"<[^>]+>", "", text)
+    return re.sub(r"[`*]|(?<!\w)_|_(?!\w)", "", text).strip()
+
+
+def github_slug(text: str) -> str:
+    """GitHub's anchor for a heading: lowercase, every character that is not a letter, a mark, a digit, '-', '_' or
+    a space dropped (CJK ideographs are letters and stay), then each space replaced by '-'."""
+    kept = (c for c in text.lower() if unicodedata.category(c)[0] in "LMN" or c in "-_ ")
+    return "".join(kept).replace(" ", "-")
+
+
+def heading_texts(readme: Path) -> list[str]:
+    prose, _ = split_markdown(readme.read_text(encoding="utf-8"))
+    return [heading_text(line) for line in prose if HEADING.match(line)]
+
+
+def heading_anchors(readme: Path) -> set[str]:
+    """The anchor of every heading; a repeated slug gets -1, -2, … in order, as on GitHub."""
+    anchors, seen = set(), {}
+    for text in heading_texts(readme):
+        slug = github_slug(text)
+        anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
 def check_links(readme: Path) -> list[str]:
-    """Every relative link and image must resolve."""
+    """Every relative link and image must resolve, and so must every #anchor: in the page itself, or in the markdown
+    file the link names."""
     problems = []
     prose, _ = split_markdown(readme.read_text(encoding="utf-8"))
     for line in prose:
         line = INLINE_CODE.sub("", line)
         for target in LINK.findall(line) + IMG_TAG.findall(line):
-            if re.match(r"^[a-z]+:", target) or target.startswith("#"):
-                continue  # web link, mailto or in-page anchor
-            path = target.split("#")[0]
-            if path and not (readme.parent / path).exists():
+            if re.match(r"^[a-z]+:", target):
+                continue  # web link or mailto
+            path, _, anchor = target.partition("#")
+            file = readme.parent / path if path else readme
+            if path and not file.exists():
                 problems.append(f"{readme}: link {target} does not resolve")
+            elif anchor and file.suffix == ".md" and unquote(anchor) not in heading_anchors(file):
+                problems.append(f"{readme}: link {target}: {file.name} has no heading with the anchor #{anchor}")
+    return problems
+
+
+# A section named in quotes: "X" after a cue word in English ('the module README's sections "X" and "Y"', 'under
+# "X"'); 〈X〉 in Chinese, or 「X」 after a cue (見「結果」, README 的「常見的實作錯誤」).
+SECTION_CUE_EN = re.compile(
+    r"(?:\bsections?|\bunder|\bREADME(?:'s)?,?|\bends with|\bheadings?)\s+"
+    r'((?:"[^"\n]+"(?:,\s*(?:and\s+|or\s+)?|\s+(?:and|or)\s+)?)+)'
+)
+SECTION_CUE_ZH = re.compile(r"〈([^〉\n]+)〉|(?:見|列在|參見|README(?:_ch\.md)?\s*的|模組的)\s*「([^」\n]+)」")
+SECTION_NUMBER = re.compile(r"^(?:\d+(?:\.\d+)*\.?|第.{1,3}章[：:]?)\s*")
+
+
+def section_names(paragraph: str, chinese: bool) -> list[str]:
+    """The section names a paragraph quotes."""
+    text = re.sub(r"\s*\n\s*", " ", INLINE_CODE.sub(lambda m: m.group(0).strip("`"), paragraph))
+    if chinese:
+        return [a or b for a, b in SECTION_CUE_ZH.findall(text)]
+    return [name for group in SECTION_CUE_EN.findall(text) for name in re.findall(r'"([^"]+)"', group)]
+
+
+def names_a_heading(name: str, readme: Path) -> bool:
+    """The quoted name is a heading of the README, or its start up to a colon, with or without its number."""
+    for text in heading_texts(readme):
+        for candidate in (text, SECTION_NUMBER.sub("", text)):
+            if candidate == name or re.match(re.escape(name) + r"\s*[:：]", candidate):
+                return True
+    return False
+
+
+def linked_readmes(text: str, readme: Path) -> list[Path]:
+    targets = (readme.parent / t.split("#")[0] for t in LINK.findall(text) if not re.match(r"^[a-z]+:", t))
+    return [t.resolve() for t in targets if t.suffix == ".md" and t.name.startswith("README") and t.is_file()]
+
+
+def check_section_names(readme: Path, root: Path = REPO) -> list[str]:
+    """Every section a README names in quotes is a heading of the README it means: itself, a README its paragraph
+    links, or one its level-2 section links; where neither links one, the top README and the benchmarks page may
+    mean any module README in the same language."""
+    problems = []
+    chinese = readme.name == "README_ch.md"
+    prose, _ = split_markdown(readme.read_text(encoding="utf-8"))
+    sections = re.split(r"\n(?=## )", "\n".join(prose))
+    for section in sections:
+        in_section = linked_readmes(section, readme)
+        for paragraph in re.split(r"\n\s*\n", section):
+            names = section_names(paragraph, chinese)
+            if not names:
+                continue
+            candidates = [readme.resolve(), *linked_readmes(paragraph, readme), *in_section]
+            if len(set(candidates)) == 1 and not MODULE_DIR.match(readme.parent.name):
+                candidates += sorted(root.glob(f"[0-9]_*/{readme.name}"))
+            for name in names:
+                if not any(names_a_heading(name, c) for c in candidates):
+                    where = ", ".join(sorted({str(c.resolve().relative_to(root.resolve())) for c in candidates}))
+                    problems.append(f'{readme}: the section "{name}" is not a heading of {where}')
     return problems
 
 
@@ -243,6 +338,11 @@ def test_links_resolve(readme):
     assert check_links(readme) == []
 
 
+@pytest.mark.parametrize("readme", ALL, ids=IDS)
+def test_quoted_sections_are_headings(readme):
+    assert check_section_names(readme) == []
+
+
 @pytest.mark.parametrize("readme", ENGLISH, ids=[str(p.relative_to(REPO)) for p in ENGLISH])
 def test_twins_have_same_headings(readme):
     assert check_twin(readme) == []
@@ -283,6 +383,7 @@ def test_checks_pass_on_the_good_copy(broken_repo):
     readme = module / "README.md"
     assert check_commands(readme, root) == []
     assert check_links(readme) == []
+    assert check_section_names(readme, root) == []
     assert check_twin(readme) == []
     assert check_code_names(readme, root) == []
 
@@ -305,6 +406,63 @@ def test_a_broken_link_fails(broken_repo):
     _, module = broken_repo
     (module / "curve.png").unlink()
     assert check_links(module / "README.md") != []
+
+
+def test_github_slugs():
+    cases = {
+        "4 · GRPO": "4--grpo",
+        "詞彙表（Glossary）": "詞彙表glossary",
+        "3. A table cannot read the clock": "3-a-table-cannot-read-the-clock",
+        "This script in Tunix's names": "this-script-in-tunixs-names",
+        "The `--task digit` run": "the---task-digit-run",
+        "Exploration: the ε schedule": "exploration-the-ε-schedule",
+        "The ladder: REINFORCE → + baseline → A2C → PPO": "the-ladder-reinforce---baseline--a2c--ppo",
+        "3. 表格讀不到時鐘": "3-表格讀不到時鐘",
+        "**Bold** and [a link](x.md) <sub>tag</sub>": "bold-and-a-link-tag",
+        "Why `token_kl` and _emphasis_": "why-token_kl-and-emphasis",
+    }
+    assert {text: github_slug(heading_text("## " + text)) for text in cases} == cases
+
+
+def test_a_broken_anchor_fails(broken_repo):
+    _, module = broken_repo
+    readme, twin = module / "README.md", module / "README_ch.md"
+    readme.write_text(
+        "# Demo\n\n## Run\n\n### In the code\n\n## Run\n\n### In the code\n\n"
+        "[a](#run) [b](#run-1) [c](#in-the-code-1) [d](README_ch.md#執行) [e](README_ch.md#%E5%9F%B7%E8%A1%8C) "
+        "[f](https://example.com/#nowhere)\n",
+        encoding="utf-8",
+    )
+    assert check_links(readme) == []
+    for broken in ("[g](#run-2)", "[h](#In-the-code)", "[i](README_ch.md#run)", "[j](#what-it-shows)"):
+        readme.write_text(readme.read_text(encoding="utf-8") + broken + "\n", encoding="utf-8")
+        assert broken[4:-1] in check_links(readme)[-1]
+    assert len(check_links(readme)) == 4
+    assert twin.exists()
+
+
+def test_a_quoted_section_that_is_no_heading_fails(broken_repo):
+    root, module = broken_repo
+    readme, twin = module / "README.md", module / "README_ch.md"
+    readme.write_text(
+        '# Demo\n\n## Run\n\n### 3. Fast JAX: split once\n\nThe sections "Run" and "Fast JAX" say it; under "In\n'
+        'the code" there is more, and the module\'s README, "Gone", is gone. A "quote" is no section.\n',
+        encoding="utf-8",
+    )
+    other = root / "8_Other"
+    other.mkdir()
+    (other / "README.md").write_text("# Other\n\n## Gone\n\n## In the code\n", encoding="utf-8")
+    problems = check_section_names(readme, root)  # a module README means its own sections, not another module's
+    assert [p.split('"')[1] for p in problems] == ["In the code", "Gone"], problems
+    twin.write_text("# 示範\n\n## 執行\n\n見〈執行〉與〈不見了〉；見「結果」；「引號」不是章節。\n", encoding="utf-8")
+    assert [p.split('"')[1] for p in check_section_names(twin, root)] == ["不見了", "結果"]
+    # a README that links another one is checked against that one's headings
+    top = root / "README.md"
+    top.write_text('# Top\n\n## Ch\n\n[Demo](9_Demo/README.md): its section "Run" and "Lost".\n', encoding="utf-8")
+    assert [p.split('"')[1] for p in check_section_names(top, root)] == ["Lost"]
+    # the top README names a section without a link: any module README may hold it
+    top.write_text('# Top\n\n## Ch\n\nEach module, under "Gone" and "Run"; not under "Lost".\n', encoding="utf-8")
+    assert [p.split('"')[1] for p in check_section_names(top, root)] == ["Lost"]
 
 
 def test_a_missing_heading_in_the_twin_fails(broken_repo):
@@ -377,6 +535,11 @@ RETIRED_TERMS = {
     "截斷更新": "裁剪更新 (clipped update)",
     "截斷範圍": "裁剪範圍 (clip range)",
     "截斷的 ε": "裁剪的 ε (clip ε)",
+    "激活": "活化值 (activation, Taiwan usage)",
+    "效能評測頁": "基準測試頁 (the benchmarks page)",
+    "效能量測頁": "基準測試頁 (the benchmarks page)",
+    "提交": "commit (not translated)",
+    "數字任務": "個位數任務 (`--task digit`) or 多位數任務 (`--task number`): 數字 is both digit and number",
 }
 RETIRED_PATTERNS = [
     (
@@ -388,6 +551,15 @@ RETIRED_PATTERNS = [
     (re.compile(r"^\|\s*參數\s*\|\s*預設"), "旗標 as the header of a table of flags"),
     (re.compile(r"(?<!裝置)網格(?!世界)"), "網格世界 (grid world) or 裝置網格 (device mesh), never bare 網格"),
     (re.compile(r"(?<!原始)指南"), "原始指南 (the original guide), never bare 指南"),
+]
+# Checked on the prose without inline code: English left untranslated, and words whose meaning needs a qualifier.
+RETIRED_IN_PROSE = [
+    (re.compile(r"(?<!均勻)隨機策略"), "隨機性策略 (a stochastic policy) or 均勻隨機策略 (a random policy)"),
+    (re.compile(r"(?<!局部)(?<!窮舉)搜尋"), "掃描 for a sweep (搜尋 only in 局部搜尋, 窮舉搜尋)"),
+    (
+        re.compile(r"(?<![（「])\b(?:ε-greedy|epochs?|temporaries|arguments|outputs|off-policy|on-policy)\b", re.I),
+        "the glossary's Chinese term (the English word only as a gloss in （…）)",
+    ),
 ]
 NAMED_AS_RETIRED = re.compile(r"不用「[^」]*」")  # how the glossary names a retired variant
 
@@ -430,6 +602,25 @@ GLOSSARY_REQUIRED = {
     "sharding": "分片",
     "device mesh": "裝置網格",
     "grid world": "網格世界",
+    "activation": "活化值",
+    "stochastic policy": "隨機性策略",
+    "random policy": "均勻隨機策略",
+    "ε-greedy": "ε-貪婪",
+    "on-policy": "同策略",
+    "off-policy": "離策略",
+    "epoch": "訓練週期",
+    "sweep": "掃描",
+    "benchmarks page": "基準測試頁",
+    "commit": "commit",
+    "digit task": "個位數任務",
+    "number task": "多位數任務",
+    "supervised fine-tuning": "監督式微調",
+    "mode-seeking": "尋找眾數",
+    "collective": "集體通訊",
+    "high-bandwidth memory": "高頻寬記憶體",
+    "arguments": "引數",
+    "temporaries": "暫存記憶體",
+    "pytree": "pytree",
 }
 
 
@@ -454,8 +645,10 @@ def numbered_prose(text: str) -> list[tuple[int, str]]:
 
 def check_terms(readme: Path) -> list[str]:
     """Chinese prose must use the glossary's term, not a retired variant (code is not checked)."""
-    problems = []
+    problems, in_glossary = [], False
     for n, line in numbered_prose(readme.read_text(encoding="utf-8")):
+        if HEADING.match(line):
+            in_glossary = bool(GLOSSARY_HEADING.match(line))
         line = NAMED_AS_RETIRED.sub("", line)
         words = INLINE_CODE.sub("", line)
         for old, new in RETIRED_TERMS.items():
@@ -464,6 +657,11 @@ def check_terms(readme: Path) -> list[str]:
         for pattern, fix in RETIRED_PATTERNS:
             if pattern.search(line):
                 problems.append(f"{readme}:{n}: '{pattern.search(line).group(0)}': write {fix}")
+        if in_glossary:
+            words = re.sub(r"^\|[^|]*\|", "|", words)  # the glossary's first column is the English term
+        for pattern, fix in RETIRED_IN_PROSE:
+            if pattern.search(words):
+                problems.append(f"{readme}:{n}: '{pattern.search(words).group(0)}': write {fix}")
     return problems
 
 
@@ -870,6 +1068,36 @@ def check_table_headers(readme: Path) -> list[str]:
 @pytest.mark.parametrize("readme", CHINESE, ids=CHINESE_IDS)
 def test_chinese_table_headers_are_translated(readme):
     assert check_table_headers(readme) == []
+
+
+def test_one_word_per_concept_fails_on_the_old_wording(tmp_path):
+    readme = tmp_path / "README_ch.md"
+    old = [
+        "回報平均（隨機策略、原始獎勵）",
+        "在存下任何激活值之前",
+        "它的數字在效能評測頁；計時請見效能量測頁",
+        "ε-greedy 探索",
+        "標明的提交",
+        "兩個種子的驗證搜尋",
+        "只有一個 token 的數字任務",
+        "讓 Q 學習成為 *off-policy*",
+        "十個 epoch 的小批次；arguments 是權重；temporaries 是活化值",
+    ]
+    new = (
+        "回報平均（隨機性策略、原始獎勵），一開始和均勻隨機策略一樣差。在存下任何活化值之前。它的數字在基準測試頁。"
+        "**ε-貪婪**（ε-greedy）探索。標明的 commit。兩個種子的驗證掃描；局部搜尋與窮舉搜尋。個位數任務與多位數任務。"
+        "讓 Q 學習成為*離策略*（off-policy）方法。十個訓練週期；引數（`arguments`）是權重；暫存記憶體是活化值。\n"
+    )
+    readme.write_text("# 測試\n\n" + "\n\n".join(old) + "\n", encoding="utf-8")
+    lines = [int(p.split(":")[1]) for p in check_terms(readme)]
+    assert sorted(set(lines)) == list(range(3, 3 + 2 * len(old), 2)), check_terms(readme)
+    readme.write_text("# 測試\n\n" + new, encoding="utf-8")
+    assert check_terms(readme) == []
+    glossary = "## 詞彙表\n\n| English | 中文 | 說明 |\n| --- | --- | --- |\n| epoch | 訓練週期 | 不用「輪」 |\n"
+    readme.write_text("# 測試\n\n" + glossary, encoding="utf-8")
+    assert check_terms(readme) == []  # the glossary's first column is English by design
+    readme.write_text("# 測試\n\n" + glossary.replace("不用「輪」", "不是 epoch"), encoding="utf-8")
+    assert len(check_terms(readme)) == 1
 
 
 def test_an_english_header_or_a_bare_mesh_in_chinese_fails(tmp_path):

@@ -642,7 +642,10 @@ def test_sequential_xla_scheduler_is_set_by_the_command_line_and_a_users_setting
     import ast
 
     flag = "--xla_cpu_enable_concurrency_optimized_scheduler"
-    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    # setenv first, so that monkeypatch puts back the XLA_FLAGS of before the test (or none) after it: a flag left
+    # in os.environ would reach every later test's subprocesses, whose programs then miss the compilation cache
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.delenv("XLA_FLAGS")
     dqn.use_sequential_xla_scheduler()
     assert os.environ["XLA_FLAGS"] == f"{flag}=false"
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")

@@ -119,6 +119,18 @@ def bundled_data():
     return g.load_data(g.Args())
 
 
+# The command line's tiny runs (smoke), per task; tests that run train() or main() in this process use the same
+# flags where they can, so that each set of compiled programs is built once and then read from the cache.
+SMOKE_FLAGS = dict(
+    digit=["--task", "digit"],  # β = 0, the default: no reference logits in the rollout
+    number=["--task", "number", "--max-digits", "3", "--sft-steps", "2", "--beta", "0.1", "--learning-rate", "0.01"],
+)
+TINY_FLAGS = [
+    *("--iterations", "4", "--eval-every", "2", "--eval-samples", "4", "--pass-k", "2"),
+    *("--batch-size", "8", "--group-size", "4", "--hidden-size", "16", "--decoder-size", "32"),
+]
+
+
 def tiny_args(tmp_path, **changes) -> g.Args:
     """A tiny real run on the bundled digits: 4 iterations scored every 2, B = 8, G = 4, small layers, n = 4."""
     base = dict(
@@ -455,29 +467,33 @@ def test_mu_1_keeps_the_ratio_at_1_and_the_clip_acts_from_the_second_step():
 
 @pytest.mark.unit
 def test_train_block_refreshes_the_reference_after_every_multiple_of_r_only():
-    """train_block with --ref-refresh 2 over 5 iterations, as two blocks (iterations 1-3, then 4-5 with step0 = 3):
-    π_ref ends as the policy after iteration 4, computed here by a frozen-reference block of 4 iterations on the
-    same keys (β = 0, so π_ref does not steer the updates); that block's π_ref stays the initial policy, exactly.
-    Catches: refreshing after every iteration (π_ref = the policy after 5), never refreshing, an off-by-one (after
-    iterations 1, 3, 5), a refresh count that restarts in every block (after 2 and 5), a frozen reference that
-    moves."""
+    """train_block with --ref-refresh 4 over 6 iterations, as three blocks of 2 (step0 = 0, 2, 4; one compiled
+    program): π_ref ends as the policy after iteration 4, the state the second block returned, and not the policy
+    after 2 or 6. The same blocks with --ref-refresh 0 leave π_ref the initial policy, exactly. Catches: refreshing
+    after every iteration (π_ref = the policy after 6), never refreshing, an off-by-one (after iterations 1 and 5),
+    a refresh count that restarts in every block (a block of 2 never reaches 4: no refresh), a frozen reference
+    that moves."""
     data = bundled_data()
     x, y = jnp.asarray(data.x_train[:512]), jnp.asarray(data.y_train[:512])
     policy = g.Policy(1, 8, 16, rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(policy, optax.adam(1e-2), wrt=nnx.Param)
     graphdef, state = nnx.split((policy, optimizer))
     policy_def, initial = nnx.graphdef(policy), state[0]
-    keys = jax.random.split(jax.random.key(0), 5)
-    config = grpo_config(batch_size=8, group_size=4, ref_refresh=2)
+    keys = jax.random.split(jax.random.key(0), 6)
+    config = grpo_config(batch_size=8, group_size=4, ref_refresh=4)
     run = jax.jit(partial(g.train_block, graphdef, policy_def, config, 1))
-    after3, ref, _ = run(state, initial, 0, x, y, keys[:3])
-    after5, ref, _ = run(after3, ref, 3, x, y, keys[3:])
+    after2, ref2, _ = run(state, initial, 0, x, y, keys[:2])
+    after4, ref4, _ = run(after2, ref2, 2, x, y, keys[2:4])
+    after6, ref, _ = run(after4, ref4, 4, x, y, keys[4:])
     frozen = jax.jit(partial(g.train_block, graphdef, policy_def, replace(config, ref_refresh=0), 1))
-    after4, frozen_ref, _ = frozen(state, initial, 0, x, y, keys[:4])
+    frozen_state, frozen_ref = state, initial
+    for step0 in (0, 2, 4):
+        frozen_state, frozen_ref, _ = frozen(frozen_state, frozen_ref, step0, x, y, keys[step0 : step0 + 2])
     assert same_params(frozen_ref, initial)  # --ref-refresh 0: π_ref never moves
-    assert same_params(ref, after4[0])  # --ref-refresh 2: π_ref is the policy after iteration 4 ...
-    assert not same_params(ref, after5[0]) and not same_params(ref, after3[0])  # ... not after 5, nor 2 or 3
-    assert not same_params(after4[0], initial)
+    assert same_params(ref2, initial)  # --ref-refresh 4: no refresh in iterations 1-2 ...
+    assert same_params(ref, after4[0])  # ... π_ref is the policy after iteration 4 ...
+    assert not same_params(ref, after6[0]) and not same_params(ref, after2[0])  # ... not after 6, nor 2
+    assert not same_params(after4[0], initial) and not same_params(after6[0], after4[0])
 
 
 @pytest.mark.unit
@@ -500,18 +516,21 @@ def test_the_reference_is_the_policy_after_sft(tmp_path):
     scored (on the fixed validation prompts, with train()'s evaluation key) for the post-SFT policy against the
     initial one; scoring the returned π_ref against the initial policy the same way must give that row exactly.
     kl_ref is 0 in the first row. Catches: π_ref left at the initial policy (no copy when RL starts; the KL of
-    the two would be 0), refreshed during RL (the final policy), or copied before the SFT steps."""
-    args = tiny_args(tmp_path, task="number", max_digits=2, sft_steps=2, beta=0.1, learning_rate=1e-2)
-    data = bundled_data()
-    _, reference, history, _ = g.train(args, data)
-    assert history[0]["val_kl_ref"] == 0.0
-    last_sft = [row for row in history if row["phase"] == "sft"][-1]
-    assert last_sft["val_kl_ref"] > 1e-3  # SFT moved the policy away from the initial one
-    initial = g.Policy(2, args.hidden_size, args.decoder_size, rngs=nnx.Rngs(args.seed))
-    _, eval_key = jax.random.split(jax.random.key(args.seed))  # train(): the same evaluation key at every score
-    score = jax.jit(partial(g.evaluate, nnx.graphdef(initial)), static_argnums=4)
-    val = g.fixed_strips(data.x_val, data.y_val, 2)
-    raw = score(nnx.state(reference), nnx.state(initial), val, eval_key, args.eval_samples)
+    the two would be 0), refreshed during RL (the final policy), or copied before the SFT steps. train() runs on
+    main()'s mesh with the flags of the --task number smoke run, so the two share their compiled programs."""
+    args = g.parse_args([*SMOKE_FLAGS["number"], *TINY_FLAGS, "--out", str(tmp_path / "out")])
+    assert (args.sft_steps, args.beta, args.learning_rate) == (2, 0.1, 1e-2)
+    data, n_slots = bundled_data(), g.slots_for(args)
+    with jax.set_mesh(g.make_mesh(args, jax.devices())):  # as main() calls train(), its states placed by the rules
+        _, reference, history, _ = g.train(args, data)
+        assert history[0]["val_kl_ref"] == 0.0
+        last_sft = [row for row in history if row["phase"] == "sft"][-1]
+        assert last_sft["val_kl_ref"] > 1e-3  # SFT moved the policy away from the initial one
+        initial = g.Policy(n_slots, args.hidden_size, args.decoder_size, rngs=nnx.Rngs(args.seed))
+        _, eval_key = jax.random.split(jax.random.key(args.seed))  # train(): the same evaluation key at every score
+        score = jax.jit(partial(g.evaluate, nnx.graphdef(initial)), static_argnums=4)
+        val = g.fixed_strips(data.x_val, data.y_val, n_slots)
+        raw = score(nnx.state(reference), g.place(nnx.state(initial), args.rules), val, eval_key, args.eval_samples)
     again = g.scores(raw, args.eval_samples, args.pass_k, "val_")
     assert again == {key: last_sft[key] for key in again}
 
@@ -953,16 +972,6 @@ def test_bad_input_exits_with_one_line(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------ smoke: the CLI
-SMOKE_FLAGS = dict(
-    digit=["--task", "digit"],
-    number=["--task", "number", "--max-digits", "3", "--sft-steps", "2"],
-)
-TINY_FLAGS = [
-    *("--iterations", "4", "--eval-every", "2", "--eval-samples", "4", "--pass-k", "2"),
-    *("--batch-size", "8", "--group-size", "4", "--hidden-size", "16", "--decoder-size", "32"),
-]
-
-
 def without_seconds(metrics: dict) -> dict:
     """metrics.json without its wall-clock times and its --out."""
     out = {k: v for k, v in metrics.items() if k != "train_seconds"}
@@ -976,7 +985,8 @@ def without_seconds(metrics: dict) -> dict:
 def test_cli_runs_both_tasks(task, tmp_path):
     """The command line runs each task for 4 iterations on the bundled digits and writes metrics.json (validation
     and test pass@1, pass@2 and greedy; the test set only once, at the end), learning_curve.png and policy.npz
-    (key prefix 'policy'); one progress line per score, SFT rows first for --task number. For --task digit the
+    (key prefix 'policy'); one progress line per score, SFT rows first for --task number, whose run also has the KL
+    penalty (β = 0.1: its mean per-token KL on the progress line). For --task digit the
     same flags run again in-process through main() give the same metrics apart from the seconds, and --seed 1
     another run. Catches: a broken CLI, a missing output or metric, test scores in the per-block history,
     randomness that --seed does not drive, a --seed that drives nothing."""
@@ -988,6 +998,7 @@ def test_cli_runs_both_tasks(task, tmp_path):
     assert [line.split()[0] for line in lines] == [f"phase={p}" for p in phases]
     for name in ("val_pass1=", "val_pass2=", "val_greedy=", "clip_frac=", "outside_frac=", "zero_signal="):
         assert name in lines[-1], name
+    assert (" kl=" in lines[-1]) == (task == "number")  # the penalty's KL is reported only where β > 0
     assert "policy only (GRPO)" in r.stdout and "policy + critic (PPO)" in r.stdout
     metrics = json.loads((out / "metrics.json").read_text())
     for key in ("val_pass1", "val_pass2", "val_greedy", "test_pass1", "test_pass2", "test_greedy", "clip_frac"):

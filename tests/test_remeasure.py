@@ -43,6 +43,9 @@ def test_a_capture_runs_again_through_capture_py(tmp_path, monkeypatch):
     ]
     assert calls[1] == [sys.executable, "tools/seeds.py", "x", "--save", "a"]
     calls.clear()
+    remeasure.remeasure("v", {"kind": "capture", "command": "python tools/grpo_val_sweep.py --task digit --reuse"})
+    assert calls == [[sys.executable, "tools/grpo_val_sweep.py", "--task", "digit", "--reuse"]]  # writes its own file
+    calls.clear()
     remeasure.remeasure("ppo_value_map", {"kind": "capture", "command": "python tools/ppo_value_map.py runs/pendulum"})
     assert calls[0] == [sys.executable, "3_Pendulum/pendulum.py"]  # its prerequisite run comes first
 

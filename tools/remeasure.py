@@ -5,7 +5,8 @@ reads those commands back and runs them again, each through the tool that writes
 
 - `NAME.json` (and the `NAME.KEY.json` that `--also` adds) came from `python tools/seeds.py … --save NAME`: the
   command is run as it is;
-- `NAME.txt` came from `python tools/capture.py NAME -- COMMAND`: COMMAND is captured again.
+- `NAME.txt` came from `python tools/capture.py NAME -- COMMAND`: COMMAND is captured again; or, for a tool in
+  WRITES_ITS_OWN (tools/grpo_val_sweep.py), from the tool itself: it is run as it is.
 
     python tools/remeasure.py --list                 # every file: its command, date, seconds and JAX version
     python tools/remeasure.py --stale --list         # only those not measured on this environment's JAX
@@ -42,6 +43,10 @@ PREREQUISITES = {
     "ppo_ladder": LADDER,
     "ppo_value_map": ["python 3_Pendulum/pendulum.py"],
 }
+
+
+# tools that write their own results file (a provenance header and a table), so they are not run through capture.py
+WRITES_ITS_OWN = ("tools/grpo_val_sweep.py",)
 
 
 class RemeasureError(Exception):
@@ -91,8 +96,9 @@ def remeasure(name: str, entry: dict) -> float:
     """Run the prerequisites of `name`, then its own command through the tool that writes its file."""
     for command in PREREQUISITES.get(name, []):
         run(argv_of(command))
-    if entry["kind"] == "seeds":
-        return run(argv_of(entry["command"]))
+    argv = argv_of(entry["command"])
+    if entry["kind"] == "seeds" or argv[1] in WRITES_ITS_OWN:
+        return run(argv)
     return run([sys.executable, "tools/capture.py", name, "--", *argv_of(entry["command"])])
 
 
