@@ -219,7 +219,7 @@ def test_loss_fn_huber_and_mse_match_hand_computed_numbers():
 def test_polyak_sync_averages_and_hard_sync_is_the_online_network():
     agent = _agent()
     target = agent.state[0]
-    state, _ = agent.update(agent.state, target, _stacked(*[_fixed_batch()] * 3))
+    state, _ = agent.update(agent.state, target, _stacked(*[_fixed_batch()] * 2))  # the two-step block of the scan test
     params = state[0]
     assert not _leaves_equal(params, target)  # training moved the online network
     # Polyak: θ⁻ ← τ·θ + (1 − τ)·θ⁻
@@ -306,7 +306,9 @@ def test_a_few_updates_on_a_fixed_batch_lower_the_loss(loss, double):
     agent = _agent(learning_rate=3e-3, loss=loss, double_dqn=double)
     batch, target = _fixed_batch(), agent.state[0]
     _, before = agent.update(agent.state, target, _stacked(batch))  # a one-step block reports L(θ) before its step
-    state, _ = agent.update(agent.state, target, _stacked(*[batch] * 20))
+    state = agent.state
+    for _ in range(20):  # 20 one-step blocks: the same steps as one block of 20, and one compiled program
+        state, _ = agent.update(state, target, _stacked(batch))
     _, after = agent.update(state, target, _stacked(batch))
     assert float(after) < 0.7 * float(before), (before, after)
 

@@ -131,6 +131,13 @@ TINY_FLAGS = [
 ]
 
 
+def train_as_main(args: g.Args, data: g.Data):
+    """train(args, data) as main() calls it: on main()'s mesh, the states placed by the rules. The compiled programs
+    are then those of the command line with the same flags (the smoke runs), read from the cache."""
+    with jax.set_mesh(g.make_mesh(args, jax.devices())):
+        return g.train(args, data)
+
+
 def tiny_args(tmp_path, **changes) -> g.Args:
     """A tiny real run on the bundled digits: 4 iterations scored every 2, B = 8, G = 4, small layers, n = 4."""
     base = dict(
@@ -201,11 +208,14 @@ def test_loss_agg_changes_the_gradient_only_on_ragged_answers():
     strips = g.make_strips(x, jnp.array([3, 1, 4, 1]), jnp.array([[0, 1, 2], [3, 0, 1]]), jnp.array([3, 2]))
     adv = jnp.array([[1.0], [-1.0], [0.5], [-0.3]])  # G = 2 answers for each of the 2 prompts
 
-    def grads(tokens, loss_agg):
-        tokens = jnp.asarray(tokens)
+    @nnx.jit  # one compiled program, not one per operation
+    def rollout_of(policy, tokens):
         prompt = jnp.repeat(policy.encode(strips.images, strips.slots), 2, axis=0)
         logp_old = g.token_logp(policy(prompt, tokens), tokens)
-        rollout = g.Rollout(tokens, g.completion_mask(tokens), logp_old, adv, None)
+        return g.Rollout(tokens, g.completion_mask(tokens), logp_old, adv, None)
+
+    def grads(tokens, loss_agg):
+        rollout = rollout_of(policy, jnp.asarray(tokens))
         config = grpo_config(group_size=2, batch_size=2, loss_agg=loss_agg)
         return params(_jit_grad(policy, strips, rollout, config))
 
@@ -316,17 +326,19 @@ def test_token_kl_gradients_exact_k1_and_k3():
     value moves), a k3 with the ratio reversed (its expected gradient is no longer π − π_ref)."""
     theta, ref, p, q = _one_position()
     kl = float(jnp.sum(p * jnp.log(p / q)))
-    exact = lambda t, token: g.token_kl(t[None, None], ref[None, None], jnp.array([[token]]), "exact")[0, 0]  # noqa: E731
+    # compiled as the training step compiles them (one program each, instead of one per operation)
+    exact = jax.jit(lambda t, token: g.token_kl(t[None, None], ref[None, None], jnp.array([[token]]), "exact")[0, 0])
     np.testing.assert_allclose(exact(theta, 0), kl, rtol=1e-5)
     np.testing.assert_allclose(exact(theta, 7), kl, rtol=1e-5)
-    exact_grad = jax.grad(exact)(theta, 3)
+    exact_grad = jax.jit(jax.grad(exact))(theta, 3)
     np.testing.assert_allclose(exact_grad, p * (jnp.log(p) - jnp.log(q) - kl), rtol=1e-4, atol=1e-7)
 
-    np.testing.assert_allclose(_expected_estimate(theta, ref, "k1"), kl, rtol=1e-5)
-    np.testing.assert_allclose(jax.grad(_expected_estimate)(theta, ref, "k1"), 0.0, atol=1e-6)
+    expected, expected_grad = (jax.jit(f, static_argnums=2) for f in (_expected_estimate, jax.grad(_expected_estimate)))
+    np.testing.assert_allclose(expected(theta, ref, "k1"), kl, rtol=1e-5)
+    np.testing.assert_allclose(expected_grad(theta, ref, "k1"), 0.0, atol=1e-6)
 
-    np.testing.assert_allclose(_expected_estimate(theta, ref, "k3"), kl, rtol=1e-5)
-    k3_grad = jax.grad(_expected_estimate)(theta, ref, "k3")
+    np.testing.assert_allclose(expected(theta, ref, "k3"), kl, rtol=1e-5)
+    k3_grad = expected_grad(theta, ref, "k3")
     np.testing.assert_allclose(k3_grad, p - q, rtol=1e-4, atol=1e-7)
     assert float(jnp.abs(k3_grad - exact_grad).max()) > 0.05  # a different vector from the exact KL's gradient
 
@@ -404,6 +416,9 @@ def test_batch_advantages_use_one_baseline_for_all_answers():
     assert (np.asarray(g.group_advantages(rewards, 1e-4)) == 0).all()  # one-answer groups: no signal at all
 
 
+_jit_rollout = nnx.jit(g.rollout_groups, static_argnums=4)  # as train_block runs it: compiled, config static
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize("drop", [False, True])
 def test_rollout_drops_zero_variance_groups_and_always_reports_their_share(drop):
@@ -417,7 +432,7 @@ def test_rollout_drops_zero_variance_groups_and_always_reports_their_share(drop)
     logits = jnp.full(g.VOCAB, -30.0).at[3].set(0.0).at[5].set(0.0)
     policy, targets, G = constant_policy(1, logits), [3, 5, 1, 3], 8
     config = grpo_config(group_size=G, batch_size=4, drop_zero_var=drop)
-    rollout, metrics = g.rollout_groups(policy, policy, one_image_strips(targets), jax.random.key(1), config)
+    rollout, metrics = _jit_rollout(policy, policy, one_image_strips(targets), jax.random.key(1), config)
     answers = np.asarray(rollout.tokens[:, 0]).reshape(4, G)
     assert set(answers.ravel()) == {3, 5}
     rewards = answers == np.array(targets)[:, None]
@@ -438,13 +453,18 @@ def _after_one_update(inner_steps: int, clip_eps: float):
     policy = g.Policy(1, 16, 32, rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(policy, optax.adam(3e-2), wrt=nnx.Param)
     strips = g.draw_strips(jax.random.key(0), jnp.asarray(data.x_train), jnp.asarray(data.y_train), 16, 1)
-    config = grpo_config(group_size=8, batch_size=16, inner_steps=inner_steps, clip_eps=clip_eps)
+    config = grpo_config(group_size=8, batch_size=16, inner_steps=inner_steps)
     reference = g.Policy(1, 16, 32, rngs=nnx.Rngs(1))  # another policy (β = 0: it enters no loss)
-    metrics = _jit_grpo_update(policy, optimizer, reference, strips, jax.random.key(1), config)
+    key, eps = jax.random.key(1), jnp.float32(clip_eps)
+    metrics = _jit_grpo_update_eps(policy, optimizer, reference, strips, key, config, eps)
     return params(policy), {k: float(v) for k, v in metrics.items()}
 
 
-_jit_grpo_update = nnx.jit(g.grpo_update, static_argnums=5)
+@partial(nnx.jit, static_argnums=5)
+def _jit_grpo_update_eps(policy, optimizer, reference, strips, key, config, clip_eps):
+    """grpo_update with ε given as an array, not in the static config: updates that differ only in ε are one
+    compiled program (ε enters only the arithmetic of clipped_surrogate)."""
+    return g.grpo_update(policy, optimizer, reference, strips, key, replace(config, clip_eps=clip_eps))
 
 
 @pytest.mark.unit
@@ -498,11 +518,13 @@ def test_train_block_refreshes_the_reference_after_every_multiple_of_r_only():
 
 @pytest.mark.unit
 def test_the_reference_stays_the_initial_policy_by_default(tmp_path):
-    """--task digit (no SFT), β = 0.1, --ref-refresh 0: after a short train(), the returned π_ref holds the initial
-    weights exactly, while the policy moved; kl_ref is 0 in the first row and > 0 at the end. Catches: refreshing
-    π_ref during RL (always, or every block), a reference built with its own weights."""
-    args = tiny_args(tmp_path, beta=0.1, learning_rate=1e-2)
-    policy, reference, history, _ = g.train(args, bundled_data())
+    """--task digit with the defaults (no SFT, β = 0, --ref-refresh 0) and the smoke run's tiny flags: after
+    train(), the returned π_ref holds the initial weights exactly, while the policy moved; kl_ref is 0 in the first
+    row and > 0 at the end (measured 0.007). With β > 0 π_ref must stay too: the post-SFT test below. Catches:
+    refreshing π_ref during RL (always, or every block), a reference built with its own weights."""
+    args = g.parse_args([*SMOKE_FLAGS["digit"], *TINY_FLAGS, "--out", str(tmp_path / "out")])
+    assert (args.sft_steps, args.beta, args.ref_refresh) == (-1, 0.0, 0) and g.sft_steps_for(args) == 0
+    policy, reference, history, _ = train_as_main(args, bundled_data())
     initial = g.Policy(1, args.hidden_size, args.decoder_size, rngs=nnx.Rngs(args.seed))
     assert same_params(reference, initial)
     assert not same_params(policy, initial)
@@ -516,20 +538,20 @@ def test_the_reference_is_the_policy_after_sft(tmp_path):
     scored (on the fixed validation prompts, with train()'s evaluation key) for the post-SFT policy against the
     initial one; scoring the returned π_ref against the initial policy the same way must give that row exactly.
     kl_ref is 0 in the first row. Catches: π_ref left at the initial policy (no copy when RL starts; the KL of
-    the two would be 0), refreshed during RL (the final policy), or copied before the SFT steps. train() runs on
-    main()'s mesh with the flags of the --task number smoke run, so the two share their compiled programs."""
+    the two would be 0), refreshed during RL (the final policy), or copied before the SFT steps. The flags are the
+    --task number smoke run's (β = 0.1)."""
     args = g.parse_args([*SMOKE_FLAGS["number"], *TINY_FLAGS, "--out", str(tmp_path / "out")])
     assert (args.sft_steps, args.beta, args.learning_rate) == (2, 0.1, 1e-2)
     data, n_slots = bundled_data(), g.slots_for(args)
-    with jax.set_mesh(g.make_mesh(args, jax.devices())):  # as main() calls train(), its states placed by the rules
-        _, reference, history, _ = g.train(args, data)
-        assert history[0]["val_kl_ref"] == 0.0
-        last_sft = [row for row in history if row["phase"] == "sft"][-1]
-        assert last_sft["val_kl_ref"] > 1e-3  # SFT moved the policy away from the initial one
-        initial = g.Policy(n_slots, args.hidden_size, args.decoder_size, rngs=nnx.Rngs(args.seed))
-        _, eval_key = jax.random.split(jax.random.key(args.seed))  # train(): the same evaluation key at every score
-        score = jax.jit(partial(g.evaluate, nnx.graphdef(initial)), static_argnums=4)
-        val = g.fixed_strips(data.x_val, data.y_val, n_slots)
+    _, reference, history, _ = train_as_main(args, data)
+    assert history[0]["val_kl_ref"] == 0.0
+    last_sft = [row for row in history if row["phase"] == "sft"][-1]
+    assert last_sft["val_kl_ref"] > 1e-3  # SFT moved the policy away from the initial one
+    initial = g.Policy(n_slots, args.hidden_size, args.decoder_size, rngs=nnx.Rngs(args.seed))
+    _, eval_key = jax.random.split(jax.random.key(args.seed))  # train(): the same evaluation key at every score
+    score = jax.jit(partial(g.evaluate, nnx.graphdef(initial)), static_argnums=4)
+    val = g.fixed_strips(data.x_val, data.y_val, n_slots)
+    with jax.set_mesh(g.make_mesh(args, jax.devices())):  # scored as train() scores, on the mesh
         raw = score(nnx.state(reference), g.place(nnx.state(initial), args.rules), val, eval_key, args.eval_samples)
     again = g.scores(raw, args.eval_samples, args.pass_k, "val_")
     assert again == {key: last_sft[key] for key in again}
@@ -646,7 +668,7 @@ def test_training_strips_have_lengths_1_to_n_and_eos_after_the_digits():
     digits, targets out of step with the images."""
     x = jnp.asarray(np.random.default_rng(1).random((50, 784)).astype(np.float32))
     y = jnp.arange(50) % 10
-    strips = g.draw_strips(jax.random.key(0), x, y, 2000, 3)
+    strips = jax.jit(g.draw_strips, static_argnums=(3, 4))(jax.random.key(0), x, y, 2000, 3)  # as train_block draws
     images, slots, target = (np.asarray(t) for t in strips)
     lengths = slots.sum(axis=1).astype(int)
     np.testing.assert_allclose(np.bincount(lengths, minlength=4)[1:] / 2000, 1 / 3, atol=0.05)

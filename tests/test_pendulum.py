@@ -562,11 +562,15 @@ def test_ppo_update_on_a_fixed_rollout(pen):
 @pytest.mark.unit
 def test_ppo_clip_keeps_the_new_policy_close(pen):
     """With a large actor learning rate, the clipped update moves the policy far less (in KL) than the same
-    update with the clip switched off (ε huge). A clip that did nothing would make the two equal."""
+    update with the clip switched off (ε huge). A clip that did nothing would make the two equal. ε enters the
+    compiled update as an array (it is only arithmetic there), so both updates are one compiled program."""
+    args, graphdef, state, rollout, _ = _jax_batch(pen, actor_learning_rate=1e-2)
+    update = jax.jit(
+        lambda st, ro, key, eps: pen.ppo_update(graphdef, dataclasses.replace(args, clip_eps=eps), st, ro, key)
+    )
     kls = {}
     for eps in (0.2, 1e6):
-        args, graphdef, state, rollout, update = _jax_batch(pen, actor_learning_rate=1e-2, clip_eps=eps)
-        new_state, _ = update(state, rollout, jax.random.key(0))
+        new_state, _ = update(state, rollout, jax.random.key(0), jnp.float32(eps))
         kls[eps] = _kl_old_new(pen, graphdef, state, new_state, rollout)
     assert kls[0.2] < 0.5 * kls[1e6], kls
 
@@ -648,8 +652,9 @@ def test_a_seed_in_the_vmap_is_the_same_as_that_seed_alone(pen):
     stack = lambda rs: jax.tree.map(lambda *x: jnp.stack(x), *rs)  # noqa: E731
     inits = {s: train.init(jax.random.key(s)) for s in (5, 6, 7)}
     together, _ = run(stack([inits[5], inits[6], inits[7]]))
-    alone, _ = run(stack([inits[6]]))
-    whole, _ = jax.jit(jax.vmap(train))(jnp.stack([jax.random.key(6)]))  # train(key) = run(init(key))
+    # seed 6 alone, through train(key) = run(init(key)): equal to its run beside seeds 5 and 7 only if the seeds do
+    # not mix in the vmap and train is run after init (two compiled programs, not three)
+    alone, _ = jax.jit(jax.vmap(train))(jnp.stack([jax.random.key(6)]))
     from flax import nnx
 
     leaves = lambda st, i: [np.asarray(x)[i] for x in jax.tree.leaves(nnx.state(st, nnx.Param))]  # noqa: E731
@@ -657,8 +662,6 @@ def test_a_seed_in_the_vmap_is_the_same_as_that_seed_alone(pen):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     # the seeds are not copies of each other
     assert not np.allclose(leaves(together.state, 0)[0], leaves(together.state, 1)[0])
-    for a, b in zip(leaves(alone.state, 0), leaves(whole.state, 0)):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.integration
