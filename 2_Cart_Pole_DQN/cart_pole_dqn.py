@@ -5,12 +5,15 @@ out of a NumPy ring buffer, and regresses onto TD targets computed by a slowly m
 target network).
 
 The file reads in the order the algorithm runs: Args and the sizes derived from them; the environments,
-the replay buffer and the ε schedule; the Q-network and its optimizer; the TD target and the loss; the
-compiled update (a block of gradient steps in one lax.scan) and the target-network sync; the training loop;
-the greedy evaluation. Below the `# Plumbing` line: the command line, input checks, checkpoints, the GIF,
-the plot, metrics.json and main.
+the replay buffer, the ε schedule and when the periodic jobs are due; the Q-network and its optimizer; the TD
+target and the loss; the compiled update (a block of gradient steps in one lax.scan) and the target-network
+sync; the training loop; the greedy evaluation. Then the same DQN compiled end to end (--backend jax):
+CartPole as pure JAX functions, the replay buffer as arrays of a fixed size, and make_train(args), whose
+train(key) runs the whole loop as one lax.scan. Below the `# Plumbing` line: the seeds of --backend jax
+(vmap, devices), the command line, input checks, checkpoints, the GIF, the plot, metrics.json and main.
 
     python 2_Cart_Pole_DQN/cart_pole_dqn.py                      # train 50k steps, evaluate 100 episodes
+    python 2_Cart_Pole_DQN/cart_pole_dqn.py --backend jax --num-seeds 16   # 16 seeds in one compiled call
     python 2_Cart_Pole_DQN/cart_pole_dqn.py --load runs/cart_pole_dqn/q_network.npz --video   # -> <out>/eval/
 """
 
@@ -23,6 +26,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from typing import NamedTuple
@@ -48,6 +52,13 @@ def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
 @dataclass
 class Args:
     seed: int = flag(0, "seeds everything: jax.random.key, nnx.Rngs, env resets, NumPy's Generator", min=0)
+    backend: str = flag(
+        "gymnasium",
+        "gymnasium's CartPole in a Python loop, or 'jax': CartPole in JAX and the whole run one compiled make_train",
+        choices=("gymnasium", "jax"),
+    )
+    num_seeds: int = flag(1, "with --backend jax, train seeds --seed … --seed+N−1 together through jax.vmap", min=1)
+    host_devices: int = flag(-1, "jax: shard the seeds over N CPU devices (-1 one per core, 0 as is)", min=-1)
     total_timesteps: int = flag(50_000, "environment steps to train for, summed over the parallel envs", gt=0)
     num_envs: int = flag(16, "CartPole-v1 copies stepped side by side; a loop step stores up to num_envs", gt=0)
     learning_rate: float = flag(2.3e-3, "Adam learning rate", gt=0)
@@ -121,6 +132,7 @@ def derived(args: Args) -> Derived:
 # ----------------------------------------------------------------------------- environment, replay buffer, ε
 
 ENV_ID = "CartPole-v1"  # 4 observations (x, ẋ, θ, θ̇), 2 actions, reward +1 per step, truncated at 500
+OBS_DIM, N_ACTIONS = 4, 2  # (x, ẋ, θ, θ̇) and {push left, push right}
 
 
 def make_envs(n: int) -> gym.vector.VectorEnv:
@@ -185,6 +197,30 @@ def epsilon_schedule(step: int, eps_start: float, eps_end: float, learning_start
     return max(eps_end, eps_start + (eps_end - eps_start) * step / decay_steps)
 
 
+class Due(NamedTuple):
+    """The periodic jobs of one loop step."""
+
+    train: bool  # a training call: gradient_steps Adam steps on minibatches from the buffer
+    sync: bool  # a target-network update
+    evaluate: bool  # a periodic greedy evaluation on the validation episodes
+
+
+def due(args: Args, before: int, after: int) -> Due:
+    """The jobs of a loop step that took env_steps from `before` to `after`. A job runs each time env_steps passes
+    a multiple of its frequency: training and target updates only after learning_starts, evaluations from the
+    start and once more at the last step. A loop step adds at most num_envs <= every frequency transitions, so
+    it passes at most one multiple of each."""
+
+    def crossed(every: int, start: int = 0) -> bool:  # did env_steps pass a multiple of `every`, after `start`?
+        return after > start and after // every > max(before, start) // every
+
+    return Due(
+        train=crossed(args.train_frequency, args.learning_starts),
+        sync=crossed(args.target_network_frequency, args.learning_starts),
+        evaluate=crossed(args.eval_frequency) or after == args.total_timesteps,
+    )
+
+
 # ----------------------------------------------------------------------------- Q-network and optimizer
 
 
@@ -219,16 +255,15 @@ def make_optimizer(args: Args) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), adam) if args.max_grad_norm > 0 else adam
 
 
+def new_agent(args: Args, obs_dim: int, n_actions: int, rngs: nnx.Rngs) -> tuple[QNetwork, nnx.Optimizer]:
+    """The Q-network, initialised from `rngs`, and its optimizer."""
+    q_network = QNetwork(obs_dim, n_actions, args.hidden_size, args.layer_norm, args.dueling, rngs=rngs)
+    return q_network, nnx.Optimizer(q_network, make_optimizer(args), wrt=nnx.Param)
+
+
 def create_agent(args: Args, obs_dim: int, n_actions: int) -> tuple[QNetwork, nnx.Optimizer]:
-    """The Q-network and its optimizer, built in one compiled call (nnx.jit): one XLA program for the init."""
-
-    def build():
-        q_network = QNetwork(
-            obs_dim, n_actions, args.hidden_size, args.layer_norm, args.dueling, rngs=nnx.Rngs(args.seed)
-        )
-        return q_network, nnx.Optimizer(q_network, make_optimizer(args), wrt=nnx.Param)
-
-    return nnx.jit(build)()
+    """new_agent seeded with --seed, built in one compiled call (nnx.jit): one XLA program for the init."""
+    return nnx.jit(lambda: new_agent(args, obs_dim, n_actions, nnx.Rngs(args.seed)))()
 
 
 # ----------------------------------------------------------------------------- TD target and loss
@@ -343,10 +378,6 @@ def train(args: Args, act, update, state: nnx.State) -> tuple[nnx.State, dict]:
     buffer = ReplayBuffer(args.buffer_size, envs.single_observation_space.shape[0])
     decay_steps = derived(args).exploration_steps
     target_params = state[0]  # θ⁻ starts as an exact copy of θ (state[0]: the Q-network's part)
-
-    def crossed(every: int, before: int, after: int) -> bool:  # did env_steps pass a multiple of `every`?
-        return after // every > before // every
-
     obs, _ = envs.reset(seed=args.seed)
     resetting = np.zeros(n, bool)  # envs whose episode ended last step: this step only resets them
     episode_returns, train_returns, losses, curve = np.zeros(n), [], [], []
@@ -370,15 +401,14 @@ def train(args: Args, act, update, state: nnx.State) -> tuple[nnx.State, dict]:
             episode_returns[resetting] = 0.0
             obs = next_obs
 
-            if env_steps > args.learning_starts:
-                if crossed(args.train_frequency, max(before, args.learning_starts), env_steps):
-                    batches = buffer.sample(rng, args.batch_size, args.gradient_steps)
-                    state, loss = update(state, target_params, batches)
-                    losses.append(loss)
-                if crossed(args.target_network_frequency, max(before, args.learning_starts), env_steps):
-                    target_params = sync_target(state[0], target_params, args.tau)
-
-            if crossed(args.eval_frequency, before, env_steps) or env_steps == args.total_timesteps:
+            jobs = due(args, before, env_steps)
+            if jobs.train:
+                batches = buffer.sample(rng, args.batch_size, args.gradient_steps)
+                state, loss = update(state, target_params, batches)
+                losses.append(loss)
+            if jobs.sync:
+                target_params = sync_target(state[0], target_params, args.tau)
+            if jobs.evaluate:
                 periodic = evaluate(act, state[0], args.periodic_eval_episodes, args.eval_seed + 1)
                 eval_return = float(periodic.returns.mean())
                 elapsed = time.perf_counter() - t_train
@@ -434,7 +464,398 @@ def evaluate(act, params: nnx.State, n_episodes: int, seed: int) -> Evaluation:
     return Evaluation(returns, {how: int(episodes.sum()) for how, episodes in ends.items()})
 
 
-# Plumbing: the command line, input checks, checkpoints, the GIF, the plot, metrics.json and main ------------
+# ----------------------------------------------------------------------------- the same DQN, compiled (--backend jax)
+# train() above, as one XLA program. CartPole becomes two pure JAX functions, the replay buffer a few arrays of a
+# fixed size, and the loop one lax.scan over env steps, whose carry (a Runner) holds everything the loop changes.
+# make_train(args) returns train(key), a pure function of a key (PureJaxRL's shape), which main vmaps over seeds.
+# The Q-network, make_optimizer, act and update (make_step_fns), sync_target, epsilon_schedule and due are the
+# ones train() uses.
+
+GRAVITY, MASS_CART, MASS_POLE, HALF_POLE, FORCE, DT = 9.8, 1.0, 0.1, 0.5, 10.0, 0.02  # CartPole-v1's constants
+TIME_LIMIT = 500  # CartPole-v1 truncates an episode at its 500th step
+
+
+class CartPoleState(NamedTuple):
+    """One CartPole (or, vmapped, a batch): (x, ẋ, θ, θ̇), which is also its observation, and its steps so far."""
+
+    physics: jax.Array  # (..., 4) float32
+    t: jax.Array  # (...,) int32, steps since the reset
+
+
+def cartpole_reset(key: jax.Array) -> CartPoleState:
+    """x, ẋ, θ, θ̇ each uniform on [−0.05, 0.05], t = 0, as CartPole-v1 resets."""
+    return CartPoleState(jax.random.uniform(key, (4,), minval=-0.05, maxval=0.05), jnp.zeros((), jnp.int32))
+
+
+def cartpole_step(state: CartPoleState, action: jax.Array):
+    """One step of CartPole-v1 under its time limit: (state', obs', reward, terminated, truncated).
+
+    A force of ±10 N pushes the cart (action 1: to the right). The cart-pole equations give the accelerations θ̈
+    and ẍ; one explicit Euler step of dt = 0.02 s then moves x and θ with the old velocities, and the velocities
+    with the accelerations. terminated: |x| > 2.4 or |θ| > 12° after the step; truncated: the 500th step. The
+    reward is +1 for every step, the last one included."""
+    x, x_dot, theta, theta_dot = state.physics
+    force = jnp.where(action == 1, FORCE, -FORCE)
+    cos, sin = jnp.cos(theta), jnp.sin(theta)
+    total_mass, polemass_length = MASS_CART + MASS_POLE, MASS_POLE * HALF_POLE
+    temp = (force + polemass_length * theta_dot**2 * sin) / total_mass
+    theta_acc = (GRAVITY * sin - cos * temp) / (HALF_POLE * (4.0 / 3.0 - MASS_POLE * cos**2 / total_mass))
+    x_acc = temp - polemass_length * theta_acc * cos / total_mass
+    physics = jnp.stack([x + DT * x_dot, x_dot + DT * x_acc, theta + DT * theta_dot, theta_dot + DT * theta_acc])
+    terminated = (jnp.abs(physics[0]) > X_LIMIT) | (jnp.abs(physics[2]) > THETA_LIMIT)
+    t = state.t + 1
+    return CartPoleState(physics, t), physics, jnp.ones((), jnp.float32), terminated, t >= TIME_LIMIT
+
+
+class Buffer(NamedTuple):
+    """ReplayBuffer as arrays: jit compiles for fixed shapes, so every field has all `capacity` rows from the start,
+    and `pos` and `size` say which are in use."""
+
+    data: Batch  # each field (capacity, ...)
+    pos: jax.Array  # int32: the row the next transition goes to
+    size: jax.Array  # int32: rows filled so far, at most capacity
+
+
+def buffer_init(capacity: int, obs_dim: int) -> Buffer:
+    """An empty buffer: zeros everywhere, pos = size = 0."""
+    rows, vectors = jnp.zeros(capacity, jnp.float32), jnp.zeros((capacity, obs_dim), jnp.float32)
+    data = Batch(vectors, jnp.zeros(capacity, jnp.int32), rows, vectors, rows, rows)
+    return Buffer(data, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+
+
+def buffer_add(buffer: Buffer, transitions: Batch) -> Buffer:
+    """Write n transitions (fields with a leading axis n <= capacity) at rows pos … pos + n − 1 (mod capacity), as
+    ReplayBuffer.add: once the buffer is full, the oldest rows are overwritten."""
+    capacity, n = buffer.data.actions.shape[0], transitions.actions.shape[0]
+    rows = (buffer.pos + jnp.arange(n)) % capacity
+    data = jax.tree.map(lambda column, new: column.at[rows].set(new), buffer.data, transitions)
+    return Buffer(data, (buffer.pos + n) % capacity, jnp.minimum(buffer.size + n, capacity))
+
+
+def buffer_sample(buffer: Buffer, key: jax.Array, batch_size: int, n_batches: int) -> Batch:
+    """`n_batches` minibatches drawn uniformly from the filled rows only, each field (n_batches, batch_size, ...)."""
+    rows = jax.random.randint(key, (n_batches, batch_size), 0, buffer.size)
+    return jax.tree.map(lambda column: column[rows], buffer.data)
+
+
+class Schedule(NamedTuple):
+    """What each step of the compiled loop does, one entry per step (the xs of the lax.scan)."""
+
+    epsilon: np.ndarray  # float32: ε of the step's ε-greedy actions
+    train: np.ndarray  # bool: a training call after the step
+    sync: np.ndarray  # bool: a target-network update after it
+    evaluate: np.ndarray  # bool: a periodic evaluation after it
+
+
+def jax_schedule(args: Args) -> Schedule:
+    """Every step of the compiled loop stores exactly num_envs transitions (an env whose episode ended is reset
+    within the same step), so before step i env_steps is num_envs·i, known before the run. The functions that
+    train() calls at every loop step, epsilon_schedule and due, compute the whole schedule here, in NumPy."""
+    before = range(0, args.total_timesteps, args.num_envs)
+    decay_steps = derived(args).exploration_steps
+    eps = [epsilon_schedule(s, args.eps_start, args.eps_end, args.learning_starts, decay_steps) for s in before]
+    jobs = [due(args, s, s + args.num_envs) for s in before]
+    return Schedule(np.array(eps, np.float32), *(np.array(job) for job in zip(*jobs)))
+
+
+class Best(NamedTuple):
+    """train()'s `best`: the parameters of the best periodic evaluation so far."""
+
+    params: nnx.State  # θ_best
+    eval_return: jax.Array  # its mean validation return (−inf before the first evaluation)
+    step: jax.Array  # the env step it was taken at
+
+
+class Runner(NamedTuple):
+    """One seed's carry: everything the loop changes from one env step to the next."""
+
+    state: nnx.State  # nnx.state((q_network, optimizer)): θ = state[0], Adam's moments and step count
+    target_params: nnx.State  # θ⁻
+    buffer: Buffer  # the replay buffer
+    env: CartPoleState  # num_envs CartPoles, each field (N, ...)
+    obs: jax.Array  # (N, obs_dim) the observation each env continues from
+    episode_return: jax.Array  # (N,) the return so far of each env's current episode
+    best: Best  # θ_best, its validation return and step
+    env_steps: jax.Array  # int32: transitions stored so far
+    key: jax.Array  # the PRNG key, split once per step
+
+
+class StepLog(NamedTuple):
+    """What one step of the loop reports; lax.scan stacks it along the steps. NaN where nothing happened."""
+
+    episode_returns: jax.Array  # (N,) the return of each env's episode that ended at this step
+    loss: jax.Array  # the training call's mean loss
+    eval_return: jax.Array  # the periodic evaluation's mean return
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: hashed by identity, as jax.jit hashes the function it compiles
+class Train:
+    """train(key) = run(init(key)): one seed's whole training, a pure function of its key (PureJaxRL's train)."""
+
+    init: Callable  # key → Runner: a new agent, θ⁻ = θ, an empty buffer, num_envs fresh CartPoles
+    step: Callable  # (Runner, one Schedule entry) → (Runner, StepLog): one step of the loop
+    run: Callable  # Runner → (Runner, StepLog of every step): all steps of the schedule in one lax.scan
+    schedule: Schedule  # the xs that run scans over
+
+    def __call__(self, key):
+        return self.run(self.init(key))
+
+
+def make_train(args: Args) -> Train:
+    """Fix everything static once (the graphdefs, the compiled act and update, the schedule, the validation
+    episodes) and return train(key)."""
+    n = args.num_envs
+    agent = nnx.eval_shape(lambda: new_agent(args, OBS_DIM, N_ACTIONS, nnx.Rngs(0)))  # shapes only, no arrays
+    act, update = make_step_fns(args, nnx.graphdef(agent), nnx.graphdef(agent[0]))
+    schedule = jax_schedule(args)
+    # train()'s validation episodes: the starts that evaluate(..., eval_seed + 1) gets from gymnasium's reset
+    envs = make_envs(args.periodic_eval_episodes)
+    validation_starts = envs.reset(seed=args.eval_seed + 1)[0]  # (episodes, obs_dim)
+    envs.close()
+
+    def init(key) -> Runner:
+        key, net_key, env_key = jax.random.split(key, 3)
+        state = nnx.state(new_agent(args, OBS_DIM, N_ACTIONS, nnx.Rngs(net_key)))
+        env = jax.vmap(cartpole_reset)(jax.random.split(env_key, n))
+        best = Best(state[0], jnp.array(-jnp.inf, jnp.float32), jnp.zeros((), jnp.int32))
+        buffer = buffer_init(args.buffer_size, OBS_DIM)
+        return Runner(state, state[0], buffer, env, env.physics, jnp.zeros(n), best, jnp.zeros((), jnp.int32), key)
+
+    def validation_return(params: nnx.State) -> jax.Array:
+        """evaluate() on the validation episodes, with the JAX CartPole: every episode from its start until it
+        ends, greedy; the mean return. A lax.while_loop, as the number of steps is not known in advance."""
+
+        def one_step(carry):
+            env, returns, alive = carry
+            env, _, rewards, terminated, truncated = jax.vmap(cartpole_step)(env, act(params, env.physics))
+            return env, returns + rewards * alive, alive & ~(terminated | truncated)
+
+        m = len(validation_starts)
+        starts = CartPoleState(jnp.asarray(validation_starts), jnp.zeros(m, jnp.int32))
+        _, returns, _ = jax.lax.while_loop(lambda c: c[2].any(), one_step, (starts, jnp.zeros(m), jnp.ones(m, bool)))
+        return returns.mean()
+
+    def step(runner: Runner, now: Schedule) -> tuple[Runner, StepLog]:
+        key, explore_key, action_key, reset_key, sample_key = jax.random.split(runner.key, 5)
+        # ε-greedy in every env: a uniform random action with probability ε, else a = argmax_a Q_θ(s, a)
+        explore = jax.random.uniform(explore_key, (n,)) < now.epsilon
+        random_actions = jax.random.randint(action_key, (n,), 0, N_ACTIONS)
+        actions = jnp.where(explore, random_actions, act(runner.state[0], runner.obs))
+        env, next_obs, rewards, terminated, truncated = jax.vmap(cartpole_step)(runner.env, actions)
+        done = terminated | truncated
+        f32 = jnp.float32
+        transitions = Batch(runner.obs, actions, rewards, next_obs, terminated.astype(f32), truncated.astype(f32))
+        buffer = buffer_add(runner.buffer, transitions)  # s' is the true last observation, also at the time limit
+        env_steps = runner.env_steps + n
+        # an env whose episode ended continues from a fresh start, within this step
+        fresh = jax.vmap(cartpole_reset)(jax.random.split(reset_key, n))
+        env = CartPoleState(jnp.where(done[:, None], fresh.physics, env.physics), jnp.where(done, fresh.t, env.t))
+        episode_return = runner.episode_return + rewards
+
+        # The jobs of this step: lax.cond runs one of its two branches, picked by the schedule's boolean. That boolean
+        # is the same for every seed, so under vmap the branch not taken still costs nothing.
+        def train_call():
+            batches = buffer_sample(buffer, sample_key, args.batch_size, args.gradient_steps)
+            return update(runner.state, runner.target_params, batches)
+
+        state, loss = jax.lax.cond(now.train, train_call, lambda: (runner.state, f32(jnp.nan)))
+        target_params = jax.lax.cond(
+            now.sync, lambda: sync_target(state[0], runner.target_params, args.tau), lambda: runner.target_params
+        )
+
+        def evaluate_and_keep():
+            eval_return = validation_return(state[0])
+            better = eval_return >= runner.best.eval_return  # ties go to the later, longer-trained parameters
+            candidate = Best(state[0], eval_return, env_steps)
+            return eval_return, jax.tree.map(lambda new, old: jnp.where(better, new, old), candidate, runner.best)
+
+        eval_return, best = jax.lax.cond(now.evaluate, evaluate_and_keep, lambda: (f32(jnp.nan), runner.best))
+        log = StepLog(jnp.where(done, episode_return, jnp.nan), loss, eval_return)
+        episode_return = jnp.where(done, 0.0, episode_return)
+        return Runner(state, target_params, buffer, env, env.physics, episode_return, best, env_steps, key), log
+
+    def run(runner: Runner) -> tuple[Runner, StepLog]:
+        return jax.lax.scan(step, runner, schedule)
+
+    return Train(init, step, run, schedule)
+
+
+# Plumbing: --backend jax's seeds and devices, the command line, input checks, checkpoints, the GIF, the plot,
+# metrics.json and main ---------------------------------------------------------------------------------------
+
+
+# ----------------------------------------------------------------------------- --backend jax: seeds and devices
+
+
+def seed_devices(args: Args) -> list:
+    """The devices that the seed axis of a --backend jax run is split across (data parallelism over seeds).
+    Must run before the first JAX operation.
+
+    JAX sees a CPU as one device, and XLA runs one device's program mostly on one core. Asked before JAX
+    starts its backend, jax_num_cpu_devices splits the CPU into several devices; sharding the stacked seeds
+    along them gives every core its own seeds (the mesh of 5_Sharding_Mesh, with one axis). The count must
+    divide --num-seeds: --host-devices -1 takes the largest such count up to the number of cores.
+    """
+    want = args.host_devices
+    if want < 0:
+        want = most_devices(args.num_seeds, os.cpu_count() or 1)
+    if want > 0:
+        try:
+            jax.config.update("jax_num_cpu_devices", want)
+        except RuntimeError:  # JAX had already started (inside a test or a notebook): it keeps its devices
+            if args.host_devices > 0 and len(jax.devices("cpu")) < want:
+                raise InputError(
+                    f"--host-devices {want} came too late: JAX had already started with "
+                    f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line"
+                ) from None
+    devices = jax.devices()  # on a GPU or TPU host, the accelerators (the flag only shapes the CPU backend)
+    return devices[: most_devices(args.num_seeds, min(len(devices), want) if want > 0 else len(devices))]
+
+
+def most_devices(num_seeds: int, at_most: int) -> int:
+    """The largest device count ≤ at_most that divides num_seeds, so that every device gets as many seeds."""
+    return max(k for k in range(1, at_most + 1) if num_seeds % k == 0)
+
+
+def train_seeds(args: Args, devices: list) -> list[tuple[nnx.State, dict]]:
+    """--backend jax: make_train(args), its run vmapped over the seeds and sharded across `devices`: one compiled
+    call trains every seed. The progress lines are printed when it returns (for several seeds, their means).
+    Returns each seed's last parameters and log, as train() returns them."""
+    train = make_train(args)
+    # Each seed's init is compiled once and run on its own; the runners are stacked on a leading seed axis S, and
+    # device i gets seeds i·S/D … (i+1)·S/D − 1. run, vmapped, then trains them without communication.
+    init = jax.jit(train.init)
+    runners = jax.tree.map(
+        lambda *x: jnp.stack(x), *[init(jax.random.key(s)) for s in range(args.seed, args.seed + args.num_seeds)]
+    )
+    mesh = jax.sharding.Mesh(np.array(devices), ("seed",), axis_types=(jax.sharding.AxisType.Auto,))
+    by_seed = jax.sharding.PartitionSpec("seed")
+    runners = jax.device_put(runners, jax.sharding.NamedSharding(mesh, by_seed))
+    print(first_line(args, train.schedule, len(devices)), flush=True)
+    t_train = time.perf_counter()
+    # check_vma=False: the seeds never communicate, so shard_map need not track which values differ across devices
+    # (it would reject the constant NaN that a lax.cond branch returns where the other returns a per-seed value)
+    per_device = jax.shard_map(jax.vmap(train.run), mesh=mesh, in_specs=by_seed, out_specs=by_seed, check_vma=False)
+    run = jax.jit(per_device).lower(runners).compile()
+    compile_seconds = time.perf_counter() - t_train
+    out, interrupted = run(runners), False  # dispatched: XLA runs every step in this one call
+    try:
+        jax.block_until_ready(out)
+    except KeyboardInterrupt:  # Ctrl-C lands only when the call returns; its results are kept
+        interrupted = True
+    runners, step_logs = jax.device_get(out)
+    train_seconds = time.perf_counter() - t_train
+    runs = []
+    for i in range(args.num_seeds):
+        seed_log = jax.tree.map(lambda x, i=i: x[i], step_logs)
+        best = jax.tree.map(lambda x, i=i: x[i], runners.best)
+        log = jax_log(args, train.schedule, seed_log, best, train_seconds)
+        runs.append((jax.tree.map(lambda x, i=i: x[i], runners.state[0]), log))
+    sps = args.num_seeds * args.total_timesteps / max(train_seconds - compile_seconds, 1e-9)
+    curves = [log["curve"] for _, log in runs]
+    for rows in zip(*curves):  # one progress line per periodic evaluation, the mean over the seeds
+        mean = {key: float(np.mean([row[key] for row in rows])) for key in ("eval_return", "train_return", "loss")}
+        epsilon = train.schedule.epsilon[rows[0]["step"] // args.num_envs - 1]
+        print(
+            f"step={rows[0]['step']} return={mean['train_return']:.1f} eval_return={mean['eval_return']:.1f} "
+            f"loss={mean['loss']:.4f} eps={epsilon:.3f} sps={sps:.0f}",
+            flush=True,
+        )
+    for _, log in runs:
+        log.update(interrupted=interrupted, compile_seconds=round(compile_seconds, 2), devices=len(devices))
+    return runs
+
+
+def jax_log(args: Args, schedule: Schedule, steps: StepLog, best: Best, train_seconds: float) -> dict:
+    """One seed's StepLog (NumPy, one entry per step of the compiled loop) as train()'s log: a curve row at each
+    periodic evaluation, with the mean of the last 10 training episodes and of the last 10 training losses."""
+    episodes, losses, curve, solved_step = [], [], [], None
+    for i in np.flatnonzero(schedule.train | schedule.evaluate | np.isfinite(steps.episode_returns).any(1)):
+        ended = steps.episode_returns[i]
+        episodes += ended[np.isfinite(ended)].tolist()
+        if schedule.train[i]:
+            losses.append(float(steps.loss[i]))
+        if schedule.evaluate[i]:
+            step = args.num_envs * (int(i) + 1)
+            eval_return = round(float(steps.eval_return[i]), 2)  # a mean of 100 integers: two decimals are exact
+            train_return = float(np.mean(episodes[-10:])) if episodes else 0.0
+            curve.append(dict(step=step, eval_return=eval_return, train_return=train_return, loss=mean_or_nan(losses)))
+            if solved_step is None and eval_return >= args.solve_threshold:
+                solved_step = step
+    best = dict(params=best.params, eval_return=round(float(best.eval_return), 2), step=int(best.step))
+    log = dict(curve=curve, best=best, solved_step=solved_step, solved_seconds=None, env_steps=args.total_timesteps)
+    log.update(train_seconds=train_seconds, train_episodes=len(episodes))
+    return dict(log, gradient_steps_total=int(schedule.train.sum()) * args.gradient_steps)
+
+
+def mean_or_nan(values: list) -> float:
+    """The mean of the last 10 values, NaN before the first."""
+    return float(np.mean(values[-10:])) if values else float("nan")
+
+
+def first_line(args: Args, schedule: Schedule, devices: int) -> str:
+    """What a --backend jax run is about to do, printed before it starts."""
+    return (
+        f"DQN on a JAX port of {ENV_ID}: {args.num_seeds} seed(s) vmapped, split across {devices} device(s); "
+        f"per seed {len(schedule.epsilon)} steps × {args.num_envs} envs, {int(schedule.train.sum())} training calls "
+        f"× {args.gradient_steps} Adam steps, {int(schedule.evaluate.sum())} periodic evaluations"
+        + ("; progress lines: the mean over the seeds" if args.num_seeds > 1 else "")
+    )
+
+
+def seeds_metrics(args: Args, act, runs: list, first: Evaluation | None) -> dict:
+    """What metrics.json adds for --backend jax: the seeds, and unless Ctrl-C stopped the run, every seed's final
+    greedy evaluation on the test episodes (the first seed's is `first`, already made) and how many solved it."""
+    _, log = runs[0]
+    metrics = dict(
+        backend="jax",
+        seeds=list(range(args.seed, args.seed + args.num_seeds)),
+        devices=log["devices"],
+        compile_seconds=log["compile_seconds"],
+    )
+    if first is None:
+        return metrics
+    finals = [first]
+    for last_params, log in runs[1:]:
+        params = log["best"]["params"] if args.final_agent == "best" else last_params
+        finals.append(evaluate(act, params, args.eval_episodes, args.eval_seed))
+    returns = np.array([final.returns.mean() for final in finals])
+    k = len(returns) // 4  # the interquartile mean drops the lowest and the highest quarter
+    per_seed = [
+        dict(
+            seed=seed,
+            **evaluation_metrics(final),
+            best_step=log["best"]["step"],
+            best_periodic_return=log["best"]["eval_return"],
+            solved_step=log["solved_step"],
+        )
+        for seed, final, (_, log) in zip(metrics["seeds"], finals, runs)
+    ]
+    return dict(
+        metrics,
+        eval_return_per_seed=[float(r) for r in returns],
+        solved=int((returns >= args.solve_threshold).sum()),
+        across_seeds=dict(
+            n=len(returns),
+            mean=float(returns.mean()),
+            iqm=float(np.sort(returns)[k : len(returns) - k].mean()),
+            min=float(returns.min()),
+            max=float(returns.max()),
+        ),
+        per_seed=per_seed,
+    )
+
+
+def print_seeds(args: Args, metrics: dict) -> None:
+    """The many-seed summary: each seed's final greedy evaluation and how many reach --solve-threshold."""
+    a = metrics["across_seeds"]
+    print(
+        f"per seed (final greedy evaluation, mean over {args.eval_episodes} test episodes): "
+        + " ".join(f"{seed}:{r:.1f}" for seed, r in zip(metrics["seeds"], metrics["eval_return_per_seed"]))
+        + f"\nacross {a['n']} seeds: mean={a['mean']:.1f} IQM={a['iqm']:.1f} min={a['min']:.1f} max={a['max']:.1f} "
+        f"solved(>={args.solve_threshold:g})={metrics['solved']}/{a['n']}",
+        flush=True,
+    )
 
 
 class InputError(Exception):
@@ -543,6 +964,31 @@ def validate(args: Args) -> None:
         args.eps_end <= args.eps_start,
         f"--eps-end ({args.eps_end}) must be <= --eps-start ({args.eps_start})",
     )
+    # many seeds: only the compiled loop runs them side by side, and a checkpoint holds one Q-network
+    need(
+        args.backend == "jax" or args.num_seeds == 1,
+        f"--num-seeds {args.num_seeds} needs --backend jax (the gymnasium backend trains one seed; "
+        f"for a sweep use tools/seeds.py)",
+    )
+    need(not (args.load and args.num_seeds > 1), "--load evaluates one saved Q-network; drop --num-seeds")
+    # every device gets as many seeds, and only the JAX backend shards
+    need(
+        args.host_devices <= 0 or (args.backend == "jax" and args.num_seeds % args.host_devices == 0),
+        f"--host-devices {args.host_devices} needs --backend jax and a --num-seeds that it divides "
+        f"(got --backend {args.backend} --num-seeds {args.num_seeds})",
+    )
+    if args.backend == "jax" and not args.load:
+        # a step of the compiled loop stores one transition per env, so the budget is whole steps of all the envs
+        need(
+            args.total_timesteps % args.num_envs == 0,
+            f"--backend jax steps all envs together: --total-timesteps ({args.total_timesteps}) must be a "
+            f"multiple of --num-envs ({args.num_envs})",
+        )
+        # one step writes num_envs distinct rows of the buffer
+        need(
+            args.buffer_size >= args.num_envs,
+            f"--backend jax: --buffer-size ({args.buffer_size}) must be >= --num-envs ({args.num_envs})",
+        )
     if args.load:
         need(os.path.isfile(args.load), f"--load: no such file {args.load!r}")
     out = output_folder(args)  # a run that cannot save its results does not start
@@ -764,17 +1210,20 @@ def use_sequential_xla_scheduler() -> None:
 def main(args: Args) -> dict:
     validate(args)  # flag values and the output folder, before any work
     use_compile_cache(args.compile_cache)
+    devices = seed_devices(args) if args.backend == "jax" and not args.load else None  # before JAX starts
     t_start = time.perf_counter()
-    obs_dim, n_actions = 4, 2  # CartPole-v1: (x, ẋ, θ, θ̇) and {push left, push right}
-    q_network, optimizer = create_agent(args, obs_dim, n_actions)
+    q_network, optimizer = create_agent(args, OBS_DIM, N_ACTIONS)
     graphdef, state = nnx.split((q_network, optimizer))  # the hot loop calls compiled functions of `state`
     q_graphdef = nnx.graphdef(q_network)
     act, update = make_step_fns(args, graphdef, q_graphdef)
     if args.load:
         return evaluate_saved(args, act, q_network)
 
-    last_params, log = train(args, act, update, state)
-    stopped = log["env_steps"] < args.total_timesteps  # Ctrl-C ended training early: nothing more is evaluated
+    # one (last parameters, log) per seed; the first seed's parameters are saved and its curve is plotted
+    runs = train_seeds(args, devices) if args.backend == "jax" else [train(args, act, update, state)]
+    last_params, log = runs[0]
+    # Ctrl-C ended training early (or, for the compiled run, came while it ran): nothing more is evaluated
+    stopped = log["env_steps"] < args.total_timesteps or log.get("interrupted", False)
     if stopped and not log["curve"]:
         raise KeyboardInterrupt  # before the first periodic evaluation: nothing measured, nothing to write
 
@@ -786,17 +1235,21 @@ def main(args: Args) -> dict:
         final = last if args.final_agent == "last" else evaluate(act, params, args.eval_episodes, args.eval_seed)
     save_checkpoint(os.path.join(args.out, "q_network.npz"), {"q_network": nnx.merge(q_graphdef, params)})
     metrics = training_metrics(args, final, last, log, t_start)
+    if args.backend == "jax":
+        metrics.update(seeds_metrics(args, act, runs, final))
     save_metrics(args.out, metrics, args)
     plot_curve(
         os.path.join(args.out, "learning_curve.png"),
         log["curve"],
         args.solve_threshold,
-        f"DQN on {ENV_ID}, seed {args.seed}",
+        f"DQN on {ENV_ID}, seed {args.seed}" + (f" ({args.backend})" if args.backend == "jax" else ""),
         chosen_step=log["best"]["step"] if args.final_agent == "best" else log["env_steps"],
     )
     if stopped:
         return metrics
     print_summary(args, metrics)
+    if args.num_seeds > 1:
+        print_seeds(args, metrics)
     if args.video:
         write_video(act, params, args.out, args.eval_seed, metrics, args)
     return metrics
