@@ -595,6 +595,7 @@ class Train:
     init: Callable  # key → Runner: a new agent, θ⁻ = θ, an empty buffer, num_envs fresh CartPoles
     step: Callable  # (Runner, one Schedule entry) → (Runner, StepLog): one step of the loop
     run: Callable  # Runner → (Runner, StepLog of every step): all steps of the schedule in one lax.scan
+    validate: Callable  # θ → the greedy returns of the validation episodes, (periodic_eval_episodes,)
     schedule: Schedule  # the xs that run scans over
 
     def __call__(self, key):
@@ -621,9 +622,9 @@ def make_train(args: Args) -> Train:
         buffer = buffer_init(args.buffer_size, OBS_DIM)
         return Runner(state, state[0], buffer, env, env.physics, jnp.zeros(n), best, jnp.zeros((), jnp.int32), key)
 
-    def validation_return(params: nnx.State) -> jax.Array:
+    def validate(params: nnx.State) -> jax.Array:
         """evaluate() on the validation episodes, with the JAX CartPole: every episode from its start until it
-        ends, greedy; the mean return. A lax.while_loop, as the number of steps is not known in advance."""
+        ends, greedy; their returns. A lax.while_loop, as the number of steps is not known in advance."""
 
         def one_step(carry):
             env, returns, alive = carry
@@ -633,7 +634,7 @@ def make_train(args: Args) -> Train:
         m = len(validation_starts)
         starts = CartPoleState(jnp.asarray(validation_starts), jnp.zeros(m, jnp.int32))
         _, returns, _ = jax.lax.while_loop(lambda c: c[2].any(), one_step, (starts, jnp.zeros(m), jnp.ones(m, bool)))
-        return returns.mean()
+        return returns
 
     def step(runner: Runner, now: Schedule) -> tuple[Runner, StepLog]:
         key, explore_key, action_key, reset_key, sample_key = jax.random.split(runner.key, 5)
@@ -664,7 +665,7 @@ def make_train(args: Args) -> Train:
         )
 
         def evaluate_and_keep():
-            eval_return = validation_return(state[0])
+            eval_return = validate(state[0]).mean()
             better = eval_return >= runner.best.eval_return  # ties go to the later, longer-trained parameters
             candidate = Best(state[0], eval_return, env_steps)
             return eval_return, jax.tree.map(lambda new, old: jnp.where(better, new, old), candidate, runner.best)
@@ -677,7 +678,7 @@ def make_train(args: Args) -> Train:
     def run(runner: Runner) -> tuple[Runner, StepLog]:
         return jax.lax.scan(step, runner, schedule)
 
-    return Train(init, step, run, schedule)
+    return Train(init, step, run, validate, schedule)
 
 
 # Plumbing: --backend jax's seeds and devices, the command line, input checks, checkpoints, the GIF, the plot,
@@ -828,6 +829,7 @@ def seeds_metrics(args: Args, act, runs: list, first: Evaluation | None) -> dict
             best_step=log["best"]["step"],
             best_periodic_return=log["best"]["eval_return"],
             solved_step=log["solved_step"],
+            validation_returns=[row["eval_return"] for row in log["curve"]],
         )
         for seed, final, (_, log) in zip(metrics["seeds"], finals, runs)
     ]

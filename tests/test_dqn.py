@@ -380,6 +380,14 @@ def test_validate_raises_input_error(tmp_path):
         (["--seed", "-1"], "--seed must be >= 0"),
         (["--train-frequency", "8"], "--train-frequency (8) must be >= --num-envs (16)"),
         (["--load", "/nonexistent/q_network.npz"], "--load"),
+        (["--backend", "jax", "--num-seeds", "0"], "--num-seeds must be >= 1, got 0"),
+        (["--backend", "torch"], "argument --backend: invalid choice"),
+        (["--num-seeds", "2"], "--num-seeds 2 needs --backend jax"),
+        (["--host-devices", "2"], "--host-devices 2 needs --backend jax"),
+        (["--backend", "jax", "--num-seeds", "4", "--host-devices", "3"], "a --num-seeds that it divides"),
+        (["--backend", "jax", "--total-timesteps", "1000"], "must be a multiple of --num-envs (16)"),
+        (["--backend", "jax", "--buffer-size", "8", "--batch-size", "8"], "--buffer-size (8) must be >= --num-envs"),
+        (["--backend", "jax", "--num-seeds", "2", "--load", "q.npz"], "--load evaluates one saved Q-network"),
     ],
 )
 def test_bad_flag_values_exit_with_one_line(flags, message, tmp_path):
@@ -528,6 +536,287 @@ def test_train_keeps_the_best_validation_checkpoint_ties_to_the_later(monkeypatc
     assert same == [False, False, True, False]  # the third evaluation's parameters, not the last ones
 
 
+# ----------------------------------------------------------------------------- unit: --backend jax
+
+# Tiny settings for the compiled loop: 40 steps of 4 envs, a 16-unit network, 8 validation episodes.
+JAX_TINY = dict(
+    backend="jax",
+    num_envs=4,
+    total_timesteps=160,
+    learning_starts=40,
+    train_frequency=40,
+    gradient_steps=3,
+    target_network_frequency=40,
+    eval_frequency=80,
+    periodic_eval_episodes=8,
+    batch_size=8,
+    buffer_size=100,
+    hidden_size=16,
+)
+
+
+def _gym_step(states, steps, actions):
+    """gymnasium's vectorised CartPole-v1, one step from each (state, steps taken, action): obs', terminated,
+    truncated. The state is set in float64, as gymnasium keeps it."""
+    from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+
+    env = CartPoleVectorEnv(num_envs=len(actions))
+    env.reset(seed=0)
+    env.state = np.asarray(states, np.float64).T.copy()  # (4, n): x, ẋ, θ, θ̇
+    env.steps = np.asarray(steps, np.int32).copy()
+    obs, rewards, terminated, truncated, _ = env.step(np.asarray(actions, np.int64))
+    np.testing.assert_array_equal(rewards, 1.0)
+    return obs, terminated, truncated
+
+
+@pytest.mark.unit
+def test_jax_cartpole_matches_gymnasium_step_for_step():
+    """cartpole_step against gymnasium's CartPole-v1 from the same states with 1,600 random actions along gymnasium's
+    own random-action episodes, and 1,000 more from random states close to the limits of x, θ and the time limit:
+    every next observation within 1e-5, the same terminated and truncated flags, reward 1. Mutations caught:
+    semi-implicit Euler (x moved with the new ẋ), the force's sign flipped, a wrong pole term (4/3 → 1), a 12 rad
+    (not 12°) limit, truncation one step late (t > 500), a cart that may leave the track (no |x| test)."""
+    from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+
+    step = jax.jit(jax.vmap(dqn.cartpole_step))
+    rng = np.random.default_rng(0)
+
+    def ours(states, steps, actions):
+        s = dqn.CartPoleState(jnp.asarray(states, jnp.float32), jnp.asarray(steps, jnp.int32))
+        _, obs, rewards, terminated, truncated = step(s, jnp.asarray(actions, jnp.int32))
+        np.testing.assert_array_equal(rewards, 1.0)
+        return np.asarray(obs), np.asarray(terminated), np.asarray(truncated)
+
+    # 1. gymnasium's own episodes under random actions, 16 envs × 100 steps; the step counters start late, so that
+    # some episodes reach the time limit
+    env = CartPoleVectorEnv(num_envs=16)
+    env.reset(seed=1)
+    env.steps = rng.integers(480, 500, 16).astype(np.int32)
+    compared = flags = 0
+    for _ in range(100):
+        states, steps, resetting = env.state.T.astype(np.float32), env.steps.copy(), env.prev_done.copy()
+        actions = rng.integers(0, 2, 16)
+        obs, _, terminated, truncated, _ = env.step(actions)
+        mine = ours(states, steps, actions)
+        live = ~resetting  # a resetting env's step returns a fresh start, not a step of the physics
+        np.testing.assert_allclose(mine[0][live], obs[live], rtol=0, atol=1e-5)
+        np.testing.assert_array_equal(mine[1][live], terminated[live])
+        np.testing.assert_array_equal(mine[2][live], truncated[live])
+        compared, flags = compared + live.sum(), flags + (terminated | truncated)[live].sum()
+    assert compared >= 1_000 and flags >= 20
+
+    # 2. random states around the limits: |x| near 2.4, |θ| near 12°, t near 500
+    n = 1_000
+    x, theta = rng.choice([-1, 1], n) * rng.uniform(2.3, 2.5, n), rng.choice([-1, 1], n) * rng.uniform(0.17, 0.23, n)
+    states = np.stack([x, rng.uniform(-3, 3, n), theta, rng.uniform(-3, 3, n)], 1).astype(np.float32)
+    steps, actions = rng.integers(495, 500, n), rng.integers(0, 2, n)
+    obs, terminated, truncated = _gym_step(states, steps, actions)
+    mine = ours(states, steps, actions)
+    np.testing.assert_allclose(mine[0], obs, rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(mine[1], terminated)
+    np.testing.assert_array_equal(mine[2], truncated)
+    off_track, pole_down = np.abs(obs[:, 0]) > 2.4, np.abs(obs[:, 2]) > 12 * 2 * np.pi / 360
+    assert off_track.sum() > 50 and pole_down.sum() > 50 and (~terminated).sum() > 50  # each way occurs
+    assert truncated.sum() > 50 and (~truncated).sum() > 50 and (terminated & truncated).sum() > 10
+
+    # resets: each of x, ẋ, θ, θ̇ uniform on [−0.05, 0.05], t = 0
+    s0 = jax.vmap(dqn.cartpole_reset)(jax.random.split(jax.random.key(0), 4_000))
+    physics = np.asarray(s0.physics)
+    assert np.abs(physics).max() <= 0.05 and (physics.min(0) < -0.049).all() and (physics.max(0) > 0.049).all()
+    assert int(np.asarray(s0.t).max()) == 0
+
+
+def _jax_add(buffer, values, terminated, truncated):
+    """The JAX twin of _add: one transition per value v (s = v, a = v % 2, r = v, s' = v + 0.5), one call."""
+    v = np.asarray(values, np.float32)
+    batch = dqn.Batch(
+        np.repeat(v[:, None], 4, axis=1),
+        v.astype(np.int32) % 2,
+        v,
+        np.repeat(v[:, None] + 0.5, 4, axis=1),
+        np.asarray(terminated, np.float32),
+        np.asarray(truncated, np.float32),
+    )
+    return jax.jit(dqn.buffer_add)(buffer, jax.tree.map(jnp.asarray, batch))
+
+
+@pytest.mark.unit
+def test_jax_buffer_inserts_wraps_around_and_samples_only_filled_rows():
+    """buffer_add writes at pos and wraps modulo the capacity, buffer_sample draws only from the filled rows and
+    keeps every row a consistent transition, as ReplayBuffer does (the same cases as its test). Values start at 1,
+    so an empty row (zeros) drawn would show. Mutations caught: sampling over the whole capacity, a pos that does
+    not wrap (JAX drops writes past the end: rows 0 and 1 keep 1 and 2), a size that is not capped at capacity."""
+    buffer = dqn.buffer_init(capacity=5, obs_dim=4)
+    assert all(column.shape[0] == 5 for column in buffer.data) and (int(buffer.pos), int(buffer.size)) == (0, 0)
+    buffer = _jax_add(buffer, [1, 2, 3], [0, 0, 0], [0, 0, 1])
+    assert (int(buffer.pos), int(buffer.size)) == (3, 3)
+    sample = jax.jit(dqn.buffer_sample, static_argnums=(2, 3))
+    batch = sample(buffer, jax.random.key(0), 8, 6)
+    assert isinstance(batch, dqn.Batch) and batch.obs.shape == (6, 8, 4) and batch.next_obs.shape == (6, 8, 4)
+    assert all(field.shape == (6, 8) for field in (batch.actions, batch.rewards, batch.terminated, batch.truncated))
+    assert set(np.unique(batch.obs[..., 0])) == {1.0, 2.0, 3.0}  # only filled rows, and all of them
+
+    buffer = _jax_add(buffer, [4, 5, 6, 7], [0, 0, 0, 1], [0, 0, 0, 0])  # 7 into 5 slots: 6 and 7 overwrite rows 0, 1
+    assert (int(buffer.pos), int(buffer.size)) == (2, 5)
+    np.testing.assert_array_equal(buffer.data.obs[:, 0], [6, 7, 3, 4, 5])
+    np.testing.assert_array_equal(buffer.data.rewards, [6, 7, 3, 4, 5])
+    np.testing.assert_array_equal(buffer.data.actions, [0, 1, 1, 0, 1])
+    np.testing.assert_array_equal(buffer.data.next_obs[:, 0], [6.5, 7.5, 3.5, 4.5, 5.5])
+    np.testing.assert_array_equal(buffer.data.terminated, [0, 1, 0, 0, 0])
+    np.testing.assert_array_equal(buffer.data.truncated, [0, 0, 1, 0, 0])
+    batch = sample(buffer, jax.random.key(1), 200, 1)
+    assert set(np.unique(batch.obs[..., 0])) == {3.0, 4.0, 5.0, 6.0, 7.0}
+    np.testing.assert_array_equal(batch.rewards, batch.obs[..., 0])  # every sampled row is one transition
+    np.testing.assert_array_equal(batch.next_obs[..., 0], batch.obs[..., 0] + 0.5)
+
+
+@pytest.mark.unit
+def test_jax_schedule_is_the_python_loops_schedule():
+    """The compiled loop's ε and jobs come from the same epsilon_schedule and due as train(), at env_steps
+    = num_envs·i before step i: with the defaults, 192 training calls and target updates at every multiple of 256
+    after step 1,000, 20 evaluations (every 2,500 and the last step). Mutation caught: ε taken after the step
+    (s + num_envs) instead of before it; jobs judged from 0 (a training call during the ε = 1 phase)."""
+    args = dqn.Args(backend="jax")
+    schedule = dqn.jax_schedule(args)
+    assert len(schedule.epsilon) == 50_000 // 16
+    after = 16 * (np.arange(len(schedule.epsilon)) + 1)
+    np.testing.assert_array_equal(after[schedule.train], [s for s in after if s > 1_000 and s % 256 == 0])
+    np.testing.assert_array_equal(schedule.sync, schedule.train)
+    assert schedule.train.sum() == dqn.derived(args).n_train_calls == 192
+    assert schedule.evaluate.sum() == 20 and schedule.evaluate[-1] and after[schedule.evaluate][0] == 2_512
+    assert schedule.epsilon[62] == 1.0 and schedule.epsilon[63] == pytest.approx(1 - 0.96 * 1_008 / 8_000)
+    assert schedule.epsilon.dtype == np.float32 and schedule.epsilon[-1] == pytest.approx(0.04)
+
+
+class JaxTiny(NamedTuple):
+    args: object  # dqn.Args(**JAX_TINY)
+    train: object  # make_train(args)
+    init: object  # train.init, compiled
+    step: object  # train.step, compiled once for every test that takes this fixture
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    args = dqn.Args(**JAX_TINY)
+    train = dqn.make_train(args)
+    return JaxTiny(args, train, jax.jit(train.init), jax.jit(train.step))
+
+
+def _jax_runner(tiny, key=0, fill=0):
+    """tiny's init for `key`, with `fill` random transitions added to the buffer."""
+    runner = tiny.init(jax.random.key(key))
+    if fill:
+        rng = np.random.default_rng(key)
+        batch = dqn.Batch(*(jnp.asarray(x) for x in _fixed_batch(fill, seed=key)))
+        batch = batch._replace(rewards=jnp.asarray(rng.normal(size=fill), jnp.float32))
+        runner = runner._replace(buffer=jax.jit(dqn.buffer_add)(runner.buffer, batch))
+    return runner
+
+
+def _row(epsilon=0.0, train=False, sync=False, evaluate=False):
+    """One Schedule entry, as the scan hands it to step."""
+    return dqn.Schedule(np.float32(epsilon), np.bool_(train), np.bool_(sync), np.bool_(evaluate))
+
+
+@pytest.mark.unit
+def test_one_compiled_training_step_equals_the_eager_update(tiny):
+    """One step of the compiled loop with a training call due: its new θ, Adam state and loss equal those of the
+    gymnasium path's `update`, called from Python on the same minibatches (drawn with the step's sampling key
+    from the buffer after this step's insert) and the same θ⁻. A step without the job leaves θ as it was, and
+    the target update copies θ (τ = 1). Mutations caught: sampling before the insert or with another key,
+    training against θ instead of θ⁻, the cond's branches swapped, a sync that copies the θ of before the call."""
+    args, step = tiny.args, tiny.step
+    runner = _jax_runner(tiny, fill=40)
+    runner = runner._replace(target_params=_perturbed(runner.state[0], scale=0.1))  # θ⁻ ≠ θ
+    after, log = step(runner, _row(train=True))
+    *_, sample_key = jax.random.split(runner.key, 5)  # the step's keys: next, explore, action, reset, sample
+    batches = dqn.buffer_sample(after.buffer, sample_key, args.batch_size, args.gradient_steps)
+    assert int(after.buffer.size) == 44  # the 40 transitions added above and this step's 4
+    q_network, optimizer = dqn.create_agent(args, dqn.OBS_DIM, dqn.N_ACTIONS)
+    _, update = dqn.make_step_fns(args, dqn.nnx.graphdef((q_network, optimizer)), dqn.nnx.graphdef(q_network))
+    eager, loss = update(runner.state, runner.target_params, batches)
+    for a, b in zip(jax.tree.leaves(after.state), jax.tree.leaves(eager)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(log.loss, loss, rtol=1e-5)
+    assert not _leaves_equal(after.state[0], runner.state[0])  # it trained
+    assert _leaves_equal(after.target_params, runner.target_params)  # no sync was due
+    # ε = 0: every stored action is the greedy one
+    new_rows = np.arange(40, 44)
+    greedy = np.asarray(jnp.argmax(dqn.nnx.merge(dqn.nnx.graphdef(q_network), runner.state[0])(runner.obs), -1))
+    np.testing.assert_array_equal(np.asarray(after.buffer.data.actions)[new_rows], greedy)
+
+    idle, log = step(runner, _row())
+    assert _leaves_equal(idle.state, runner.state) and np.isnan(log.loss) and np.isnan(log.eval_return)
+    synced, _ = step(runner, _row(train=True, sync=True))
+    assert _leaves_equal(synced.target_params, synced.state[0])  # θ⁻ ← θ after this step's training call
+
+
+@pytest.mark.unit
+def test_jax_step_stores_the_true_last_observation_at_the_time_limit(tiny):
+    """An env at its 500th step: the buffer gets the true s' (the physics step from s), truncated = 1 and
+    terminated = 0, while the env continues from a fresh start (t = 0, |obs| <= 0.05). Mutation caught: storing
+    the reset observation as s' (bootstrapping from another episode's start), resetting before storing."""
+    runner = _jax_runner(tiny)
+    runner = runner._replace(env=runner.env._replace(t=jnp.array([499, 10, 499, 0], jnp.int32)))
+    after, log = tiny.step(runner, _row(epsilon=1.0))
+    data = jax.tree.map(lambda column: np.asarray(column)[:4], after.buffer.data)
+    _, true_next, *_ = jax.vmap(dqn.cartpole_step)(runner.env, jnp.asarray(data.actions))
+    np.testing.assert_allclose(data.next_obs, np.asarray(true_next), rtol=1e-6, atol=1e-7)  # compiled apart
+    np.testing.assert_array_equal(data.obs, np.asarray(runner.obs))
+    np.testing.assert_array_equal(data.truncated, [1, 0, 1, 0])
+    np.testing.assert_array_equal(data.terminated, 0)
+    t = np.asarray(after.env.t)
+    np.testing.assert_array_equal(t, [0, 11, 0, 1])
+    np.testing.assert_array_equal(np.asarray(after.obs)[[1, 3]], data.next_obs[[1, 3]])  # running on
+    assert np.abs(np.asarray(after.obs)[[0, 2]]).max() <= 0.05  # fresh starts
+    assert not np.allclose(np.asarray(after.obs)[[0, 2]], data.next_obs[[0, 2]])
+    ended = np.asarray(log.episode_returns)
+    assert np.isnan(ended[[1, 3]]).all() and (ended[[0, 2]] == 1.0).all()  # this step's reward; init's returns are 0
+
+
+@pytest.mark.unit
+def test_jax_validation_plays_the_python_loops_validation_episodes(tiny):
+    """The compiled loop's periodic evaluation plays train()'s validation episodes: validate(θ) gives, episode by
+    episode, the returns of evaluate(act, θ, periodic_eval_episodes, eval_seed + 1) on gymnasium's CartPole (an
+    untrained θ: short episodes, before float32 and gymnasium's float64 part ways), and the step logs their mean.
+    θ_best is replaced on a tie and kept on a worse return. Mutations caught: episodes from JAX resets instead of
+    gymnasium's starts, the test seed (eval_seed) used for validation, ties kept by the earlier parameters."""
+    args, step = tiny.args, tiny.step
+    agent = _agent(**{k: v for k, v in JAX_TINY.items() if k != "backend"})
+    params = agent.state[0]
+    returns = np.asarray(jax.jit(tiny.train.validate)(params))
+    expected = dqn.evaluate(agent.act, params, args.periodic_eval_episodes, args.eval_seed + 1).returns
+    assert expected.max() < 100  # short episodes
+    np.testing.assert_array_equal(returns, expected)
+    test = dqn.evaluate(agent.act, params, args.periodic_eval_episodes, args.eval_seed).returns
+    assert not np.array_equal(test, expected)  # the two seeds' episodes tell the sets apart
+    runner = _jax_runner(tiny)
+    after, log = step(runner, _row(evaluate=True))
+    assert float(log.eval_return) == pytest.approx(np.asarray(tiny.train.validate(runner.state[0])).mean())
+    assert float(after.best.eval_return) == float(log.eval_return) and int(after.best.step) == 4
+    other = _perturbed(runner.state[0], scale=0.3)
+    tied = runner._replace(best=dqn.Best(other, log.eval_return, jnp.int32(0)))
+    assert _leaves_equal(step(tied, _row(evaluate=True))[0].best.params, runner.state[0])  # a tie: the later θ
+    better = runner._replace(best=dqn.Best(other, log.eval_return + 1, jnp.int32(0)))
+    kept = step(better, _row(evaluate=True))[0].best
+    assert _leaves_equal(kept.params, other) and int(kept.step) == 0
+
+
+@pytest.mark.unit
+def test_a_seed_in_the_vmap_is_the_same_as_that_seed_alone(tiny):
+    """Seeds 5, 6, 7 vmapped in one call: seed 6 ends with the same θ, Adam state, buffer and logs as train(key 6)
+    alone, up to float rounding (XLA's batched kernels may round differently). Mutations caught: seeds that mix
+    in the vmap (a shared key or a reduction over the seed axis), train that differs from run(init(key))."""
+    train = tiny.train
+    stack = lambda rs: jax.tree.map(lambda *x: jnp.stack(x), *rs)  # noqa: E731
+    together, logs = jax.jit(jax.vmap(train.run))(stack([train.init(jax.random.key(s)) for s in (5, 6, 7)]))
+    alone, log = jax.jit(train)(jax.random.key(6))
+    seed_6 = jax.tree.map(lambda x: np.asarray(x)[1], (together.state, together.buffer, logs))
+    for a, b in zip(jax.tree.leaves(seed_6), jax.tree.leaves((alone.state, alone.buffer, log))):
+        np.testing.assert_allclose(a, np.asarray(b), rtol=1e-5, atol=1e-6)  # batched kernels round differently
+    assert not np.allclose(np.asarray(together.buffer.data.obs)[0], np.asarray(together.buffer.data.obs)[1])
+
+
 # ----------------------------------------------------------------------------- smoke
 
 
@@ -575,10 +864,12 @@ def test_cli_trains_saves_and_load_round_trip(tmp_path):
 
 
 @pytest.mark.smoke
-@pytest.mark.parametrize("case", ["zero_steps", "corrupt_load"])
+@pytest.mark.parametrize("case", ["zero_steps", "corrupt_load", "jax_zero_seeds"])
 def test_cli_bad_input_one_line_error(case, tmp_path):
     if case == "zero_steps":
         flags = ["--total-timesteps", "0"]
+    elif case == "jax_zero_seeds":
+        flags = ["--backend", "jax", "--num-seeds", "0"]
     else:
         (tmp_path / "bad.npz").write_bytes(b"\x00" * 64)
         flags = ["--load", str(tmp_path / "bad.npz")]
@@ -596,6 +887,61 @@ def test_same_seed_same_run(tmp_path):
     b = dqn.main(dqn.parse_args(TINY + ["--out", str(tmp_path / "b")]))
     assert [c["eval_return"] for c in a["curve"]] == [c["eval_return"] for c in b["curve"]]
     assert a["eval_return_mean"] == b["eval_return_mean"]
+
+
+@pytest.mark.smoke
+def test_jax_backend_cli_two_seeds(tmp_path):
+    """--backend jax --num-seeds 2 --total-timesteps 2000 from the command line: one compiled call trains both seeds
+    (split over the devices), the progress line and the many-seed summary are printed, metrics.json holds each
+    seed's final greedy evaluation on gymnasium's test episodes and the solved count, and q_network.npz holds the
+    first seed's final agent (a --load of it scores what metrics.json says). Mutations caught: every seed given
+    the same key (equal returns), a training call more or fewer than the learning-rate schedule was built for,
+    another seed's parameters saved."""
+    out = tmp_path / "run"
+    flags = ["--backend", "jax", "--num-seeds", "2", "--total-timesteps", "2000"]
+    proc = run_script(SCRIPT, *flags, "--out", str(out), cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout.startswith("DQN on a JAX port of CartPole-v1: 2 seed(s) vmapped")
+    progress = [line for line in proc.stdout.splitlines() if line.startswith("step=")]
+    assert len(progress) == 1 and progress[0].startswith("step=2000 ") and "eval_return=" in progress[0]
+    assert "per seed (final greedy evaluation" in proc.stdout and "across 2 seeds:" in proc.stdout
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["backend"] == "jax" and m["seeds"] == [0, 1] and m["devices"] in (1, 2) and m["env_steps"] == 2000
+    returns = m["eval_return_per_seed"]
+    assert len(returns) == 2 and returns[0] != returns[1] and m["eval_return_mean"] == returns[0]
+    assert m["solved"] == sum(r >= 475 for r in returns) and m["across_seeds"]["n"] == 2
+    assert [row["seed"] for row in m["per_seed"]] == [0, 1]
+    assert all(row["eval_episodes"] == 100 for row in m["per_seed"])
+    assert m["gradient_steps_total"] == dqn.derived(dqn.parse_args(flags)).total_gradient_steps == 4 * 128
+    assert (out / "learning_curve.png").stat().st_size > 0
+    loaded = dqn.main(dqn.parse_args(["--load", str(out / "q_network.npz"), "--out", str(out)]))
+    assert loaded["eval_return_mean"] == returns[0]
+
+
+@pytest.mark.smoke
+def test_jax_backend_ctrl_c_keeps_the_compiled_run(tmp_path, monkeypatch, capsys):
+    """--backend jax trains in one compiled call, which Ctrl-C cannot stop: Python raises the KeyboardInterrupt when
+    the call returns, in jax.block_until_ready (here raised there after the real wait). The run is kept: metrics.json
+    at env step N of N, the curve and q_network.npz, and nothing more is evaluated. Mutations caught: a run that loses
+    the compiled call's results ("nothing written"), or that goes on to evaluate and exits 0."""
+    wait = dqn.jax.block_until_ready
+
+    def returns_to_python(x):
+        wait(x)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dqn.jax, "block_until_ready", returns_to_python)
+    out = tmp_path / "out"
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in JAX_TINY.items()] + ["--host-devices", "0", "--out", str(out)]
+    with pytest.raises(SystemExit) as exit_:
+        dqn.main(dqn.parse_args(flags))
+    assert exit_.value.code == 130
+    assert capsys.readouterr().err == f"interrupted at env step 160 of 160; metrics so far in {out / 'metrics.json'}\n"
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["interrupted"] == {"unit": "env step", "at": 160, "of": 160} and len(metrics["curve"]) == 2
+    assert "eval_return_mean" not in metrics and "eval_return_per_seed" not in metrics  # nothing evaluated
+    assert (out / "learning_curve.png").stat().st_size > 0 and (out / "q_network.npz").stat().st_size > 0
 
 
 # ----------------------------------------------------------------------------- learning
@@ -619,6 +965,44 @@ def test_default_configuration_learns_on_held_out_seeds(seed, tmp_path):
     # here; a random policy scores about 22.
     metrics = dqn.main(dqn.parse_args(["--seed", str(seed), "--out", str(tmp_path)]))
     assert metrics["eval_return_mean"] >= 475, [c["eval_return"] for c in metrics["curve"]]
+
+
+@pytest.fixture(scope="module")
+def jax_seeds(tmp_path_factory):
+    """The default configuration with --backend jax: seeds 60 and 61 in one vmapped call, and seed 61 alone."""
+    out = tmp_path_factory.mktemp("jax_seeds")
+    flags = ["--backend", "jax", "--seed", "60", "--num-seeds", "2"]
+    both = dqn.main(dqn.parse_args([*flags, "--out", str(out / "both")]))
+    alone = dqn.main(dqn.parse_args(["--backend", "jax", "--seed", "61", "--out", str(out / "alone")]))
+    return both, alone
+
+
+@pytest.mark.learning
+def test_jax_backend_solves_a_held_out_seed(jax_seeds):
+    """The compiled loop, default flags, seed 61 (held out as for the gymnasium path's learning tests): ≥ 475 on the
+    100 test episodes; the kept parameters are those of the best validation, the later on a tie. Mutations caught:
+    the training call or the target update never due (lax.cond's branches swapped), the last parameters kept
+    instead of the best, ties kept by the earlier parameters."""
+    _, alone = jax_seeds
+    curve = [row["eval_return"] for row in alone["curve"]]
+    assert alone["eval_return_mean"] >= 475, curve
+    best = max(curve)
+    assert alone["best_periodic_return"] == best
+    assert alone["best_step"] == max(row["step"] for row in alone["curve"] if row["eval_return"] == best)
+
+
+@pytest.mark.learning
+def test_jax_seed_inside_the_vmap_is_that_seed_alone(jax_seeds):
+    """Seed 61 trained beside seed 60 in one vmapped call and seed 61 alone: the same run up to float rounding, which
+    the unit test checks on a short run. Over 50k steps DQN's argmax amplifies rounding, so here the check is what
+    survives it: the same first validation, and both solve. Mutations caught: results listed under the wrong seed,
+    seeds that share a key."""
+    both, alone = jax_seeds
+    assert both["seeds"] == [60, 61]
+    inside = both["per_seed"][1]
+    assert inside["validation_returns"][0] == alone["curve"][0]["eval_return"]
+    assert both["per_seed"][0]["validation_returns"][0] != alone["curve"][0]["eval_return"]
+    assert inside["eval_return_mean"] >= 475 and alone["eval_return_mean"] >= 475
 
 
 @pytest.mark.integration
