@@ -595,7 +595,7 @@ class Train:
     init: Callable  # key → Runner: a new agent, θ⁻ = θ, an empty buffer, num_envs fresh CartPoles
     step: Callable  # (Runner, one Schedule entry) → (Runner, StepLog): one step of the loop
     run: Callable  # Runner → (Runner, StepLog of every step): all steps of the schedule in one lax.scan
-    validate: Callable  # θ → the greedy returns of the validation episodes, (periodic_eval_episodes,)
+    validation_returns: Callable  # θ → the greedy returns of the validation episodes, (periodic_eval_episodes,)
     schedule: Schedule  # the xs that run scans over
 
     def __call__(self, key):
@@ -622,7 +622,7 @@ def make_train(args: Args) -> Train:
         buffer = buffer_init(args.buffer_size, OBS_DIM)
         return Runner(state, state[0], buffer, env, env.physics, jnp.zeros(n), best, jnp.zeros((), jnp.int32), key)
 
-    def validate(params: nnx.State) -> jax.Array:
+    def validation_returns(params: nnx.State) -> jax.Array:
         """evaluate() on the validation episodes, with the JAX CartPole: every episode from its start until it
         ends, greedy; their returns. A lax.while_loop, as the number of steps is not known in advance."""
 
@@ -665,7 +665,7 @@ def make_train(args: Args) -> Train:
         )
 
         def evaluate_and_keep():
-            eval_return = validate(state[0]).mean()
+            eval_return = validation_returns(state[0]).mean()
             better = eval_return >= runner.best.eval_return  # ties go to the later, longer-trained parameters
             candidate = Best(state[0], eval_return, env_steps)
             return eval_return, jax.tree.map(lambda new, old: jnp.where(better, new, old), candidate, runner.best)
@@ -678,7 +678,7 @@ def make_train(args: Args) -> Train:
     def run(runner: Runner) -> tuple[Runner, StepLog]:
         return jax.lax.scan(step, runner, schedule)
 
-    return Train(init, step, run, validate, schedule)
+    return Train(init, step, run, validation_returns, schedule)
 
 
 # Plumbing: --backend jax's seeds and devices, the command line, input checks, checkpoints, the GIF, the plot,
@@ -744,14 +744,13 @@ def train_seeds(args: Args, devices: list) -> list[tuple[nnx.State, dict]]:
         jax.block_until_ready(out)
     except KeyboardInterrupt:  # Ctrl-C lands only when the call returns; its results are kept
         interrupted = True
-    runners, step_logs = jax.device_get(out)
+    runners, step_logs = out
+    params, bests, step_logs = jax.device_get((runners.state[0], runners.best, step_logs))  # not the buffers
     train_seconds = time.perf_counter() - t_train
     runs = []
     for i in range(args.num_seeds):
-        seed_log = jax.tree.map(lambda x, i=i: x[i], step_logs)
-        best = jax.tree.map(lambda x, i=i: x[i], runners.best)
-        log = jax_log(args, train.schedule, seed_log, best, train_seconds)
-        runs.append((jax.tree.map(lambda x, i=i: x[i], runners.state[0]), log))
+        seed_log, best, last_params = jax.tree.map(lambda x, i=i: x[i], (step_logs, bests, params))
+        runs.append((last_params, jax_log(args, train.schedule, seed_log, best, train_seconds)))
     sps = args.num_seeds * args.total_timesteps / max(train_seconds - compile_seconds, 1e-9)
     curves = [log["curve"] for _, log in runs]
     for rows in zip(*curves):  # one progress line per periodic evaluation, the mean over the seeds
@@ -762,6 +761,11 @@ def train_seeds(args: Args, devices: list) -> list[tuple[nnx.State, dict]]:
             f"loss={mean['loss']:.4f} eps={epsilon:.3f} sps={sps:.0f}",
             flush=True,
         )
+    print(
+        f"compile_seconds={compile_seconds:.1f} run_seconds={train_seconds - compile_seconds:.1f} "
+        f"({args.num_seeds} seed(s) × {args.total_timesteps} env steps)",
+        flush=True,
+    )
     for _, log in runs:
         log.update(interrupted=interrupted, compile_seconds=round(compile_seconds, 2), devices=len(devices))
     return runs

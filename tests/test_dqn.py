@@ -776,15 +776,16 @@ def test_jax_step_stores_the_true_last_observation_at_the_time_limit(tiny):
 
 @pytest.mark.unit
 def test_jax_validation_plays_the_python_loops_validation_episodes(tiny):
-    """The compiled loop's periodic evaluation plays train()'s validation episodes: validate(θ) gives, episode by
-    episode, the returns of evaluate(act, θ, periodic_eval_episodes, eval_seed + 1) on gymnasium's CartPole (an
-    untrained θ: short episodes, before float32 and gymnasium's float64 part ways), and the step logs their mean.
-    θ_best is replaced on a tie and kept on a worse return. Mutations caught: episodes from JAX resets instead of
-    gymnasium's starts, the test seed (eval_seed) used for validation, ties kept by the earlier parameters."""
+    """The compiled loop's periodic evaluation plays train()'s validation episodes: validation_returns(θ) gives,
+    episode by episode, the returns of evaluate(act, θ, periodic_eval_episodes, eval_seed + 1) on gymnasium's
+    CartPole (an untrained θ: short episodes, before float32 and gymnasium's float64 part ways), and the step logs
+    their mean. θ_best is replaced on a tie and kept on a worse return. Mutations caught: episodes from JAX resets
+    instead of gymnasium's starts, the test seed (eval_seed) used for validation, ties kept by the earlier
+    parameters, θ_best replaced by a worse θ."""
     args, step = tiny.args, tiny.step
     agent = _agent(**{k: v for k, v in JAX_TINY.items() if k != "backend"})
     params = agent.state[0]
-    returns = np.asarray(jax.jit(tiny.train.validate)(params))
+    returns = np.asarray(jax.jit(tiny.train.validation_returns)(params))
     expected = dqn.evaluate(agent.act, params, args.periodic_eval_episodes, args.eval_seed + 1).returns
     assert expected.max() < 100  # short episodes
     np.testing.assert_array_equal(returns, expected)
@@ -792,7 +793,8 @@ def test_jax_validation_plays_the_python_loops_validation_episodes(tiny):
     assert not np.array_equal(test, expected)  # the two seeds' episodes tell the sets apart
     runner = _jax_runner(tiny)
     after, log = step(runner, _row(evaluate=True))
-    assert float(log.eval_return) == pytest.approx(np.asarray(tiny.train.validate(runner.state[0])).mean())
+    mean = np.asarray(jax.jit(tiny.train.validation_returns)(runner.state[0])).mean()
+    assert float(log.eval_return) == pytest.approx(mean)
     assert float(after.best.eval_return) == float(log.eval_return) and int(after.best.step) == 4
     other = _perturbed(runner.state[0], scale=0.3)
     tied = runner._replace(best=dqn.Best(other, log.eval_return, jnp.int32(0)))
@@ -981,8 +983,7 @@ def jax_seeds(tmp_path_factory):
 def test_jax_backend_solves_a_held_out_seed(jax_seeds):
     """The compiled loop, default flags, seed 61 (held out as for the gymnasium path's learning tests): ≥ 475 on the
     100 test episodes; the kept parameters are those of the best validation, the later on a tie. Mutations caught:
-    the training call or the target update never due (lax.cond's branches swapped), the last parameters kept
-    instead of the best, ties kept by the earlier parameters."""
+    the training calls made at the wrong steps (lax.cond's branches swapped), ties kept by the earlier parameters."""
     _, alone = jax_seeds
     curve = [row["eval_return"] for row in alone["curve"]]
     assert alone["eval_return_mean"] >= 475, curve
