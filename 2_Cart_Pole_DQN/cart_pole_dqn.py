@@ -100,7 +100,9 @@ class Args:
         "parameters saved and finally evaluated: the 'best' periodic evaluation's (ties: the later), or the 'last'",
         choices=("best", "last"),
     )
-    solve_threshold: float = flag(475.0, "a periodic evaluation at or above this mean return counts as solved")
+    solve_threshold: float = flag(
+        475.0, "a mean return at or above this counts as solved (a periodic evaluation; --backend jax: a seed's test)"
+    )
     out: str = flag("runs/cart_pole_dqn", "folder for metrics.json, the curve PNG and q_network.npz")
     load: str = flag("", "evaluate a saved q_network.npz without training (--video: watch it); writes into <out>/eval/")
     video: bool = flag(False, "also write one greedy episode of the final agent to <out>/episode.gif")
