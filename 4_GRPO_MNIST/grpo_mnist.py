@@ -68,7 +68,7 @@ class Args:
         "dp", "logical-axis rules: dp (split the prompts) or fsdp (also the large weights)", choices=("dp", "fsdp")
     )
     task: str = flag(
-        "digit",
+        "number",
         "digit: one image, answer its digit; number: a strip of 1 to --max-digits images, answer the number",
         choices=("digit", "number"),
     )
@@ -120,10 +120,16 @@ class Args:
     ref_refresh: int = flag(0, "copy the policy into π_ref every this many iterations (0: π_ref stays frozen)", min=0)
     loss_agg: str = flag(
         "seq-mean-token-mean",
-        "per-token losses → one number: seq-mean-token-mean (GRPO), token-mean (DAPO) or dr-grpo (Dr. GRPO)",
+        "per-token losses → one number: seq-mean-token-mean (GRPO), token-mean (DAPO) or dr-grpo (Dr. GRPO's "
+        "constant normaliser; Dr. GRPO itself also needs --adv-norm none)",
         choices=("seq-mean-token-mean", "token-mean", "dr-grpo"),
     )
     drop_zero_var: bool = flag(False, "leave groups whose rewards are all equal out of the loss and its normaliser")
+    adv_norm: str = flag(
+        "std",
+        "std: A = (r − mean) / (std + ε) (GRPO); none: A = r − mean (Dr. GRPO's advantage)",
+        choices=("std", "none"),
+    )
     adv_eps: float = flag(1e-4, "ε in (r − mean) / (std + ε)", gt=0)
     hidden_size: int = flag(128, "width of the image encoder's features", min=1)
     decoder_size: int = flag(256, "width of the decoder's hidden layer", min=1)
@@ -244,17 +250,26 @@ def verify(tokens: jax.Array, target: jax.Array, partial: bool = False) -> jax.A
 
 
 # ---- Group advantages: the baseline is the group's own mean, so no critic is needed
-def group_advantages(rewards: jax.Array, eps: float) -> jax.Array:
+def has_signal(rewards: jax.Array) -> jax.Array:
+    """(B,): True where a row's rewards are not all equal, so its advantages can be non-zero."""
+    return rewards.max(axis=1) > rewards.min(axis=1)
+
+
+def group_advantages(rewards: jax.Array, eps: float, norm: str = "std") -> jax.Array:
     """Real GRPO. rewards (B, G): row b holds the G answers to prompt b.
-    A_bg = (r_bg − mean_g r_b·) / (std_g r_b· + ε); a group whose rewards are all equal gets A = 0."""
-    mean = rewards.mean(axis=1, keepdims=True)  # (B, 1)
-    std = rewards.std(axis=1, keepdims=True)  # (B, 1), population std
-    return (rewards - mean) / (std + eps)
+    A_bg = (r_bg − mean_g r_b·) / (std_g r_b· + ε), or r_bg − mean_g r_b· with norm="none" (Dr. GRPO);
+    a group whose rewards are all equal gets A = 0 exactly. Equality is decided with max == min: eight float32
+    rewards of 1/3 have a std of about 3e-8, not 0."""
+    centred = rewards - rewards.mean(axis=1, keepdims=True)  # (B, G)
+    if norm == "std":
+        centred = centred / (rewards.std(axis=1, keepdims=True) + eps)  # population std, (B, 1)
+    return jnp.where(has_signal(rewards)[:, None], centred, 0.0)
 
 
-def batch_advantages(rewards: jax.Array, eps: float) -> jax.Array:
-    """The original guide's variant: one baseline for the whole batch. A = (r − mean(all r)) / (std(all r) + ε)."""
-    return (rewards - rewards.mean()) / (rewards.std() + eps)
+def batch_advantages(rewards: jax.Array, eps: float, norm: str = "std") -> jax.Array:
+    """The original guide's variant: one baseline for the whole batch, A = (r − mean(all r)) / (std(all r) + ε)
+    (without the division when norm="none"), and A = 0 when every reward in the batch is equal."""
+    return group_advantages(rewards.reshape(1, -1), eps, norm).reshape(rewards.shape)
 
 
 # ---- Per token: the clipped ratio and the KL to π_ref
@@ -310,6 +325,7 @@ class GRPOConfig:
     drop_zero_var: bool
     ref_refresh: int
     reward: str
+    adv_norm: str
     adv_eps: float
     batch_axis: str | None = None  # the mesh axis the prompts are split along (RULE_SETS[...]['batch'])
 
@@ -334,10 +350,9 @@ def grpo_loss(policy: Policy, strips: Strips, rollout: Rollout, config: GRPOConf
     logp = token_logp(logits, rollout.tokens)
     objective, binds, outside = clipped_surrogate(logp, rollout.logp_old, rollout.adv, config.clip_eps)
     per_token = -objective
-    metrics = {
-        "clip_frac": aggregate(binds, rollout.mask, "token-mean"),
-        "outside_frac": aggregate(outside, rollout.mask, "token-mean"),
-    }
+    answer = completion_mask(rollout.tokens)  # every answer token, dropped groups included: the same denominator
+    metrics = {"clip_frac": aggregate(binds, answer, "token-mean")}
+    metrics["outside_frac"] = aggregate(outside, answer, "token-mean")
     if config.beta > 0:
         kl = token_kl(logits, rollout.ref_logits, rollout.tokens, config.kl)
         per_token = per_token + config.beta * kl
@@ -363,11 +378,11 @@ def rollout_groups(policy: Policy, reference: Policy, strips: Strips, key, confi
     target = jnp.repeat(strips.target, config.group_size, axis=0)
     rewards = verify(tokens, target, config.reward == "partial").reshape(-1, config.group_size)  # (B, G)
     if config.group_mode == "prompt":
-        adv = group_advantages(rewards, config.adv_eps)
-        signal = rewards.std(axis=1) > 0  # (B,): False where all G rewards are equal, so every A is 0
+        adv = group_advantages(rewards, config.adv_eps, config.adv_norm)
+        signal = has_signal(rewards)  # (B,): False where all G rewards are equal, so every A is 0
     else:
-        adv = batch_advantages(rewards, config.adv_eps)
-        signal = jnp.full(rewards.shape[0], rewards.std() > 0)
+        adv = batch_advantages(rewards, config.adv_eps, config.adv_norm)
+        signal = jnp.full(rewards.shape[0], has_signal(rewards.reshape(1, -1))[0])
     mask = completion_mask(tokens)
     if config.drop_zero_var:
         mask = mask * jnp.repeat(signal, config.group_size)[:, None]
@@ -375,7 +390,8 @@ def rollout_groups(policy: Policy, reference: Policy, strips: Strips, key, confi
     if config.beta > 0:
         ref_logits = reference(jnp.repeat(reference.encode(strips.images, strips.slots), config.group_size, 0), tokens)
     rollout = Rollout(tokens, mask, logp_old, adv.reshape(-1, 1), ref_logits)
-    return rollout, {"reward": rewards.mean(), "zero_signal": 1 - signal.mean()}
+    all_right = jnp.mean(rewards.min(axis=1) == 1)  # groups with every answer right: no signal, nothing left to fix
+    return rollout, {"reward": rewards.mean(), "zero_signal": 1 - signal.mean(), "all_right": all_right}
 
 
 def grpo_update(policy, optimizer, reference, strips: Strips, key, config: GRPOConfig) -> dict:
@@ -387,7 +403,11 @@ def grpo_update(policy, optimizer, reference, strips: Strips, key, config: GRPOC
         (_, aux), grads = grad_fn(policy, strips, rollout, config)
         optimizer.update(policy, grads)
         steps.append(aux)
-    return {**jax.tree.map(lambda *v: jnp.mean(jnp.stack(v)), *steps), **metrics}
+    averages = {name: jnp.mean(jnp.stack([aux[name] for aux in steps])) for name in steps[0]}  # over the μ steps
+    can_bind = steps[1:] or steps  # step 1 has ρ = 1 exactly; with μ = 1 nothing can bind and both fractions are 0
+    for name in ("clip_frac", "outside_frac"):  # over steps 2..μ only
+        averages[name] = jnp.mean(jnp.stack([aux[name] for aux in can_bind]))
+    return {**averages, **metrics}
 
 
 def sft_update(policy, optimizer, strips: Strips, key) -> dict:
@@ -908,6 +928,11 @@ def make_mesh(args: Args, devices: list) -> jax.sharding.Mesh:
         raise InputError(
             f"--mesh {text} needs {shape[0] * shape[1]} devices, there are {len(devices)} (see --host-devices)"
         )
+    if shape[1] > 1 and "model" not in {axis for _, axis in RULE_SETS[args.rules]}:
+        raise InputError(
+            f"--mesh {text}: no --rules {args.rules} rule splits anything along 'model', so its {shape[1]} devices "
+            f"would repeat the same work; use --mesh {shape[0]}x1 (module 5 splits a model along 'model')"
+        )
     if args.batch_size % shape[0]:
         raise InputError(f"--batch-size {args.batch_size} must split evenly along 'data' ({shape[0]} devices)")
     auto = (jax.sharding.AxisType.Auto,) * 2
@@ -1221,7 +1246,7 @@ def print_summary(args: Args, results: dict, label: str) -> None:
         print(f"outside_frac:    {results['outside_frac']:.4f}  (last block; |ρ − 1| > ε, whatever the sign of A)")
         print(f"zero_signal:     {results['zero_signal']:.4f}  (last block; groups whose G rewards are all equal)")
     if "mesh" in results:
-        m, kb = results["mesh"], lambda n: f"{n / 1024:,.1f} kB"
+        m, kb = results["mesh"], lambda n: f"{n / 1000:,.1f} kB"  # kB = 1,000 bytes, as GB = 10⁹ in module 5
         print(
             f"per device:      policy + Adam {kb(m['policy_adam_bytes'])} (of {kb(m['policy_adam_bytes_total'])}), "
             f"π_ref {kb(m['reference_bytes'])}, a critic + Adam would add {kb(m['critic_adam_bytes'])} (shards)"

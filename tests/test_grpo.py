@@ -81,6 +81,7 @@ def grpo_config(**changes) -> g.GRPOConfig:
         drop_zero_var=False,
         ref_refresh=0,
         reward="exact",
+        adv_norm="std",
         adv_eps=1e-4,
     )
     return g.GRPOConfig(**{**base, **changes})
@@ -139,8 +140,10 @@ def train_as_main(args: g.Args, data: g.Data):
 
 
 def tiny_args(tmp_path, **changes) -> g.Args:
-    """A tiny real run on the bundled digits: 4 iterations scored every 2, B = 8, G = 4, small layers, n = 4."""
+    """A tiny real run of the one-token task on the bundled digits: 4 iterations scored every 2, B = 8, G = 4,
+    small layers, n = 4."""
     base = dict(
+        task="digit",
         iterations=4,
         eval_every=2,
         eval_samples=4,
@@ -420,6 +423,50 @@ _jit_rollout = nnx.jit(g.rollout_groups, static_argnums=4)  # as train_block run
 
 
 @pytest.mark.unit
+def test_equal_partial_rewards_carry_no_signal_though_their_float_std_is_not_0():
+    """Eight answers that each get 1 of 3 digits right, as verify scores them: 1/3 in float32, whose std over
+    G = 8 is about 3e-8, not 0 (with G = 4 it happens to be 0). Equality is decided exactly: the group has no
+    signal, every advantage is exactly 0 (both norms), and batch mode agrees. Catches: deciding "no signal" by
+    std > 0, which gives each answer a tiny ±3e-4 advantage."""
+    tokens = jnp.array([[1, 9, 9, g.EOS]] * 8)
+    rewards = g.verify(tokens, jnp.array([[1, 2, 3, g.EOS]] * 8), partial=True).reshape(1, 8)
+    assert (np.asarray(rewards) == np.float32(1) / 3).all()
+    assert float(rewards.std()) > 0  # the float error the test is about
+    assert not bool(g.has_signal(rewards)[0])
+    for norm in ("std", "none"):
+        assert (np.asarray(g.group_advantages(rewards, 1e-4, norm)) == 0).all()
+        assert (np.asarray(g.batch_advantages(rewards.reshape(8, 1), 1e-4, norm)) == 0).all()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("drop", [False, True])
+def test_rollout_counts_a_group_of_equal_partial_rewards_as_zero_signal(drop):
+    """--reward partial, one 3-image prompt with digits 3 1 1 and a policy that always writes 3 (no EOS in 3
+    tokens): each of the G = 8 answers scores 1/3. The rollout must count the group in zero_signal, give it A = 0
+    and, with --drop-zero-var, an all-0 mask. Catches: rollout_groups deciding the signal with std > 0."""
+    policy = constant_policy(3, jnp.full(g.VOCAB, -30.0).at[3].set(0.0))
+    strips = g.make_strips(jnp.zeros((3, 784)), jnp.array([3, 1, 1]), jnp.array([[0, 1, 2]]), jnp.array([3]))
+    config = grpo_config(group_size=8, batch_size=1, reward="partial", drop_zero_var=drop)
+    rollout, metrics = _jit_rollout(policy, policy, strips, jax.random.key(0), config)
+    assert float(metrics["reward"]) == pytest.approx(1 / 3) and float(metrics["zero_signal"]) == 1.0
+    assert (np.asarray(rollout.adv) == 0).all()
+    assert (np.asarray(rollout.mask) == 0).all() == drop
+
+
+@pytest.mark.unit
+def test_dr_grpo_advantage_is_the_centred_reward_without_the_std():
+    """--adv-norm none: A = r − mean(r) per group, no division (Dr. GRPO); all-equal groups still get 0; batch mode
+    centres on the batch mean. Catches: dividing anyway, centring on the wrong axis, the flag ignored."""
+    rewards = jnp.array([[1.0, 0, 0, 0], [1.0, 1, 1, 1]])
+    np.testing.assert_array_equal(
+        np.asarray(g.group_advantages(rewards, 1e-4, "none")), [[0.75, -0.25, -0.25, -0.25], [0, 0, 0, 0]]
+    )
+    flat = rewards.reshape(8, 1)  # batch mean 5/8
+    np.testing.assert_allclose(np.asarray(g.batch_advantages(flat, 1e-4, "none")), np.asarray(flat) - 0.625)
+    assert g.GRPOConfig.from_args(g.Args(adv_norm="none")).adv_norm == "none"
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("drop", [False, True])
 def test_rollout_drops_zero_variance_groups_and_always_reports_their_share(drop):
     """A policy that answers 3 or 5 with probability ½ each (every other token e^−30 as likely), G = 8, four
@@ -445,6 +492,26 @@ def test_rollout_drops_zero_variance_groups_and_always_reports_their_share(drop)
     assert (np.asarray(rollout.adv).reshape(4, G)[zero_var] == 0).all()
 
 
+@pytest.mark.unit
+def test_clip_and_outside_fractions_count_every_answer_token_dropped_or_not():
+    """The rollout of the drop test (targets 3, 5, 1, 3; G = 8; one token per answer), with log π_old moved by 1 on
+    the zero-variance groups' tokens only: there ρ = e^±1 is outside [1 − ε, 1 + ε], elsewhere ρ = 1. outside_frac
+    is the share of ALL answer tokens outside, with --drop-zero-var or without: the same denominator in both
+    modes. Catches: counting over the loss mask, which loses the dropped groups' tokens."""
+    logits = jnp.full(g.VOCAB, -30.0).at[3].set(0.0).at[5].set(0.0)
+    policy, targets, G = constant_policy(1, logits), [3, 5, 1, 3], 8
+    for drop in (False, True):
+        config = grpo_config(group_size=G, batch_size=4, drop_zero_var=drop)
+        strips = one_image_strips(targets)
+        rollout, metrics = _jit_rollout(policy, policy, strips, jax.random.key(1), config)
+        zero_var = np.repeat(np.asarray(rollout.adv).reshape(4, G).std(axis=1) == 0, G)[:, None]
+        assert 0 < zero_var.mean() < 1
+        moved = rollout._replace(logp_old=rollout.logp_old + jnp.where(zero_var, 1.0, 0.0))
+        _, aux = g.grpo_loss(policy, strips, moved, config)
+        assert float(aux["outside_frac"]) == pytest.approx(zero_var.mean())
+        assert float(aux["clip_frac"]) == 0.0  # A = 0 on those tokens: nothing binds
+
+
 # ------------------------------------------------------------------ unit: μ, the clip and the reference
 def _after_one_update(inner_steps: int, clip_eps: float):
     """A fresh --task digit policy after one grpo_update (Adam, learning rate 3e-2, B = 16, G = 8) on bundled
@@ -465,6 +532,34 @@ def _jit_grpo_update_eps(policy, optimizer, reference, strips, key, config, clip
     """grpo_update with ε given as an array, not in the static config: updates that differ only in ε are one
     compiled program (ε enters only the arithmetic of clipped_surrogate)."""
     return g.grpo_update(policy, optimizer, reference, strips, key, replace(config, clip_eps=clip_eps))
+
+
+@pytest.mark.unit
+def test_clip_frac_at_mu_2_is_the_share_of_the_second_step():
+    """μ = 2: step 1 has ρ = 1 exactly, so only step 2 can bind. grpo_update's clip_frac and outside_frac must be
+    step 2's own shares, computed here by hand (one update on grpo_loss's gradient, then grpo_loss again on the
+    same rollout), not the mean with step 1's zeros. Catches: averaging the fractions over all μ steps."""
+    data = bundled_data()
+    strips = g.draw_strips(jax.random.key(0), jnp.asarray(data.x_train), jnp.asarray(data.y_train), 16, 1)
+    config = grpo_config(group_size=8, batch_size=16, inner_steps=2, clip_eps=0.05)
+
+    def fresh():
+        policy = g.Policy(1, 16, 32, rngs=nnx.Rngs(0))
+        return policy, nnx.Optimizer(policy, optax.adam(3e-2), wrt=nnx.Param)
+
+    @nnx.jit
+    def by_hand(policy, optimizer):
+        rollout, _ = g.rollout_groups(policy, policy, strips, jax.random.key(1), config)
+        (_, first), grads = nnx.value_and_grad(g.grpo_loss, has_aux=True)(policy, strips, rollout, config)
+        optimizer.update(policy, grads)
+        return first, g.grpo_loss(policy, strips, rollout, config)[1]
+
+    first, second = by_hand(*fresh())
+    policy, optimizer = fresh()
+    reported = nnx.jit(g.grpo_update, static_argnums=5)(policy, optimizer, policy, strips, jax.random.key(1), config)
+    assert float(first["outside_frac"]) == 0.0 and float(second["outside_frac"]) > 0
+    for name in ("clip_frac", "outside_frac"):
+        assert float(reported[name]) == pytest.approx(float(second[name]), abs=1e-6)
 
 
 @pytest.mark.unit
@@ -893,7 +988,7 @@ def test_param_table_counts_the_models():
     """Counted from the layers: encoder 784·H + H; decoder N·(H + 11 + 1)·D + D (the prompt's N·H features, N
     one-hot tokens of 11, N position bits); head D·11 + 11. The critic: the same encoder, N·H·D + D, D + 1.
     Catches: a table that counts another model, or a critic with the policy's head."""
-    _, digit = g.param_table(g.Args())  # N = 1, H = 128, D = 256
+    _, digit = g.param_table(g.Args(task="digit"))  # N = 1, H = 128, D = 256
     assert digit["params_policy"] == (784 * 128 + 128) + (1 * 140 * 256 + 256) + (256 * 11 + 11)  # 139,659
     assert digit["params_critic"] == (784 * 128 + 128) + (1 * 128 * 256 + 256) + (256 + 1)  # 133,889
     _, number = g.param_table(g.Args(task="number", max_digits=4))
@@ -1047,10 +1142,10 @@ def test_cli_runs_both_tasks(task, tmp_path):
 # and 200 RL iterations 0.234, 0.245 and 0.273. The bars below leave a wide margin under those values.
 @pytest.mark.learning
 def test_digit_task_learns_well_above_chance(tmp_path):
-    """--task digit, the default flags but 150 iterations: validation pass@1 (one answer sampled at temperature 1)
-    and greedy accuracy far above chance (10 %): measured 0.849 and 0.861, the bar is 0.6. Catches: a flipped
-    advantage sign, a broken baseline or verifier, a sampler that ignores the prompt."""
-    result = g.main(g.Args(iterations=150, eval_every=50, score_test=False, out=str(tmp_path)))
+    """--task digit, the other flags at their defaults but 150 iterations: validation pass@1 (one answer sampled at
+    temperature 1) and greedy accuracy far above chance (10 %): measured 0.849 and 0.861, the bar is 0.6. Catches:
+    a flipped advantage sign, a broken baseline or verifier, a sampler that ignores the prompt."""
+    result = g.main(g.Args(task="digit", iterations=150, eval_every=50, score_test=False, out=str(tmp_path)))
     assert result["history"][0]["val_pass1"] < 0.2  # untrained: near chance
     assert result["val_pass1"] > 0.6 and result["val_greedy"] > 0.6
 

@@ -202,7 +202,13 @@ FIRST_MEASUREMENT = {
         ["--total-timesteps", "600", "--learning-starts", "200", "--eval-frequency", "300", "--hidden-size", "16"],
     ),
     "3_Pendulum/pendulum.py": ("collect_rollout", ["--total-timesteps", "512", "--num-envs", "4", "--num-steps", "64"]),
-    "4_GRPO_MNIST/grpo_mnist.py": ("scores", ["--iterations", "4", "--eval-every", "2", "--hidden-size", "16"]),
+    "4_GRPO_MNIST/grpo_mnist.py": (
+        "scores",
+        [
+            *("--task", "digit", "--iterations", "4", "--eval-every", "2", "--eval-samples", "4", "--pass-k", "2"),
+            *("--batch-size", "8", "--group-size", "4", "--hidden-size", "16", "--decoder-size", "32"),
+        ],
+    ),
     "5_Sharding_Mesh/sharding_mesh.py": ("run_rule_set", ["--host-devices", "0", "--steps", "2", "--embed", "16"]),
 }
 

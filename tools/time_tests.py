@@ -1,11 +1,13 @@
-"""What JAX's persistent compilation cache saves: `pytest` and each module's default run, cold and warm.
+"""What JAX's persistent compilation cache saves: `pytest` and each module's first run, cold and warm.
 
 Every script keeps its compiled XLA programs in `--compile-cache` (default `~/.cache/jax-rl-course`), and so do
-the tests, which run the scripts with their defaults. A *cold* run starts with that folder empty: every program
-is compiled. A *warm* run finds them all on disk. This tool times both, whole process, in a fresh HOME so the
-real cache is never touched (matplotlib keeps its own font cache through MPLCONFIGDIR):
+the tests, which run the scripts with their defaults. Each module runs with its defaults, except GRPO, which
+runs its one-token task at that task's settings (the default --task number takes minutes). A *cold* run starts
+with that folder empty: every program is compiled. A *warm* run finds them all on disk. This tool times both,
+whole process, in a fresh HOME so the real cache is never touched (matplotlib keeps its own font cache through
+MPLCONFIGDIR):
 
-    python tools/time_tests.py                      # pytest and the five default runs, 3 cold and 3 warm each
+    python tools/time_tests.py                      # pytest and the five module runs, 3 cold and 3 warm each
     python tools/time_tests.py --repeats 1 --only pytest
 
 For each round it makes an empty HOME, runs the command once (cold), then again in the same HOME (warm), and
@@ -39,7 +41,9 @@ COMMANDS = {
     "1_Q_Learning": ["1_Q_Learning/Q_Learning.py"],
     "2_Cart_Pole_DQN": ["2_Cart_Pole_DQN/cart_pole_dqn.py"],
     "3_Pendulum": ["3_Pendulum/pendulum.py"],
-    "4_GRPO_MNIST": ["4_GRPO_MNIST/grpo_mnist.py"],
+    # the one-token task at its own validated settings: the default --task number takes minutes, not seconds
+    "4_GRPO_MNIST": ["4_GRPO_MNIST/grpo_mnist.py", "--task", "digit", "--group-size", "16", "--beta", "0.1"]
+    + ["--kl", "exact", "--learning-rate", "5e-4"],
     "5_Sharding_Mesh": ["5_Sharding_Mesh/sharding_mesh.py"],
 }
 
