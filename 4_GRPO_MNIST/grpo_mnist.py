@@ -40,14 +40,10 @@ from typing import NamedTuple
 try:  # Ctrl-C while the libraries load: one line and exit status 130, not a traceback
     import jax
     import jax.numpy as jnp
-    import matplotlib
     import numpy as np
     import optax
     from flax import nnx
     from tensorflow_probability.substrates.jax import distributions as tfd  # TFP on JAX: no TensorFlow needed
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 except KeyboardInterrupt:
     print("interrupted while loading the libraries; nothing written", file=sys.stderr)
     raise SystemExit(130) from None
@@ -160,6 +156,24 @@ def draw_strips(key, x, y, n_prompts: int, n_slots: int) -> Strips:
     k_idx, k_len = jax.random.split(key)
     idx = jax.random.randint(k_idx, (n_prompts, n_slots), 0, len(y))
     return make_strips(x, y, idx, jax.random.randint(k_len, (n_prompts,), 1, n_slots + 1))
+
+
+# ---- Logical axis names: each weight is created with names, and a rule set maps names to mesh axes (chapter 6),
+# as MaxText's logical_axis_rules: 'batch' is the prompts' dimension; 'pixels' and 'inputs' are the input
+# dimensions of the two large weights; names no rule lists are replicated.
+RULE_SETS = {
+    "dp": (("batch", "data"),),  # data parallel: split the prompts, replicate every weight
+    "fsdp": (("batch", "data"), ("pixels", "data"), ("inputs", "data")),  # and the two large weights' input dim
+}
+
+
+def named(names: tuple[str, str]) -> dict:
+    """nnx.Linear initialisers that tag the kernel with logical axis names (and the bias with the output's)."""
+    init = partial(nnx.with_partitioning, eager_sharding=False)  # laid out later, by the rules, on a mesh
+    return {
+        "kernel_init": init(nnx.initializers.lecun_normal(), names),
+        "bias_init": init(nnx.initializers.zeros_init(), names[1:]),
+    }
 
 
 # ---- The policy: a causal model over answer tokens; the critic exists only to be counted
@@ -477,6 +491,91 @@ def evaluate(policy_def, state, ref_state, strips: Strips, key, n_samples: int) 
     }
 
 
+# ---- Before the loop: the splits, the task's sizes, the layout of the state on the mesh, one progress line
+class Data(NamedTuple):
+    x_train: np.ndarray  # (N, 784) float32 in [0, 1]
+    y_train: np.ndarray  # (N,) int32 digit labels
+    x_val: np.ndarray  # (V, 784) validation images, carved from the training images: every choice is made here
+    y_val: np.ndarray
+    x_test: np.ndarray | None  # (M, 784) held-out test images, scored once at the end (None: --no-score-test)
+    y_test: np.ndarray | None
+    source: str  # what the numbers were measured on
+
+
+SPLIT_SEED = 0  # the fixed shuffles behind --split-test-set, --val-size and the evaluation strips
+
+
+def fixed_strips(x, y, n_slots: int) -> Strips:
+    """The validation or test prompts: one strip per image, which opens it; the other slots and the length come
+    from a fixed shuffle, so every run scores the same strips. With N = 1 these are the images themselves."""
+    rng = np.random.default_rng(SPLIT_SEED)
+    idx = np.concatenate([np.arange(len(y))[:, None], rng.integers(0, len(y), (len(y), n_slots - 1))], axis=1)
+    return make_strips(
+        jnp.asarray(x), jnp.asarray(y), jnp.asarray(idx), jnp.asarray(rng.integers(1, n_slots + 1, len(y)))
+    )
+
+
+def slots_for(args: Args) -> int:
+    """N, the image slots of a prompt and the longest answer: --max-digits for --task number, 1 for digit."""
+    return args.max_digits if args.task == "number" else 1
+
+
+def sft_steps_for(args: Args) -> int:
+    """--sft-steps -1 means: 300 warm-start steps for --task number, none for --task digit."""
+    return args.sft_steps if args.sft_steps >= 0 else (300 if args.task == "number" else 0)
+
+
+def labelled_count(args: Args, n_train: int) -> int:
+    """How many training images SFT and --objective supervised may read the labels of: round(fraction · N), >= 1."""
+    return max(1, round(args.label_fraction * n_train))
+
+
+LOGICAL_NAMES = ("batch", "pixels", "features", "inputs", "hidden", "vocab", "value")
+
+
+def shardings(state, mesh: jax.sharding.Mesh, rules: str):
+    """NamedSharding for every leaf of `state`, from its logical axis names: nnx.logical_axis_rules +
+    nnx.get_named_sharding, with every name the rule set does not list replicated."""
+    listed = {name for name, _ in RULE_SETS[rules]}
+    with nnx.logical_axis_rules((*RULE_SETS[rules], *((n, None) for n in LOGICAL_NAMES if n not in listed))):
+        return nnx.get_named_sharding(state, mesh)
+
+
+def spec_paths(state, mesh, rules: str) -> tuple[list[str], list]:
+    """('encoder/kernel', …) and each leaf's PartitionSpec, in jax.tree.leaves order."""
+    flat = jax.tree_util.tree_flatten_with_path(shardings(state, mesh, rules))[0]
+    paths = ["/".join(str(k.key) for k in path if hasattr(k, "key")) for path, _ in flat]
+    return paths, [sharding.spec for _, sharding in flat]
+
+
+def place(state, rules: str):
+    """Put every array of `state` where the rules say, on the mesh set by jax.set_mesh (as is without one)."""
+    mesh = jax.sharding.get_mesh()
+    return state if mesh.empty else jax.device_put(state, shardings(state, mesh, rules))
+
+
+def scores(raw: dict, n: int, k: int, prefix: str) -> dict:
+    """evaluate()'s arrays → floats: pass@1 (the mean reward of one sampled answer), pass@k, greedy, lengths, KL."""
+    out = {"pass1": float(raw["correct"].mean()) / n, f"pass{k}": pass_at_k(n, raw["correct"], k)}
+    out.update({name: float(raw[name]) for name in ("greedy", "length", "wrong_length", "kl_ref")})
+    return {f"{prefix}{name}": value for name, value in out.items()}
+
+
+PROGRESS = ("reward", "loss", "clip_frac", "outside_frac", "zero_signal", "kl")
+
+
+def print_progress(row: dict) -> None:
+    """One grep-able line per block: the phase and iteration, validation scores, then the block's training means."""
+    passes = " ".join(f"{key}={row[key]:.4f}" for key in row if key.startswith("val_pass"))  # pass@1, pass@k
+    line = (
+        f"phase={row['phase']} iter={row['iteration']} {passes} "
+        f"val_greedy={row['val_greedy']:.4f} len={row['val_length']:.2f} wrong_len={row['val_wrong_length']:.2f} "
+        f"kl_ref={row['val_kl_ref']:.4f}"
+    )
+    extra = "".join(f" {key}={row[key]:.4f}" for key in PROGRESS if key in row)
+    print(line + extra + (f" sec={row['seconds']:.2f}" if "seconds" in row else ""), flush=True)
+
+
 # ---- The training loop: SFT warm start, then RL (or more SFT) in blocks, scoring validation after each
 def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
     """Returns (policy, reference, history, timings). π_ref is the policy RL starts from: after the SFT warm
@@ -633,19 +732,6 @@ def validate(args: Args) -> None:
 
 
 # ---- The splits: train / validation / test images; prompts are built from one split only
-class Data(NamedTuple):
-    x_train: np.ndarray  # (N, 784) float32 in [0, 1]
-    y_train: np.ndarray  # (N,) int32 digit labels
-    x_val: np.ndarray  # (V, 784) validation images, carved from the training images: every choice is made here
-    y_val: np.ndarray
-    x_test: np.ndarray | None  # (M, 784) held-out test images, scored once at the end (None: --no-score-test)
-    y_test: np.ndarray | None
-    source: str  # what the numbers were measured on
-
-
-SPLIT_SEED = 0  # the fixed shuffles behind --split-test-set, --val-size and the evaluation strips
-
-
 def split_test_digits(x: np.ndarray, y: np.ndarray, n_train: int) -> tuple[np.ndarray, ...]:
     """--data bundled: the 10,000 official test digits, shuffled once, become n_train training digits and a
     held-out test set (the rest). Returns (x_train, y_train, x_test, y_test)."""
@@ -661,31 +747,6 @@ def carve_validation(x: np.ndarray, y: np.ndarray, val_size: float) -> tuple[np.
     order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
     train, val = order[n_val:], order[:n_val]
     return x[train], y[train], x[val], y[val]
-
-
-def fixed_strips(x, y, n_slots: int) -> Strips:
-    """The validation or test prompts: one strip per image, which opens it; the other slots and the length come
-    from a fixed shuffle, so every run scores the same strips. With N = 1 these are the images themselves."""
-    rng = np.random.default_rng(SPLIT_SEED)
-    idx = np.concatenate([np.arange(len(y))[:, None], rng.integers(0, len(y), (len(y), n_slots - 1))], axis=1)
-    return make_strips(
-        jnp.asarray(x), jnp.asarray(y), jnp.asarray(idx), jnp.asarray(rng.integers(1, n_slots + 1, len(y)))
-    )
-
-
-def sft_steps_for(args: Args) -> int:
-    """--sft-steps -1 means: 300 warm-start steps for --task number, none for --task digit."""
-    return args.sft_steps if args.sft_steps >= 0 else (300 if args.task == "number" else 0)
-
-
-def slots_for(args: Args) -> int:
-    """N, the image slots of a prompt and the longest answer: --max-digits for --task number, 1 for digit."""
-    return args.max_digits if args.task == "number" else 1
-
-
-def labelled_count(args: Args, n_train: int) -> int:
-    """How many training images SFT and --objective supervised may read the labels of: round(fraction · N), >= 1."""
-    return max(1, round(args.label_fraction * n_train))
 
 
 # ---- Reading MNIST: the IDX .gz files from a folder, or tensorflow-datasets, or a checked download
@@ -881,24 +942,7 @@ def load_data(args: Args) -> Data:
     )
 
 
-# ---- The device mesh: fake CPU devices, the (data, model) mesh, the layout of the weights, bytes per device
-# Logical axis names → mesh axes (chapter 6), as MaxText's logical_axis_rules: 'batch' is the prompts' dimension;
-# 'pixels' and 'inputs' are the input dimensions of the two large weights; names no rule lists are replicated.
-RULE_SETS = {
-    "dp": (("batch", "data"),),  # data parallel: split the prompts, replicate every weight
-    "fsdp": (("batch", "data"), ("pixels", "data"), ("inputs", "data")),  # and the two large weights' input dim
-}
-
-
-def named(names: tuple[str, str]) -> dict:
-    """nnx.Linear initialisers that tag the kernel with logical axis names (and the bias with the output's)."""
-    init = partial(nnx.with_partitioning, eager_sharding=False)  # laid out later, by the rules, on a mesh
-    return {
-        "kernel_init": init(nnx.initializers.lecun_normal(), names),
-        "bias_init": init(nnx.initializers.zeros_init(), names[1:]),
-    }
-
-
+# ---- The device mesh: fake CPU devices, the (data, model) mesh, bytes per device
 def start_devices(args: Args) -> list:
     """The devices to build the mesh from. --host-devices N asks JAX for N CPU devices; it must run before the
     first JAX operation (the flag only shapes the CPU backend: on a GPU or TPU host the accelerators are used)."""
@@ -947,30 +991,6 @@ def make_mesh(args: Args, devices: list) -> jax.sharding.Mesh:
                     f"devices), which does not divide {dim}; pick another --mesh or --rules"
                 )
     return jax.make_mesh(shape, ("data", "model"), axis_types=auto, devices=devices)
-
-
-LOGICAL_NAMES = ("batch", "pixels", "features", "inputs", "hidden", "vocab", "value")
-
-
-def shardings(state, mesh: jax.sharding.Mesh, rules: str):
-    """NamedSharding for every leaf of `state`, from its logical axis names: nnx.logical_axis_rules +
-    nnx.get_named_sharding, with every name the rule set does not list replicated."""
-    listed = {name for name, _ in RULE_SETS[rules]}
-    with nnx.logical_axis_rules((*RULE_SETS[rules], *((n, None) for n in LOGICAL_NAMES if n not in listed))):
-        return nnx.get_named_sharding(state, mesh)
-
-
-def spec_paths(state, mesh, rules: str) -> tuple[list[str], list]:
-    """('encoder/kernel', …) and each leaf's PartitionSpec, in jax.tree.leaves order."""
-    flat = jax.tree_util.tree_flatten_with_path(shardings(state, mesh, rules))[0]
-    paths = ["/".join(str(k.key) for k in path if hasattr(k, "key")) for path, _ in flat]
-    return paths, [sharding.spec for _, sharding in flat]
-
-
-def place(state, rules: str):
-    """Put every array of `state` where the rules say, on the mesh set by jax.set_mesh (as is without one)."""
-    mesh = jax.sharding.get_mesh()
-    return state if mesh.empty else jax.device_put(state, shardings(state, mesh, rules))
 
 
 def bytes_on(tree, device) -> int:
@@ -1110,6 +1130,11 @@ def load_checkpoint(path: str, parts: dict) -> dict:
 def plot_curve(path: str, history: list[dict], k: int, test: dict, title: str) -> None:
     """Per block of iterations: validation pass@1, pass@k and greedy exact match with the training reward; the clip
     and zero-signal shares (RL only); the answer lengths and the KL to π_ref. Test scores are stars at the end."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     sft = max((h["iteration"] for h in history if h["phase"] == "sft"), default=0)
     steps = [h["iteration"] - (sft if h["phase"] in ("start", "sft") else 0) for h in history]  # SFT at x <= 0
     rl = [h for h in history if h["phase"] == "rl"]
@@ -1153,29 +1178,7 @@ def plot_curve(path: str, history: list[dict], k: int, test: dict, title: str) -
     plt.close(fig)
 
 
-def scores(raw: dict, n: int, k: int, prefix: str) -> dict:
-    """evaluate()'s arrays → floats: pass@1 (the mean reward of one sampled answer), pass@k, greedy, lengths, KL."""
-    out = {"pass1": float(raw["correct"].mean()) / n, f"pass{k}": pass_at_k(n, raw["correct"], k)}
-    out.update({name: float(raw[name]) for name in ("greedy", "length", "wrong_length", "kl_ref")})
-    return {f"{prefix}{name}": value for name, value in out.items()}
-
-
 # ---- main: check the flags, load the data, train, score the test set once, save
-PROGRESS = ("reward", "loss", "clip_frac", "outside_frac", "zero_signal", "kl")
-
-
-def print_progress(row: dict) -> None:
-    """One grep-able line per block: the phase and iteration, validation scores, then the block's training means."""
-    passes = " ".join(f"{key}={row[key]:.4f}" for key in row if key.startswith("val_pass"))  # pass@1, pass@k
-    line = (
-        f"phase={row['phase']} iter={row['iteration']} {passes} "
-        f"val_greedy={row['val_greedy']:.4f} len={row['val_length']:.2f} wrong_len={row['val_wrong_length']:.2f} "
-        f"kl_ref={row['val_kl_ref']:.4f}"
-    )
-    extra = "".join(f" {key}={row[key]:.4f}" for key in PROGRESS if key in row)
-    print(line + extra + (f" sec={row['seconds']:.2f}" if "seconds" in row else ""), flush=True)
-
-
 def run_label(args: Args) -> str:
     task = f"task {args.task}" + (f" (1-{args.max_digits} digits)" if args.task == "number" else "")
     sft = f"SFT {sft_steps_for(args)} steps on {args.label_fraction:.0%} of labels"
@@ -1242,7 +1245,8 @@ def print_summary(args: Args, results: dict, label: str) -> None:
         )
     if "clip_frac" in results:
         binds = "ρ > 1+ε with A > 0, or ρ < 1−ε with A < 0"
-        print(f"clip_frac:       {results['clip_frac']:.4f}  (last block, share of tokens; the clip binds: {binds})")
+        where = "last block, inner steps 2..μ, share of all answer tokens"
+        print(f"clip_frac:       {results['clip_frac']:.4f}  ({where}; the clip binds: {binds})")
         print(f"outside_frac:    {results['outside_frac']:.4f}  (last block; |ρ − 1| > ε, whatever the sign of A)")
         print(f"zero_signal:     {results['zero_signal']:.4f}  (last block; groups whose G rewards are all equal)")
     if "mesh" in results:

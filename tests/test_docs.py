@@ -1194,3 +1194,28 @@ def test_a_measured_table_typed_outside_history_fails(tmp_path):
     assert check_history(page)
     page.write_text(good.replace("At commit dd37d81:", "Earlier:"), encoding="utf-8")
     assert history_sections_name_commits(page)
+
+
+# ------------------------------------------------------------------ the lesson budget
+LESSON_LINES, LESSON_WORDS = 400, 3000
+
+
+def prose_words(readme: Path) -> int:
+    """English words a learner reads as prose: outside code fences, table rows, marker, <sub> and image lines."""
+    fence, count = False, 0
+    for line in readme.read_text(encoding="utf-8").splitlines():
+        if FENCE.match(line):
+            fence = not fence
+            continue
+        if fence or line.startswith(("|", "<!--", "<sub>", "![")):
+            continue
+        count += len(re.findall(r"[A-Za-z][A-Za-z'’-]*", line))
+    return count
+
+
+@pytest.mark.parametrize("readme", [p for p in MODULE_READMES if p.name == "README.md"], ids=lambda p: p.parent.name)
+def test_module_readmes_keep_the_lesson_budget(readme):
+    """A module README is a lesson: about 400 lines and 3,000 prose words, References included; sweeps, timings and
+    what was tried go to the benchmarks page. The Chinese twin mirrors it heading by heading (checked above)."""
+    lines = len(readme.read_text(encoding="utf-8").splitlines())
+    assert lines <= LESSON_LINES and prose_words(readme) <= LESSON_WORDS, (lines, prose_words(readme))
