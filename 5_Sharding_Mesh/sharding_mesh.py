@@ -9,12 +9,14 @@ the activations by the same rules. The file reads in the order it runs:
 2. devices and mesh (`make_mesh`), then logical axes -> mesh axes (`logical_to_mesh_axes`, `analytic_bytes`);
 3. the model (`batch_layout`, `TinyLM`) and its state's layout (`state_shardings`, `flax_shardings`, `init_sharded`);
 4. data, loss and the compiled step (`make_batches`, `place_batch`, `loss_fn`, `train_step`, `compile_step`, `train`);
-5. measuring the bytes each device holds (`measured_bytes`, `state_bytes`) and the compiled step's (`compiled_memory`);
+5. measuring the bytes each device holds (`measured_bytes`, `state_bytes`, `weight_table`) and the compiled step's
+   (`compiled_memory`), then showing the layout (`print_weight_table`, `show_layout`, `show_types`);
 6. the check against one device (`train_single_device`, `equivalence_check`), and `run_rule_set`, which does 3-6
    for one rule set.
+Each record a function returns (`TrainRun`, `StateBytes`, `Reference`, `RuleSetResult`, ...) sits just above it.
 
-Below the `# Plumbing` banner: the records passed around, starting the devices (faked CPU devices, several hosts),
-the command line, input checks, the per-weight table, the 8B example's arithmetic, printing, plots and `main`.
+Below the `# Plumbing` banner: starting the devices (faked CPU devices, several hosts), the command line, input
+checks, printing each rule set's result, the 8B example's arithmetic, the summary, plots and `main`.
 """
 
 from __future__ import annotations
@@ -183,6 +185,24 @@ def batch_layout(weight, names: tuple[str, ...], rules):
     return jax.sharding.reshard(weight, spec) if explicit else jax.lax.with_sharding_constraint(weight, spec)
 
 
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model and its optimizer, fixed at trace time: what the jitted `init_state` and `abstract_state` build."""
+
+    vocab: int
+    embed: int
+    heads: int
+    head_dim: int
+    mlp: int
+    seq_len: int
+    learning_rate: float
+    seed: int
+
+    @classmethod
+    def from_args(cls, args: Args) -> ModelConfig:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
 class TinyLM(nnx.Module):
     """Embedding -> one pre-norm transformer block (causal attention + MLP) -> unembedding."""
 
@@ -274,6 +294,19 @@ def flax_shardings(abstract, mesh, rules):
         return nnx.get_named_sharding(abstract, mesh)
 
 
+def same_specs(ours, theirs) -> bool:
+    """Two trees of NamedSharding lay every leaf out alike (specs compared with trailing Nones dropped)."""
+
+    def norm(spec):
+        spec = tuple(spec)
+        while spec and spec[-1] is None:
+            spec = spec[:-1]
+        return spec
+
+    a, b = jax.tree.leaves(ours), jax.tree.leaves(theirs)
+    return len(a) == len(b) and all(norm(x.spec) == norm(y.spec) for x, y in zip(a, b))
+
+
 def init_sharded(config: ModelConfig, shardings) -> nnx.State:
     """Create model + Adam state directly in their shards: each device computes only its own pieces,
     so no device ever holds the full model (how MaxText initialises models too big for one chip)."""
@@ -308,6 +341,14 @@ def loss_fn(model: TinyLM, tokens, rules=None) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
 
 
+@dataclass(frozen=True)
+class StepConfig:
+    """What the compiled step needs at trace time besides the graphdef."""
+
+    grad_shardings: nnx.State  # a NamedSharding per parameter: the model part of the state's shardings
+    activation_rules: tuple | None = None  # the rules for TinyLM's batch_layout and (Explicit axes) its activations
+
+
 def loss_and_grads(graphdef, config: StepConfig, state, tokens):
     """Loss and gradients; each gradient is laid out like its parameter (the compiler reduce-scatters)."""
     model, _ = nnx.merge(graphdef, state)
@@ -332,6 +373,27 @@ def compile_step(graphdef, shardings, activation_rules=None):
     # out_shardings pins the updated state to the layout the rules chose, step after step.
     config = StepConfig(grad_shardings=shardings[0], activation_rules=activation_rules)
     return jax.jit(partial(train_step, graphdef, config), out_shardings=(shardings, None, config.grad_shardings))
+
+
+def log(msg: str) -> None:
+    if jax.process_index() == 0:
+        print(msg, flush=True)
+
+
+def to_host(tree):
+    """Full NumPy copy of every leaf (gathers across hosts when the arrays span several)."""
+
+    def get(x):
+        return np.asarray(x) if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True)
+
+    return jax.tree.map(get, tree)
+
+
+class TrainRun(NamedTuple):
+    state: nnx.State  # after the last step
+    losses: list[float]  # one per step
+    after_step1: nnx.State  # host copy after step 1
+    before_last: nnx.State  # host copy before the last step
 
 
 def train(args: Args, step, state, batches, mesh, rules, label: str) -> TrainRun:
@@ -361,6 +423,17 @@ def measured_bytes(tree) -> int:
     return max(per_device.values())
 
 
+class StateBytes(NamedTuple):
+    params: int
+    grads: int
+    adam: int
+    total: int
+
+    @classmethod
+    def of(cls, params: int, grads: int, adam: int) -> StateBytes:
+        return cls(params, grads, adam, params + grads + adam)
+
+
 def state_bytes(graphdef, state, grads, mesh, rules) -> tuple[StateBytes, StateBytes]:
     """Per-device bytes of params, grads and Adam state: (measured from the shards, analytic from the names)."""
     sizes = dict(mesh.shape)
@@ -377,6 +450,15 @@ def state_bytes(graphdef, state, grads, mesh, rules) -> tuple[StateBytes, StateB
     return measured, StateBytes.of(analytic(params), analytic(params), analytic(opt_state))
 
 
+class CompiledMemory(NamedTuple):
+    """What XLA's compiled step reserves on one device (bytes), from `memory_analysis()`."""
+
+    arguments: int  # the state and the batch shard passed in
+    outputs: int  # the new state, the loss and the gradients returned
+    temporaries: int  # activations and scratch buffers live inside the step
+    peak: int  # XLA's own estimate of the most live at once
+
+
 def compiled_memory(step, state, tokens) -> CompiledMemory | None:
     """Compile `step` for these inputs and read its per-device memory; None if the backend reports nothing."""
     m = step.lower(state, tokens).compile().memory_analysis()
@@ -386,7 +468,96 @@ def compiled_memory(step, state, tokens) -> CompiledMemory | None:
     return CompiledMemory(*sizes) if m else None
 
 
+class WeightRow(NamedTuple):
+    name: str  # 'mlp_in/kernel'
+    shape: tuple[int, ...]
+    logical: tuple[str, ...]  # its logical axis names
+    spec: tuple  # the PartitionSpec the rules give
+    actual_spec: tuple  # the one the placed array holds (padded with None)
+    shard_shape: tuple[int, ...]  # one device's block
+    uniform: bool  # every local shard has that shape
+    bytes: int  # measured on the fullest device
+    analytic: int  # itemsize · Π(dim / pieces)
+
+
+def weight_table(graphdef, state, mesh, rules) -> list[WeightRow]:
+    """One row per parameter: shape, logical axes, spec, shard shape and bytes/device (measured + analytic)."""
+    model, _ = nnx.merge(graphdef, state)
+    sizes = dict(mesh.shape)
+    rows = []
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        arr, names = var[...], var.out_sharding  # the array, and with_axes' logical names
+        spec = logical_to_mesh_axes(names, rules, mesh.axis_names)
+        rows.append(
+            WeightRow(
+                name="/".join(map(str, path)),
+                shape=tuple(arr.shape),
+                logical=tuple(names),
+                spec=spec,
+                actual_spec=tuple(arr.sharding.spec) + (None,) * (arr.ndim - len(arr.sharding.spec)),
+                shard_shape=tuple(arr.addressable_shards[0].data.shape),
+                uniform=len({shard.data.shape for shard in arr.addressable_shards}) == 1,
+                bytes=measured_bytes(arr),
+                analytic=analytic_bytes(arr.shape, arr.dtype.itemsize, spec, sizes),
+            )
+        )
+    return rows
+
+
+# ---------------------------------------------------------------- showing the layout
+
+
+def fmt_spec(spec) -> str:
+    return "P(" + ", ".join(repr(s) for s in spec) + ")"
+
+
+def print_weight_table(rows, flax_agrees: bool) -> None:
+    log(f"  {'weight':<22}{'shape':<14}{'logical axes':<26}{'PartitionSpec':<28}{'shard':<13}{'bytes/dev':>9}")
+    for r in rows:
+        log(
+            f"  {r.name:<22}{str(r.shape):<14}{str(r.logical):<26}{fmt_spec(r.spec):<28}"
+            f"{str(r.shard_shape):<13}{r.bytes:>9}"
+        )
+    log(f"  nnx.logical_axis_rules + nnx.get_named_sharding give the same specs for the whole state: {flax_agrees}")
+
+
+def show_layout(graphdef, state) -> None:
+    """Draw which devices hold which block of the mlp_in kernel (jax.debug.visualize_array_sharding)."""
+    kernel = nnx.merge(graphdef, state)[0].mlp_in.kernel[...]
+    log(
+        f"  mlp_in kernel {tuple(kernel.shape)}, logical ('embed', 'mlp') -> {fmt_spec(kernel.sharding.spec)}; "
+        f"one box per distinct shard, naming the devices that hold it:"
+    )
+    jax.debug.visualize_array_sharding(kernel, use_color=False, scale=0.6, max_width=100)
+
+
+def show_types(when: str, graphdef, state, tokens, rules, grads=None) -> None:
+    """Explicit axes: print jax.typeof of one weight, the batch and (after a step) that weight's gradient."""
+    model = nnx.merge(graphdef, state)[0]
+    kernel = model.mlp_in.kernel[...]
+    line = f"  types {when}: mlp_in kernel {jax.typeof(kernel)}, batch {jax.typeof(tokens)}"
+    if grads is not None:
+        line += f", its gradient {jax.typeof(grads['mlp_in']['kernel'][...])}"
+    log(line)
+    if grads is None:  # the layout changes inside TinyLM (batch_layout), done here on the real weights to print them
+        for name, weight, names in (
+            ("pos_embed", model.pos_embed[...], ("length", "embed")),
+            ("token_embed", model.token_embed.embedding[...], ("vocab", "embed")),
+        ):
+            log(f"  reshard: {name} {jax.typeof(weight)} -> {jax.typeof(batch_layout(weight, names, rules))}")
+
+
 # ---------------------------------------------------------------- the check against one device
+
+
+class Reference(NamedTuple):
+    """The single-device run, as host copies."""
+
+    init: nnx.State  # the initial state, which every rule set starts from too
+    losses: list[float]  # one per step
+    after_step1: nnx.State
+    before_last: nnx.State  # the state the check starts from
+    final: nnx.State  # ... and the one it must reproduce
 
 
 def train_single_device(args: Args, config: ModelConfig, graphdef, abstract, batches) -> Reference:
@@ -397,6 +568,22 @@ def train_single_device(args: Args, config: ModelConfig, graphdef, abstract, bat
     init = to_host(state)
     run = train(args, compile_step(graphdef, shardings), state, batches, mesh, rules, "single_device")
     return Reference(init, run.losses, run.after_step1, run.before_last, to_host(run.state))
+
+
+def max_abs_diff(a, b) -> float:
+    return max(
+        float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
+
+
+def perturbed(state, delta: float):
+    """The state with `delta` added to every value of its first weight matrix (--perturb); delta 0: unchanged."""
+    if not delta:
+        return state
+    leaves, tree = jax.tree.flatten(state)
+    i = next(k for k, x in enumerate(leaves) if x.ndim >= 2)
+    return jax.tree.unflatten(tree, [*leaves[:i], leaves[i] + delta, *leaves[i + 1 :]])
 
 
 def equivalence_check(step, shardings, reference: Reference, tokens, mesh, rules, perturb: float):
@@ -410,11 +597,50 @@ def equivalence_check(step, shardings, reference: Reference, tokens, mesh, rules
     return diff, state, grads
 
 
+class RuleSetResult(NamedTuple):
+    rules: tuple
+    bytes_per_device: StateBytes  # measured from the shards
+    analytic_bytes_per_device: StateBytes  # counted from the names
+    bytes_match_analytic: bool  # ... for the totals and every weight, with the specs as intended
+    compiled: CompiledMemory | None  # what the compiled step reserves per device (XLA's memory_analysis)
+    flax_rules_agree: bool  # nnx.logical_axis_rules + nnx.get_named_sharding give the same specs
+    max_abs_diff_vs_single_device: float  # the check
+    fresh_adam_step1_max_abs_diff: float  # reported, not checked
+    loss_curve_max_abs_diff: float  # reported, not checked
+    losses: list[float]
+    weights: list[WeightRow]
+    passed: bool  # the check is within --tolerance
+
+    def to_json(self) -> dict:
+        return dict(
+            rules=[list(r) for r in self.rules],
+            bytes_per_device=self.bytes_per_device._asdict(),
+            analytic_bytes_per_device=self.analytic_bytes_per_device._asdict(),
+            bytes_match_analytic=self.bytes_match_analytic,
+            compiled_memory_per_device=self.compiled._asdict() if self.compiled else None,
+            flax_rules_agree=self.flax_rules_agree,
+            max_abs_diff_vs_single_device=self.max_abs_diff_vs_single_device,
+            fresh_adam_step1_max_abs_diff=self.fresh_adam_step1_max_abs_diff,
+            loss_curve_max_abs_diff=self.loss_curve_max_abs_diff,
+            first_loss=self.losses[0],
+            final_loss=self.losses[-1],
+            weights={
+                w.name: dict(
+                    shape=w.shape,
+                    logical_axes=w.logical,
+                    partition_spec=w.spec,
+                    shard_shape=w.shard_shape,
+                    bytes_per_device=w.bytes,
+                )
+                for w in self.weights
+            },
+        )
+
+
 def run_rule_set(args: Args, name: str, mesh, graphdef, abstract, batches, reference: Reference) -> RuleSetResult:
     """Place the model by one rule set, print its weight table, train it, count its bytes and check it."""
     rules = RULE_SETS[name]
     log(f"\n=== rule set {name}: {rules}")
-    t0 = time.perf_counter()
     shardings = state_shardings(abstract, mesh, rules)
     flax_agrees = same_specs(shardings, flax_shardings(abstract, mesh, rules))
     # Each device receives only its shards of the initial values: the same values init_sharded computes,
@@ -438,7 +664,7 @@ def run_rule_set(args: Args, name: str, mesh, graphdef, abstract, batches, refer
     # Not the check, but reported: step 1 from a fresh Adam state, and the two whole loss curves.
     diff_first = max(abs(run.losses[0] - reference.losses[0]), max_abs_diff(run.after_step1, reference.after_step1))
     diff_curve = max(abs(a - b) for a, b in zip(run.losses, reference.losses))
-    result = RuleSetResult(
+    return RuleSetResult(
         rules,
         measured,
         analytic,
@@ -452,8 +678,6 @@ def run_rule_set(args: Args, name: str, mesh, graphdef, abstract, batches, refer
         rows,
         diff <= args.tolerance,
     )
-    print_rule_set_result(args, name, result, mesh, seconds=time.perf_counter() - t0)
-    return result
 
 
 # Plumbing: starting the devices, the command line, input checks, printing, plots, metrics.json and main.
@@ -652,231 +876,6 @@ def check_splits(args: Args, rule_sets, mesh) -> None:
                 )
 
 
-def to_host(tree):
-    """Full NumPy copy of every leaf (gathers across hosts when the arrays span several)."""
-
-    def get(x):
-        return np.asarray(x) if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True)
-
-    return jax.tree.map(get, tree)
-
-
-def max_abs_diff(a, b) -> float:
-    return max(
-        float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
-    )
-
-
-def perturbed(state, delta: float):
-    """The state with `delta` added to every value of its first weight matrix (--perturb); delta 0: unchanged."""
-    if not delta:
-        return state
-    leaves, tree = jax.tree.flatten(state)
-    i = next(k for k, x in enumerate(leaves) if x.ndim >= 2)
-    return jax.tree.unflatten(tree, [*leaves[:i], leaves[i] + delta, *leaves[i + 1 :]])
-
-
-# ---------------------------------------------------------------- the records the lesson's functions pass around
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The model and its optimizer, fixed at trace time: what the jitted `init_state` and `abstract_state` build."""
-
-    vocab: int
-    embed: int
-    heads: int
-    head_dim: int
-    mlp: int
-    seq_len: int
-    learning_rate: float
-    seed: int
-
-    @classmethod
-    def from_args(cls, args: Args) -> ModelConfig:
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
-
-
-class TrainRun(NamedTuple):
-    state: nnx.State  # after the last step
-    losses: list[float]  # one per step
-    after_step1: nnx.State  # host copy after step 1
-    before_last: nnx.State  # host copy before the last step
-
-
-class StateBytes(NamedTuple):
-    params: int
-    grads: int
-    adam: int
-    total: int
-
-    @classmethod
-    def of(cls, params: int, grads: int, adam: int) -> StateBytes:
-        return cls(params, grads, adam, params + grads + adam)
-
-
-class CompiledMemory(NamedTuple):
-    """What XLA's compiled step reserves on one device (bytes), from `memory_analysis()`."""
-
-    arguments: int  # the state and the batch shard passed in
-    outputs: int  # the new state, the loss and the gradients returned
-    temporaries: int  # activations and scratch buffers live inside the step
-    peak: int  # XLA's own estimate of the most live at once
-
-
-class Reference(NamedTuple):
-    """The single-device run, as host copies."""
-
-    init: nnx.State  # the initial state, which every rule set starts from too
-    losses: list[float]  # one per step
-    after_step1: nnx.State
-    before_last: nnx.State  # the state the check starts from
-    final: nnx.State  # ... and the one it must reproduce
-
-
-@dataclass(frozen=True)
-class StepConfig:
-    """What the compiled step needs at trace time besides the graphdef."""
-
-    grad_shardings: nnx.State  # a NamedSharding per parameter: the model part of the state's shardings
-    activation_rules: tuple | None = None  # the rules for TinyLM's batch_layout and (Explicit axes) its activations
-
-
-class RuleSetResult(NamedTuple):
-    rules: tuple
-    bytes_per_device: StateBytes  # measured from the shards
-    analytic_bytes_per_device: StateBytes  # counted from the names
-    bytes_match_analytic: bool  # ... for the totals and every weight, with the specs as intended
-    compiled: CompiledMemory | None  # what the compiled step reserves per device (XLA's memory_analysis)
-    flax_rules_agree: bool  # nnx.logical_axis_rules + nnx.get_named_sharding give the same specs
-    max_abs_diff_vs_single_device: float  # the check
-    fresh_adam_step1_max_abs_diff: float  # reported, not checked
-    loss_curve_max_abs_diff: float  # reported, not checked
-    losses: list[float]
-    weights: list[WeightRow]
-    passed: bool  # the check is within --tolerance
-
-    def to_json(self) -> dict:
-        return dict(
-            rules=[list(r) for r in self.rules],
-            bytes_per_device=self.bytes_per_device._asdict(),
-            analytic_bytes_per_device=self.analytic_bytes_per_device._asdict(),
-            bytes_match_analytic=self.bytes_match_analytic,
-            compiled_memory_per_device=self.compiled._asdict() if self.compiled else None,
-            flax_rules_agree=self.flax_rules_agree,
-            max_abs_diff_vs_single_device=self.max_abs_diff_vs_single_device,
-            fresh_adam_step1_max_abs_diff=self.fresh_adam_step1_max_abs_diff,
-            loss_curve_max_abs_diff=self.loss_curve_max_abs_diff,
-            first_loss=self.losses[0],
-            final_loss=self.losses[-1],
-            weights={
-                w.name: dict(
-                    shape=w.shape,
-                    logical_axes=w.logical,
-                    partition_spec=w.spec,
-                    shard_shape=w.shard_shape,
-                    bytes_per_device=w.bytes,
-                )
-                for w in self.weights
-            },
-        )
-
-
-class WeightRow(NamedTuple):
-    name: str  # 'mlp_in/kernel'
-    shape: tuple[int, ...]
-    logical: tuple[str, ...]  # its logical axis names
-    spec: tuple  # the PartitionSpec the rules give
-    actual_spec: tuple  # the one the placed array holds (padded with None)
-    shard_shape: tuple[int, ...]  # one device's block
-    uniform: bool  # every local shard has that shape
-    bytes: int  # measured on the fullest device
-    analytic: int  # itemsize · Π(dim / pieces)
-
-
-def weight_table(graphdef, state, mesh, rules) -> list[WeightRow]:
-    """One row per parameter: shape, logical axes, spec, shard shape and bytes/device (measured + analytic)."""
-    model, _ = nnx.merge(graphdef, state)
-    sizes = dict(mesh.shape)
-    rows = []
-    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        arr, names = var[...], var.out_sharding  # the array, and with_axes' logical names
-        spec = logical_to_mesh_axes(names, rules, mesh.axis_names)
-        rows.append(
-            WeightRow(
-                name="/".join(map(str, path)),
-                shape=tuple(arr.shape),
-                logical=tuple(names),
-                spec=spec,
-                actual_spec=tuple(arr.sharding.spec) + (None,) * (arr.ndim - len(arr.sharding.spec)),
-                shard_shape=tuple(arr.addressable_shards[0].data.shape),
-                uniform=len({shard.data.shape for shard in arr.addressable_shards}) == 1,
-                bytes=measured_bytes(arr),
-                analytic=analytic_bytes(arr.shape, arr.dtype.itemsize, spec, sizes),
-            )
-        )
-    return rows
-
-
-def log(msg: str) -> None:
-    if jax.process_index() == 0:
-        print(msg, flush=True)
-
-
-def fmt_spec(spec) -> str:
-    return "P(" + ", ".join(repr(s) for s in spec) + ")"
-
-
-def print_weight_table(rows, flax_agrees: bool) -> None:
-    log(f"  {'weight':<22}{'shape':<14}{'logical axes':<26}{'PartitionSpec':<28}{'shard':<13}{'bytes/dev':>9}")
-    for r in rows:
-        log(
-            f"  {r.name:<22}{str(r.shape):<14}{str(r.logical):<26}{fmt_spec(r.spec):<28}"
-            f"{str(r.shard_shape):<13}{r.bytes:>9}"
-        )
-    log(f"  nnx.logical_axis_rules + nnx.get_named_sharding give the same specs for the whole state: {flax_agrees}")
-
-
-def same_specs(ours, theirs) -> bool:
-    """Two trees of NamedSharding lay every leaf out alike (specs compared with trailing Nones dropped)."""
-
-    def norm(spec):
-        spec = tuple(spec)
-        while spec and spec[-1] is None:
-            spec = spec[:-1]
-        return spec
-
-    a, b = jax.tree.leaves(ours), jax.tree.leaves(theirs)
-    return len(a) == len(b) and all(norm(x.spec) == norm(y.spec) for x, y in zip(a, b))
-
-
-def show_types(when: str, graphdef, state, tokens, rules, grads=None) -> None:
-    """Explicit axes: print jax.typeof of one weight, the batch and (after a step) that weight's gradient."""
-    model = nnx.merge(graphdef, state)[0]
-    kernel = model.mlp_in.kernel[...]
-    line = f"  types {when}: mlp_in kernel {jax.typeof(kernel)}, batch {jax.typeof(tokens)}"
-    if grads is not None:
-        line += f", its gradient {jax.typeof(grads['mlp_in']['kernel'][...])}"
-    log(line)
-    if grads is None:  # the layout changes inside TinyLM (batch_layout), done here on the real weights to print them
-        for name, weight, names in (
-            ("pos_embed", model.pos_embed[...], ("length", "embed")),
-            ("token_embed", model.token_embed.embedding[...], ("vocab", "embed")),
-        ):
-            log(f"  reshard: {name} {jax.typeof(weight)} -> {jax.typeof(batch_layout(weight, names, rules))}")
-
-
-def show_layout(graphdef, state) -> None:
-    """Draw which devices hold which block of the mlp_in kernel (jax.debug.visualize_array_sharding)."""
-    kernel = nnx.merge(graphdef, state)[0].mlp_in.kernel[...]
-    log(
-        f"  mlp_in kernel {tuple(kernel.shape)}, logical ('embed', 'mlp') -> {fmt_spec(kernel.sharding.spec)}; "
-        f"one box per distinct shard, naming the devices that hold it:"
-    )
-    jax.debug.visualize_array_sharding(kernel, use_color=False, scale=0.6, max_width=100)
-
-
 def verdict(passed: bool, mesh) -> str:
     """PASS / FAIL, or n/a when the mesh holds one device: then both runs are the same run and prove nothing."""
     if mesh.devices.size == 1:
@@ -1044,7 +1043,9 @@ def main(args: Args) -> dict:
     results = {}  # set_mesh: the mesh every sharding and jax.sharding.reshard below refers to
     with jax.set_mesh(mesh), contextlib.suppress(KeyboardInterrupt):  # Ctrl-C keeps the rule sets checked so far
         for name in names:
+            t0 = time.perf_counter()
             results[name] = run_rule_set(args, name, mesh, graphdef, abstract, batches, reference)
+            print_rule_set_result(args, name, results[name], mesh, seconds=time.perf_counter() - t0)
     if not results:
         raise KeyboardInterrupt  # before the first rule set was checked: nothing measured, nothing to write
     stopped = len(results) < len(names)  # Ctrl-C ended the run early: nothing more is computed or checked

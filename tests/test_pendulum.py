@@ -712,9 +712,12 @@ def test_jax_backend_cli_many_seeds_metrics(tmp_path):
 
 @pytest.mark.integration
 def test_pg_tools_write_their_tables_and_figures(tmp_path):
-    """tools/pg_variance.py (tiny: θ at initialisation, 4 batches) and tools/pg_ladder.py on two 2-seed runs' files."""
+    """tools/pg_variance.py (tiny: θ at initialisation, 2 seeds, 4 batches) and tools/pg_ladder.py on two 2-seed runs'
+    files."""
     p = run_script(
         "tools/pg_variance.py",
+        "--seeds",
+        "0,1",
         "--checkpoints",
         "0",
         "--batches",
@@ -728,7 +731,7 @@ def test_pg_tools_write_their_tables_and_figures(tmp_path):
     )
     assert p.returncode == 0, p.stderr
     res = json.loads((tmp_path / "var" / "pg_variance.json").read_text())["results"][0]
-    assert res["batches"] == 4 and len(res["rows"]) == 3
+    assert res["batches"] == 4 and len(res["rows"]) == 3 and [s["seed"] for s in res["seeds"]] == [0, 1]
     assert (tmp_path / "var" / "pg_variance.png").stat().st_size > 0
     for algo, scores in (("reinforce", [-1100.0, -900.0]), ("ppo", [-150.0, -170.0])):  # two 2-seed runs' files
         (tmp_path / algo).mkdir()
@@ -766,6 +769,13 @@ def test_pg_variance_statistics_hand_computed():
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     assert tool.snr_stats(np.array([[1.0, 0.0], [3.0, 2.0]])) == pytest.approx((4.0, 3.0, 0.75))
+    # across seeds: two seeds whose SNRs are 0.1 and 0.4 (and so on) give the mean 0.25 and the range [0.1, 0.4], the
+    # figure's bar and whiskers. Mutations caught: one seed's value as the mean, or the range of a single seed.
+    stats = dict(total_variance=1.0, mean_sq_norm=2.0, cos_to_reinforce_mean=1.0)
+    seeds = [dict(rows={n: dict(stats, snr=snr) for n in tool.ESTIMATORS}) for snr in (0.1, 0.4)]
+    row = tool.across_seeds(seeds)[tool.ESTIMATORS[2]]
+    assert row["snr"] == pytest.approx(0.25) and row["snr_range"] == pytest.approx([0.1, 0.4])
+    assert row["total_variance"] == 1.0 and row["total_variance_range"] == [1.0, 1.0]
 
 
 # ---------------------------------------------------------------------------------------------- the ladder

@@ -2,8 +2,9 @@
 
 unit:     the TD update, the ε schedule, value iteration and finite-horizon evaluation against hand-computed
           numbers; the best stationary policy against the time-dependent optimum; seed 0 on the grid optimal after
-          the 20 episodes its README shows; sampled success within 3 standard errors of the exact one; bad settings
-          raise InputError, and main turns it into one line.
+          the 20 episodes its README shows; sampled success within 3 standard errors of the exact one; the learning
+          curve's inset on the gap between the two optima; bad settings raise InputError, and main turns it into one
+          line.
 smoke:    the CLI in a subprocess, on the grid and on FrozenLake, writes metrics.json and both figures.
 learning: the default grid run is optimal on seeds 0–4; slippery FrozenLake reaches the best stationary
           policy's exact success within 100 steps (gap 0, never negative).
@@ -289,6 +290,25 @@ def test_success_gap_uses_the_exact_success_and_is_never_negative():
     metrics = ql.collect_metrics(args, reference, log, final, wall_start=0.0)
     assert metrics["success_gap"] == 0.0
     assert metrics["optimal_success_rate"] < metrics["time_dependent_success_rate"]
+
+
+@pytest.mark.unit
+def test_learning_curve_zooms_on_the_gap_no_table_can_close(tmp_path):
+    """On the slippery map the two optima (about 0.7402 and 0.7442) are one line at full scale, so plot_curve adds an
+    inset to the success panel whose y-range holds both and is a few gaps tall; on the grid, where they are equal,
+    there is none. Mutations caught: no inset; an inset at full scale (its y-range 0–1)."""
+    _, _, _, reference = slippery_reference()
+    evals = [ql.Evaluation(500, 0.3, False), ql.Evaluation(1000, reference.optimal_success, True)]
+    log = ql.TrainLog([0.0, 1.0] * 500, evals, 1000, 0.0)
+    fig = ql.plot_curve(str(tmp_path / "slippery.png"), log, reference, "slippery")
+    assert (tmp_path / "slippery.png").stat().st_size > 10_000
+    _, success = fig.axes
+    assert len(success.child_axes) == 1  # the inset
+    low, high = success.child_axes[0].get_ylim()
+    gap = reference.time_dependent_success - reference.optimal_success
+    assert low < reference.optimal_success < reference.time_dependent_success < high and high - low < 10 * gap
+    grid = reference._replace(time_dependent_success=reference.optimal_success)
+    assert ql.plot_curve(str(tmp_path / "grid.png"), log, grid, "equal optima").axes[1].child_axes == []
 
 
 BAD_SETTINGS = [  # (flags that validate must refuse, a word its one-line message must contain)

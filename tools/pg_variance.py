@@ -1,9 +1,9 @@
 """How noisy is the policy gradient? REINFORCE's G_t, a learned baseline G_t − V(s_t), and GAE(λ), measured.
 
 At a fixed set of parameters θ (the actor and critic of a PPO run of 3_Pendulum/pendulum.py, --backend jax,
-stopped after each of --checkpoints environment steps), draw --batches independent batches of whole
-episodes (--num-envs pendulums × 200 steps, fresh resets, independent keys) with the stochastic policy,
-and compute one policy-gradient estimate per batch,
+stopped after each of --checkpoints environment steps; one run per seed in --seeds), draw --batches independent
+batches of whole episodes (--num-envs pendulums × 200 steps, fresh resets, independent keys) with the stochastic
+policy, and compute one policy-gradient estimate per batch,
 
     ĝ = ∇_θ −mean_t(log π_θ(a_t|s_t) · Ψ_t),   Ψ_t ∈ { G_t,  G_t − V(s_t),  Â_t^GAE(λ) },
 
@@ -15,12 +15,14 @@ normalisation, rewards × --reward-scale as in training). Over the K estimates o
                                                      estimated without bias as ‖mean_k ĝ‖² − tr Σ / K)
     cos(mean ĝ, mean ĝ_G)                           (a baseline leaves the expectation alone; GAE does not)
 
-with 95 % percentile-bootstrap intervals (200 resamples of the K batches) for tr Σ and the SNR.
+with 95 % percentile-bootstrap intervals (200 resamples of the K batches) for tr Σ and the SNR, per seed. θ depends
+on the seed, so the table and the figure give each statistic's mean over the seeds and its [min, max] across them.
 
-    python tools/pg_variance.py                                  # checkpoints 0, 20k, 60k; 1,024 batches each
-    python tools/pg_variance.py --checkpoints 20000 --batches 64 --out runs/pg_variance_small
+    python tools/pg_variance.py                                  # seeds 0-2; checkpoints 0, 20k, 60k; 1,024 batches
+    python tools/pg_variance.py --seeds 0 --checkpoints 20000 --batches 64 --out runs/pg_variance_small
 
-Writes <out>/pg_variance.json, <out>/pg_variance.md (the table, with this command) and <out>/pg_variance.png.
+Writes <out>/pg_variance.json (every seed's statistics), <out>/pg_variance.md (the table across seeds, with this
+command) and <out>/pg_variance.png (bars: the mean over seeds; whiskers: the seeds' min and max).
 The course script is imported by path (like tests/conftest.py); the script itself imports nothing from here.
 """
 
@@ -51,22 +53,24 @@ def parse(argv=None):
     )
     p.add_argument("--batches", type=int, default=1024, help="K: independent batches (gradient estimates) per θ")
     p.add_argument("--num-envs", type=int, default=10, help="pendulums per batch; a batch is num_envs × 200 steps")
-    p.add_argument("--seed", type=int, default=0, help="seed of the PPO run and of the batches")
+    p.add_argument("--seeds", default="0,1,2", help="seeds (comma-separated) of the PPO runs and of their batches")
     p.add_argument("--out", default="runs/pg_variance", help="folder for the json, the table and the PNG")
     a = p.parse_args(argv)
     try:
         a.checkpoint_steps = sorted({int(x) for x in a.checkpoints.split(",")})
+        a.seed_list = sorted({int(x) for x in a.seeds.split(",")})
     except ValueError:
-        p.exit(1, f"error: --checkpoints must be comma-separated integers, got {a.checkpoints!r}\n")
-    if a.batches < 2 or a.num_envs < 1 or min(a.checkpoint_steps) < 0:
-        p.exit(1, "error: --batches must be >= 2, --num-envs >= 1 and every checkpoint >= 0\n")
+        p.exit(1, f"error: --checkpoints and --seeds take integers like 0,1,2, got {a.checkpoints!r}, {a.seeds!r}\n")
+    if a.batches < 2 or a.num_envs < 1 or min(a.checkpoint_steps) < 0 or min(a.seed_list) < 0:
+        p.exit(1, "error: --batches must be >= 2, --num-envs >= 1, every checkpoint and every seed >= 0\n")
     if why := unwritable(a.out):
         p.exit(1, f"error: --out {a.out!r}: cannot write there ({why})\n")
     return a
 
 
-def gradient_estimates(pen, args, graphdef, actor_def, state, key, batches):
-    """K policy-gradient estimates per Ψ at the parameters in `state`: dict name → (K, P) array."""
+def gradient_estimator(pen, args, graphdef, actor_def, batches):
+    """A function (state, key) → K = `batches` policy-gradient estimates per Ψ at the parameters in `state`: dict
+    name → (K, P) array. Compiled once, for every seed and checkpoint."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -100,13 +104,18 @@ def gradient_estimates(pen, args, graphdef, actor_def, state, key, batches):
         return out
 
     chunk = 64 if batches % 64 == 0 else batches  # vmap 64 batches at a time (a scan over chunks) to bound memory
-    keys = jax.random.split(key, batches).reshape(batches // chunk, chunk)
 
     def over_chunks(st, ks):  # the state rides along as the scan's carry, so nnx sees it at the scan's trace level
         return jax.lax.scan(lambda c, k: (c, jax.vmap(one_batch, in_axes=(0, None))(k, c)), st, ks)[1]
 
-    res = [r.reshape(batches, -1) for r in jax.jit(over_chunks)(state, keys)]
-    return {name: np.asarray(r, np.float64) for name, r in zip(ESTIMATORS, res)}
+    compiled = jax.jit(over_chunks)
+
+    def estimates(state, key):
+        keys = jax.random.split(key, batches).reshape(batches // chunk, chunk)
+        res = [r.reshape(batches, -1) for r in compiled(state, keys)]
+        return {name: np.asarray(r, np.float64) for name, r in zip(ESTIMATORS, res)}
+
+    return estimates
 
 
 def snr_stats(g: np.ndarray) -> tuple[float, float, float]:
@@ -140,6 +149,18 @@ def summarise(est: dict, resamples: int = 200) -> dict:
     return rows
 
 
+def across_seeds(per_seed: list[dict]) -> dict:
+    """Per Ψ: each statistic's mean over the seeds, and under `<statistic>_range` its [min, max] across them."""
+    rows = {}
+    for name in ESTIMATORS:
+        rows[name] = {}
+        for stat in ("total_variance", "mean_sq_norm", "snr", "cos_to_reinforce_mean"):
+            v = np.array([seed["rows"][name][stat] for seed in per_seed])
+            rows[name][stat] = float(v.mean())
+            rows[name][stat + "_range"] = [float(v.min()), float(v.max())]
+    return rows
+
+
 def plot(path, results):
     import matplotlib
 
@@ -151,16 +172,20 @@ def plot(path, results):
     width = 0.8 / len(ESTIMATORS)
     for i, name in enumerate(ESTIMATORS):
         x = np.arange(len(steps)) + (i - 1) * width
-        axes[0].bar(x, [r["rows"][name]["total_variance"] for r in results], width, label=name)
-        axes[1].bar(x, [r["rows"][name]["snr"] for r in results], width, label=name)
+        for ax, stat in zip(axes, ("total_variance", "snr")):
+            mean = np.array([r["rows"][name][stat] for r in results])
+            low, high = np.array([r["rows"][name][stat + "_range"] for r in results]).T
+            ax.bar(x, mean, width, yerr=[mean - low, high - mean], capsize=3, label=name)
     for ax, title in zip(axes, ("total variance tr Σ of one batch's gradient (log)", "SNR ‖E ĝ‖² / tr Σ (log)")):
         ax.set_xticks(np.arange(len(steps)), [f"θ after {s // 1000}k PPO steps" for s in steps], fontsize=8)
         ax.set_yscale("log")
         ax.set_title(title, fontsize=10)
     axes[1].legend(fontsize=8)
+    seeds = len(results[0]["seeds"])
     fig.suptitle(
         f"Policy-gradient estimates on Pendulum-v1, {results[0]['batches']} batches of "
-        f"{results[0]['batch_steps']} steps per θ",
+        f"{results[0]['batch_steps']} steps per θ; bars: mean over {seeds} PPO seed{'s' * (seeds > 1)}, "
+        "whiskers: min to max",
         fontsize=10,
     )
     fig.tight_layout()
@@ -185,47 +210,52 @@ def main(argv=None):
     )
     sizes = pen.derived(args)
     graphdef, actor_def = pen.graph_defs(args, sizes)
+    estimates = gradient_estimator(pen, args, graphdef, actor_def, a.batches)
     results = []
-    key = jax.random.key(10_000 + a.seed)
+    keys = {seed: jax.random.key(10_000 + seed) for seed in a.seed_list}  # each seed's batches: one key stream
     for target in a.checkpoint_steps:
-        # θ after the first whole rollout at or past `target`, from one run whose schedules span the last checkpoint
+        # θ after the first whole rollout at or past `target`, from runs whose schedules span the last checkpoint
         updates = -(-target // sizes.batch_size)
         train = pen.make_train(args, num_updates=updates)
-        runner, _ = jax.jit(train.run)(jax.jit(train.init)(jax.random.key(a.seed)))
+        init, run = jax.jit(train.init), jax.jit(train.run)
         done_steps = updates * sizes.batch_size
-        state = runner.state
-        key, k = jax.random.split(key)
-        est = gradient_estimates(pen, args, graphdef, actor_def, state, k, a.batches)
-        ret = float(np.asarray(jnp.nanmean(runner.last_ret)))
+        per_seed = []
+        for seed in a.seed_list:
+            runner, _ = run(init(jax.random.key(seed)))
+            keys[seed], k = jax.random.split(keys[seed])
+            ret = float(np.asarray(jnp.nanmean(runner.last_ret)))
+            rows = summarise(estimates(runner.state, k))
+            per_seed.append(dict(seed=seed, train_return=None if not np.isfinite(ret) else ret, rows=rows))
+            print(f"θ after {done_steps} steps, seed {seed} (latest training return {ret:.0f}):", flush=True)
+            for name, r in rows.items():
+                print(
+                    f"  {name:34s} tr Σ={r['total_variance']:.4g}  ‖E ĝ‖²={r['mean_sq_norm']:.4g}  "
+                    f"SNR={r['snr']:.4g}  cos(mean, mean_G)={r['cos_to_reinforce_mean']:.3f}",
+                    flush=True,
+                )
         results.append(
             dict(
                 train_steps=done_steps,
                 batches=a.batches,
                 batch_steps=a.num_envs * 200,
-                train_return=None if not np.isfinite(ret) else ret,
-                rows=summarise(est),
+                seeds=per_seed,
+                rows=across_seeds(per_seed),
             )
         )
-        print(f"θ after {done_steps} steps (latest training return {ret:.0f}):", flush=True)
-        for name, r in results[-1]["rows"].items():
-            print(
-                f"  {name:34s} tr Σ={r['total_variance']:.4g}  ‖E ĝ‖²={r['mean_sq_norm']:.4g}  "
-                f"SNR={r['snr']:.4g}  cos(mean, mean_G)={r['cos_to_reinforce_mean']:.3f}",
-                flush=True,
-            )
 
     argv = argv if argv is not None else sys.argv[1:]
     cmd = "python tools/pg_variance.py " + " ".join(shlex.quote(x) for x in argv)
+    seeds = ", ".join(str(s) for s in a.seed_list)
     lines = [
         f"`{cmd.strip()}`",
         "",
-        "| θ (PPO steps) | Ψ | total variance tr Σ [95 % CI] | ‖E ĝ‖² | SNR ‖E ĝ‖²/tr Σ [95 % CI] "
-        "| cos(mean, mean of G_t) |",
+        f"| θ (PPO steps) | Ψ | total variance tr Σ, mean [min, max] over seeds {seeds} | ‖E ĝ‖² (mean) "
+        "| SNR ‖E ĝ‖²/tr Σ, mean [min, max] | cos(mean, mean of G_t) (mean) |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         for name, row in r["rows"].items():
-            v, snr = row["total_variance_ci"], row["snr_ci"]
+            v, snr = row["total_variance_range"], row["snr_range"]
             lines.append(
                 f"| {r['train_steps']:,} | {name} | {row['total_variance']:.3g} [{v[0]:.3g}, {v[1]:.3g}] | "
                 f"{row['mean_sq_norm']:.3g} | {row['snr']:.3g} [{snr[0]:.3g}, {snr[1]:.3g}] | "
