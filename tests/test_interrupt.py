@@ -246,8 +246,9 @@ def test_grpo_keeps_only_the_rows_it_scored(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(g, "scores", scores)
     out = tmp_path / "out"
-    flags = ["--iterations", "8", "--eval-every", "2", "--eval-samples", "4", "--pass-k", "2", "--batch-size", "8"]
-    flags += ["--group-size", "4", "--hidden-size", "16", "--decoder-size", "32", "--out", str(out)]
+    flags = ["--task", "digit", "--iterations", "8", "--eval-every", "2", "--eval-samples", "4", "--pass-k", "2"]
+    flags += ["--batch-size", "8", "--group-size", "4", "--hidden-size", "16", "--decoder-size", "32"]
+    flags += ["--out", str(out)]
     assert exit_status(g.main, g.parse_args(flags)) == 130
     assert capsys.readouterr().err == f"interrupted at rl iteration 2 of 8; metrics so far in {out / 'metrics.json'}\n"
     history = json.loads((out / "metrics.json").read_text())["history"]
