@@ -123,7 +123,7 @@ def bundled_data():
 # The command line's tiny runs (smoke), per task; tests that run train() or main() in this process use the same
 # flags where they can, so that each set of compiled programs is built once and then read from the cache.
 SMOKE_FLAGS = dict(
-    digit=["--task", "digit"],  # β = 0, the default: no reference logits in the rollout
+    digit=["--task", "digit", "--beta", "0"],  # β = 0: no reference logits in the rollout
     number=["--task", "number", "--max-digits", "3", "--sft-steps", "2", "--beta", "0.1", "--learning-rate", "0.01"],
 )
 TINY_FLAGS = [
@@ -144,6 +144,7 @@ def tiny_args(tmp_path, **changes) -> g.Args:
     small layers, n = 4."""
     base = dict(
         task="digit",
+        beta=0.0,
         iterations=4,
         eval_every=2,
         eval_samples=4,
@@ -613,7 +614,7 @@ def test_train_block_refreshes_the_reference_after_every_multiple_of_r_only():
 
 @pytest.mark.unit
 def test_the_reference_stays_the_initial_policy_by_default(tmp_path):
-    """--task digit with the defaults (no SFT, β = 0, --ref-refresh 0) and the smoke run's tiny flags: after
+    """--task digit (no SFT, --ref-refresh 0 by default) at β = 0 with the smoke run's tiny flags: after
     train(), the returned π_ref holds the initial weights exactly, while the policy moved; kl_ref is 0 in the first
     row and > 0 at the end (measured 0.007). With β > 0 π_ref must stay too: the post-SFT test below. Catches:
     refreshing π_ref during RL (always, or every block), a reference built with its own weights."""
