@@ -1,12 +1,13 @@
 """PPO (actor-critic, GAE, clipped surrogate) that swings up and balances Pendulum-v1, in JAX + Flax NNX.
 
 The lesson, in the order the algorithm runs: Args → environments → actor (a tfd.Normal) / critic → GAE → losses →
-the update → the rollout → the training loop → evaluation. One iteration collects `--num-envs × --num-steps`
-transitions, computes GAE(λ) advantages and runs `--update-epochs` epochs of minibatch steps on the clipped
-surrogate (actor) and the value regression (critic). `--algo` picks a rung of the ladder (`ladder`).
-Below the `# Plumbing` line: `--backend jax`, the same algorithm as one compiled program (a JAX port of
-Pendulum-v1; `make_train(args)` returns a pure `train(key)`, vmapped over seeds and sharded over devices), then
-the command line, checks, checkpoints, GIF, plot, metrics.json and main.
+the update → `--backend jax`, the whole training as one compiled program (a JAX port of Pendulum-v1;
+`make_train(args)` returns a pure `train(key)`) → the default backend's rollout and training loop (gymnasium envs
+stepped from Python) → evaluation. One iteration collects `--num-envs × --num-steps` transitions, computes GAE(λ)
+advantages and runs `--update-epochs` epochs of minibatch steps on the clipped surrogate (actor) and the value
+regression (critic). `--algo` picks a rung of the ladder (`ladder`). Below the `# Plumbing` line: `train_jax`, which
+vmaps `train` over seeds and shards it over devices, then the command line, checks, checkpoints, GIF, plot,
+metrics.json and main.
 
     python 3_Pendulum/pendulum.py                  # train with the defaults (100k steps), then evaluate
     python 3_Pendulum/pendulum.py --preset guide   # the original guide's hyperparameters
@@ -122,6 +123,26 @@ def ladder(args: Args) -> Rung:
     }[args.algo]
 
 
+@dataclass(frozen=True)
+class Derived:
+    """The sizes that the flags and the rung imply, computed once from Args."""
+
+    rung: Rung  # ladder(args)
+    batch_size: int  # transitions per rollout = num_envs × num_steps
+    num_minibatches: int  # gradient steps per epoch (a remainder smaller than a minibatch is dropped)
+    num_updates: int  # rollouts in the whole run
+    actor_steps: int  # Adam steps of the actor per rollout
+    critic_steps: int  # Adam steps of the critic per rollout
+
+
+def derived(args: Args) -> Derived:
+    rung, batch = ladder(args), args.num_envs * args.num_steps
+    minibatches = batch // args.minibatch_size
+    actor_steps = rung.batch_steps + rung.actor_epochs * minibatches
+    updates = max(1, args.total_timesteps // batch)
+    return Derived(rung, batch, minibatches, updates, actor_steps, rung.critic_epochs * minibatches)
+
+
 # ---------------------------------------------------------------------------------------------- Environments
 def make_envs(n: int) -> gym.vector.VectorEnv:
     """n Pendulum-v1 copies. SAME_STEP autoreset: when an episode ends, step() already returns the
@@ -137,6 +158,14 @@ def true_next_obs(obs: np.ndarray, done: np.ndarray, info: dict) -> np.ndarray:
     for i in np.flatnonzero(done):
         nxt[i] = info["final_obs"][i]
     return nxt
+
+
+def normalize_obs(obs: np.ndarray, rms: RunningMeanStd | None) -> np.ndarray:
+    """(obs − mean) / √(var + 1e-8), clipped to ±10, as float32 (--norm-obs); the obs as float32 without statistics.
+    rms is gymnasium's RunningMeanStd (parallel-variance update, Chan et al.), updated after each rollout."""
+    if rms is None:
+        return obs.astype(np.float32)
+    return np.clip((obs - rms.mean) / np.sqrt(rms.var + 1e-8), -10, 10).astype(np.float32)
 
 
 class Rollout(NamedTuple):
@@ -382,92 +411,10 @@ def ppo_update(graphdef, args: Args, state, rollout: Rollout, key):
     return state, dict(stats, v_loss=v_loss, explained_var=explained_var)
 
 
-# ---------------------------------------------------------------------------------------------- The rollout
-def collect_rollout(envs, act_fn: Callable, actor_state, obs, key, rms: RunningMeanStd | None, args: Args, steps):
-    """args.num_steps steps of the vector env, one compiled policy call each. Returns the Rollout (T, N, …), the raw
-    observations (T, N, 3) for --norm-obs, the obs to continue from, the next key, and (env step, return) of every
-    episode that ended (RecordEpisodeStatistics' info["episode"]); `steps` = env steps before this rollout."""
-    T, N = args.num_steps, args.num_envs
-    rollout = Rollout(*(np.zeros((T, N, *shape), np.float32) for shape in ((3,), (1,), (), (), (), (), (3,))))
-    raw_obs, episodes = np.zeros((T, N, 3)), []
-    for t in range(T):
-        x = normalize_obs(obs, rms)
-        action, logp, key = act_fn(actor_state, x, key)
-        next_obs, reward, term, trunc, info = envs.step(np.clip(np.asarray(action), -MAX_TORQUE, MAX_TORQUE))
-        done = term | trunc
-        raw_obs[t], rollout.obs[t], rollout.actions[t], rollout.logp[t] = obs, x, np.asarray(action), np.asarray(logp)
-        rollout.rewards[t] = reward * args.reward_scale
-        if args.bootstrap_truncated:
-            rollout.terminated[t], rollout.truncated[t] = term, trunc
-        else:  # the original guide's version: a time limit cuts the bootstrap like a termination
-            rollout.terminated[t], rollout.truncated[t] = done, False
-        rollout.next_obs[t] = normalize_obs(true_next_obs(next_obs, done, info), rms)
-        episodes += [(steps + (t + 1) * N, float(info["episode"]["r"][i])) for i in np.flatnonzero(done)]
-        obs = next_obs
-    return rollout, raw_obs, obs, key, episodes
-
-
-# ---------------------------------------------------------------------------------------------- The training loop
-def train_gymnasium(args: Args, sizes: Derived) -> tuple[tuple, RunningMeanStd | None, TrainLog]:
-    """NumPy envs stepped from a Python loop (collect_rollout), then one compiled ppo_update per rollout. Returns
-    the trained (actor, critic, actor_opt, critic_opt), the observation statistics (--norm-obs) and the log."""
-    key, actor_key, critic_key = jax.random.split(jax.random.key(args.seed), 3)
-    agent = new_agent(args, sizes, actor_key, critic_key)
-    graphdef, state = nnx.split(agent)  # state[0] is the actor's part of the (actor, critic, …) state
-    act_fn = jax.jit(partial(act, nnx.split(agent[0])[0]))
-    update = jax.jit(partial(ppo_update, graphdef, args))
-    rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
-    envs = RecordEpisodeStatistics(make_envs(args.num_envs))  # info["episode"]["r"]: the return of an ended episode
-    obs, _ = envs.reset(seed=[int(s) for s in np.random.default_rng(args.seed).integers(0, 2**31 - 1, args.num_envs)])
-    print(first_line(args, sizes), flush=True)
-    log, steps, t_train = TrainLog([], [], [], 0.0, 0.0, None), 0, time.perf_counter()
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops the loop here; what it measured is kept
-        for update_index in range(1, sizes.num_updates + 1):
-            t0 = time.perf_counter()
-            rollout, raw_obs, obs, key, episodes = collect_rollout(envs, act_fn, state[0], obs, key, rms, args, steps)
-            log.ep_steps.extend(s for s, _ in episodes)
-            log.ep_returns.extend(r for _, r in episodes)
-            if rms is not None:  # the statistics are frozen within a rollout, so log π_old stays consistent
-                rms.update(raw_obs.reshape(-1, 3))
-            steps += sizes.batch_size
-            key, k = jax.random.split(key)
-            state, stats = update(state, rollout, k)
-            stats = {name: float(value) for name, value in stats.items()}
-            if update_index == 1:
-                log = log._replace(first_update_seconds=round(time.perf_counter() - t0, 2))  # includes compilation
-            ret = float(np.mean(log.ep_returns[-args.num_envs :])) if log.ep_returns else float("nan")
-            log.history.append(dict(step=steps, **stats))
-            sps = sizes.batch_size / (time.perf_counter() - t0)
-            print_progress(update_index, sizes.num_updates, steps, ret, stats, sps)
-    envs.close()
-    nnx.update(agent, state)
-    return agent, rms, log._replace(train_seconds=time.perf_counter() - t_train)
-
-
-# ---------------------------------------------------------------------------------------------- Evaluation
-def evaluate_seeds(actor_def, actor_states, rms: RunningMeanStd | None, episodes: int, seed0: int) -> np.ndarray:
-    """Deterministic returns (S, episodes) on gymnasium's Pendulum-v1, for both backends: each of the S stacked
-    policies plays its mean action, clipped, from reset seeds seed0 … seed0+episodes−1 (one vector env)."""
-    mean_actions = jax.jit(jax.vmap(lambda state, obs: nnx.merge(actor_def, state)(obs).loc))
-    n_seeds = jax.tree.leaves(actor_states)[0].shape[0]
-    envs = make_envs(n_seeds * episodes)
-    obs, _ = envs.reset(seed=[seed0 + i for _ in range(n_seeds) for i in range(episodes)])
-    total, alive = np.zeros(n_seeds * episodes), np.ones(n_seeds * episodes, bool)
-    while alive.any():
-        x = normalize_obs(obs, rms).reshape(n_seeds, episodes, -1)  # policy s sees its own episodes
-        a = np.asarray(mean_actions(actor_states, x)).reshape(n_seeds * episodes, -1)
-        obs, r, term, trunc, _ = envs.step(np.clip(a, -MAX_TORQUE, MAX_TORQUE))
-        total += r * alive
-        alive &= ~(term | trunc)
-    envs.close()
-    return total.reshape(n_seeds, episodes)
-
-
-# Plumbing ─ below: --backend jax (make_train), the command line, checks, checkpoints, GIF, plot, metrics, main
 # ---------------------------------------------------------------------------------------------- --backend jax
 # The same algorithm as one compiled program, shaped like PureJaxRL: a JAX port of gymnasium 1.4.0's
-# Pendulum-v1, a rollout that is a lax.scan, and make_train(args) → train(key), pure, which main vmaps over
-# seeds and shards across devices.
+# Pendulum-v1, a rollout that is a lax.scan, and make_train(args) → train(key), pure, which train_jax (below the
+# banner) vmaps over seeds and shards across devices.
 GRAVITY, MASS, LENGTH, DT, MAX_SPEED = 10.0, 1.0, 1.0, 0.05, 8.0  # gymnasium's PendulumEnv constants
 
 
@@ -605,6 +552,111 @@ def make_train(args: Args, num_updates: int | None = None) -> Train:
     return Train(init, run)
 
 
+# ---------------------------------------------------------------------------------------------- The rollout (gymnasium)
+def collect_rollout(envs, act_fn: Callable, actor_state, obs, key, rms: RunningMeanStd | None, args: Args, steps):
+    """args.num_steps steps of the vector env, one compiled policy call each. Returns the Rollout (T, N, …), the raw
+    observations (T, N, 3) for --norm-obs, the obs to continue from, the next key, and (env step, return) of every
+    episode that ended (RecordEpisodeStatistics' info["episode"]); `steps` = env steps before this rollout."""
+    T, N = args.num_steps, args.num_envs
+    rollout = Rollout(*(np.zeros((T, N, *shape), np.float32) for shape in ((3,), (1,), (), (), (), (), (3,))))
+    raw_obs, episodes = np.zeros((T, N, 3)), []
+    for t in range(T):
+        x = normalize_obs(obs, rms)
+        action, logp, key = act_fn(actor_state, x, key)
+        next_obs, reward, term, trunc, info = envs.step(np.clip(np.asarray(action), -MAX_TORQUE, MAX_TORQUE))
+        done = term | trunc
+        raw_obs[t], rollout.obs[t], rollout.actions[t], rollout.logp[t] = obs, x, np.asarray(action), np.asarray(logp)
+        rollout.rewards[t] = reward * args.reward_scale
+        if args.bootstrap_truncated:
+            rollout.terminated[t], rollout.truncated[t] = term, trunc
+        else:  # the original guide's version: a time limit cuts the bootstrap like a termination
+            rollout.terminated[t], rollout.truncated[t] = done, False
+        rollout.next_obs[t] = normalize_obs(true_next_obs(next_obs, done, info), rms)
+        episodes += [(steps + (t + 1) * N, float(info["episode"]["r"][i])) for i in np.flatnonzero(done)]
+        obs = next_obs
+    return rollout, raw_obs, obs, key, episodes
+
+
+# ---------------------------------------------------------------------------------------------- The training loop
+class TrainLog(NamedTuple):
+    """What a training loop hands back besides the parameters."""
+
+    ep_steps: list  # env step at which each logged training episode ended
+    ep_returns: list  # its return (the --backend jax logs one seed's mean of its envs' latest episodes)
+    history: list  # one dict of update statistics per update (for --num-seeds > 1, the mean over seeds)
+    train_seconds: float
+    first_update_seconds: float  # gymnasium: the first update, compilation included; jax: the compilation
+    last_per_seed: dict | None  # the final update's statistics of every seed (--backend jax)
+    interrupted: bool = False  # --backend jax: Ctrl-C came during the compiled training, which it cannot stop
+
+
+def print_progress(update: int, num_updates: int, env_steps: int, ret: float, stats: dict, sps: float) -> None:
+    """The one progress line per update, the same for both backends."""
+    print(
+        f"update={update}/{num_updates} step={env_steps} return={ret:.1f} "
+        f"loss={stats['pg_loss']:.4f} v_loss={stats['v_loss']:.4f} kl={stats['approx_kl']:.4f} "
+        f"clip_frac={stats['clip_frac']:.3f} outside_frac={stats['outside_frac']:.3f} entropy={stats['entropy']:.3f} "
+        f"explained_var={stats['explained_var']:.3f} sps={sps:.0f}",
+        flush=True,
+    )
+
+
+def train_gymnasium(args: Args, sizes: Derived) -> tuple[tuple, RunningMeanStd | None, TrainLog]:
+    """NumPy envs stepped from a Python loop (collect_rollout), then one compiled ppo_update per rollout. Returns
+    the trained (actor, critic, actor_opt, critic_opt), the observation statistics (--norm-obs) and the log."""
+    key, actor_key, critic_key = jax.random.split(jax.random.key(args.seed), 3)
+    agent = new_agent(args, sizes, actor_key, critic_key)
+    graphdef, state = nnx.split(agent)  # state[0] is the actor's part of the (actor, critic, …) state
+    act_fn = jax.jit(partial(act, nnx.split(agent[0])[0]))
+    update = jax.jit(partial(ppo_update, graphdef, args))
+    rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
+    envs = RecordEpisodeStatistics(make_envs(args.num_envs))  # info["episode"]["r"]: the return of an ended episode
+    obs, _ = envs.reset(seed=[int(s) for s in np.random.default_rng(args.seed).integers(0, 2**31 - 1, args.num_envs)])
+    log, steps, t_train = TrainLog([], [], [], 0.0, 0.0, None), 0, time.perf_counter()
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops the loop here; what it measured is kept
+        for update_index in range(1, sizes.num_updates + 1):
+            t0 = time.perf_counter()
+            rollout, raw_obs, obs, key, episodes = collect_rollout(envs, act_fn, state[0], obs, key, rms, args, steps)
+            log.ep_steps.extend(s for s, _ in episodes)
+            log.ep_returns.extend(r for _, r in episodes)
+            if rms is not None:  # the statistics are frozen within a rollout, so log π_old stays consistent
+                rms.update(raw_obs.reshape(-1, 3))
+            steps += sizes.batch_size
+            key, k = jax.random.split(key)
+            state, stats = update(state, rollout, k)
+            stats = {name: float(value) for name, value in stats.items()}
+            if update_index == 1:
+                log = log._replace(first_update_seconds=round(time.perf_counter() - t0, 2))  # includes compilation
+            ret = float(np.mean(log.ep_returns[-args.num_envs :])) if log.ep_returns else float("nan")
+            log.history.append(dict(step=steps, **stats))
+            sps = sizes.batch_size / (time.perf_counter() - t0)
+            print_progress(update_index, sizes.num_updates, steps, ret, stats, sps)
+    envs.close()
+    nnx.update(agent, state)
+    return agent, rms, log._replace(train_seconds=time.perf_counter() - t_train)
+
+
+# ---------------------------------------------------------------------------------------------- Evaluation
+def evaluate_seeds(actor_def, actor_states, rms: RunningMeanStd | None, episodes: int, seed0: int) -> np.ndarray:
+    """Deterministic returns (S, episodes) on gymnasium's Pendulum-v1, for both backends: each of the S stacked
+    policies plays its mean action, clipped, from reset seeds seed0 … seed0+episodes−1 (one vector env)."""
+    mean_actions = jax.jit(jax.vmap(lambda state, obs: nnx.merge(actor_def, state)(obs).loc))
+    n_seeds = jax.tree.leaves(actor_states)[0].shape[0]
+    envs = make_envs(n_seeds * episodes)
+    obs, _ = envs.reset(seed=[seed0 + i for _ in range(n_seeds) for i in range(episodes)])
+    total, alive = np.zeros(n_seeds * episodes), np.ones(n_seeds * episodes, bool)
+    while alive.any():
+        x = normalize_obs(obs, rms).reshape(n_seeds, episodes, -1)  # policy s sees its own episodes
+        a = np.asarray(mean_actions(actor_states, x)).reshape(n_seeds * episodes, -1)
+        obs, r, term, trunc, _ = envs.step(np.clip(a, -MAX_TORQUE, MAX_TORQUE))
+        total += r * alive
+        alive &= ~(term | trunc)
+    envs.close()
+    return total.reshape(n_seeds, episodes)
+
+
+# Plumbing ─ below: train_jax (seeds over devices), the command line, checks, checkpoints, GIF, plot, metrics, main
+# ---------------------------------------------------------------------------------------------- Seeds, devices
 def seed_devices(args: Args) -> list:
     """The devices that the seed axis of a --backend jax run is split across (data parallelism over seeds).
     Must run before the first JAX operation.
@@ -682,18 +734,6 @@ def train_jax(args: Args, sizes: Derived, devices: list) -> tuple[tuple, nnx.Sta
 
 
 # ---------------------------------------------------------------------------------------------- Logging
-class TrainLog(NamedTuple):
-    """What a training loop hands back besides the parameters."""
-
-    ep_steps: list  # env step at which each logged training episode ended
-    ep_returns: list  # its return (the --backend jax logs one seed's mean of its envs' latest episodes)
-    history: list  # one dict of update statistics per update (for --num-seeds > 1, the mean over seeds)
-    train_seconds: float
-    first_update_seconds: float  # gymnasium: the first update, compilation included; jax: the compilation
-    last_per_seed: dict | None  # the final update's statistics of every seed (--backend jax)
-    interrupted: bool = False  # --backend jax: Ctrl-C came during the compiled training, which it cannot stop
-
-
 def first_line(args: Args, sizes: Derived, devices: int = 0) -> str:
     """What the run is about to do, printed before it starts."""
     name = "PPO" if args.algo == "ppo" else args.algo
@@ -711,44 +751,6 @@ def first_line(args: Args, sizes: Derived, devices: int = 0) -> str:
         f"{args.num_steps}), {args.update_epochs} epochs × {sizes.num_minibatches} minibatches of "
         f"{args.minibatch_size}, preset={args.preset}{'' if args.algo == 'ppo' else ', ' + steps}{episodes}"
     )
-
-
-def print_progress(update: int, num_updates: int, env_steps: int, ret: float, stats: dict, sps: float) -> None:
-    """The one progress line per update, the same for both backends."""
-    print(
-        f"update={update}/{num_updates} step={env_steps} return={ret:.1f} "
-        f"loss={stats['pg_loss']:.4f} v_loss={stats['v_loss']:.4f} kl={stats['approx_kl']:.4f} "
-        f"clip_frac={stats['clip_frac']:.3f} outside_frac={stats['outside_frac']:.3f} entropy={stats['entropy']:.3f} "
-        f"explained_var={stats['explained_var']:.3f} sps={sps:.0f}",
-        flush=True,
-    )
-
-
-# ---------------------------------------------------------------------------------------------- Sizes, statistics
-@dataclass(frozen=True)
-class Derived:
-    rung: Rung  # ladder(args)
-    batch_size: int  # transitions per rollout = num_envs × num_steps
-    num_minibatches: int  # gradient steps per epoch (a remainder smaller than a minibatch is dropped)
-    num_updates: int  # rollouts in the whole run
-    actor_steps: int  # Adam steps of the actor per rollout
-    critic_steps: int  # Adam steps of the critic per rollout
-
-
-def derived(args: Args) -> Derived:
-    rung, batch = ladder(args), args.num_envs * args.num_steps
-    minibatches = batch // args.minibatch_size
-    actor_steps = rung.batch_steps + rung.actor_epochs * minibatches
-    updates = max(1, args.total_timesteps // batch)
-    return Derived(rung, batch, minibatches, updates, actor_steps, rung.critic_epochs * minibatches)
-
-
-def normalize_obs(obs: np.ndarray, rms: RunningMeanStd | None) -> np.ndarray:
-    """(obs − mean) / √(var + 1e-8), clipped to ±10, as float32 (--norm-obs); the obs as float32 without statistics.
-    rms is gymnasium's RunningMeanStd (parallel-variance update, Chan et al.), updated after each rollout."""
-    if rms is None:
-        return obs.astype(np.float32)
-    return np.clip((obs - rms.mean) / np.sqrt(rms.var + 1e-8), -10, 10).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------------- Command line
@@ -1196,6 +1198,7 @@ def main(args: Args) -> dict:
         agent, actor_states, log = train_jax(args, sizes, devices)
         rms = None
     else:
+        print(first_line(args, sizes), flush=True)  # what the run is about to do (train_jax prints its own)
         agent, rms, log = train_gymnasium(args, sizes)
         actor_states = jax.tree.map(lambda x: x[None], nnx.state(agent[0]))
     stopped = log.interrupted or len(log.history) < sizes.num_updates  # Ctrl-C: nothing more is evaluated
