@@ -77,7 +77,8 @@ def main() -> None:
     args = p.parse_args()
     if args.repeats < 1:
         sys.exit("error: --repeats must be >= 1")
-    print(f"whole process, median of {args.repeats} rounds; cold: empty compilation cache, warm: the same run again")
+    rounds = "one round" if args.repeats == 1 else f"the median of {args.repeats} rounds"
+    print(f"whole process, {rounds}; cold: empty compilation cache, warm: the same run again")
     print(f"{'command':<18} {'cold s':>8} {'warm s':>8} {'saved s':>8} {'cache MB':>9}")
     for name in args.only or COMMANDS:
         cold, warm, sizes = [], [], []
