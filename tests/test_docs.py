@@ -878,9 +878,6 @@ def primary_jax(requirements: Path = REPO / "requirements.txt") -> str:
 # Files measured on purpose on the Python 3.11 set (jax 0.10.2), to show a claim holds on another floating-point
 # path; their names say so, and a README quotes them beside the primary stack's file.
 OTHER_STACK = re.compile(r"_py311(\.|$)")
-# Validation sweeps that chose settings on the earlier stack (jax 0.10.2) and have not been re-run on the current
-# one yet; the benchmarks page says so beside each. Remove a name once `tools/remeasure.py NAME` has run.
-CHOSEN_ON_THE_EARLIER_STACK = {"grpo_val_sweep_number", "grpo_val_sweep_digit"}
 
 
 def stale_results(results_dir: Path, jax_version: str) -> list[str]:
@@ -890,8 +887,6 @@ def stale_results(results_dir: Path, jax_version: str) -> list[str]:
     for path in sorted(results_dir.glob("*.*")):
         data = RESULTS.load(path.stem, results_dir)
         header = data["provenance"] if isinstance(data, dict) else data[0]
-        if path.stem in CHOSEN_ON_THE_EARLIER_STACK:
-            continue
         if OTHER_STACK.search(path.stem):
             if not header["versions"]["python"].startswith("3.11."):
                 stale.append(f"{path.name}: python {header['versions']['python']}, not 3.11")
@@ -902,17 +897,6 @@ def stale_results(results_dir: Path, jax_version: str) -> list[str]:
 
 def test_every_result_is_measured_on_the_primary_stack():
     assert stale_results(RESULTS.RESULTS_DIR, primary_jax()) == []
-
-
-def test_the_sweeps_chosen_on_the_earlier_stack_say_so():
-    """Each exempt sweep is still on the earlier stack (else drop it from the set) and the benchmarks page says,
-    in both languages, that it was not re-run."""
-    for name in CHOSEN_ON_THE_EARLIER_STACK:
-        header = RESULTS.load(name)[0]
-        assert header["versions"]["jax"] != primary_jax(), f"{name} is re-measured: remove it from the exemptions"
-    for page, words in (("README.md", "not re-run on jax"), ("README_ch.md", "尚未在 jax")):
-        text = (REPO / "benchmarks" / page).read_text(encoding="utf-8")
-        assert text.count(words) >= len(CHOSEN_ON_THE_EARLIER_STACK), page
 
 
 def test_a_result_from_another_jax_is_stale(tmp_path):
