@@ -984,6 +984,35 @@ def test_the_validation_sweep_never_scores_the_test_set(tmp_path, monkeypatch):
         assert argv[argv.index("--metric") + 1] == "val_pass1"
 
 
+def fake_figure_run(zero_signal: float, all_right: float) -> dict:
+    """A metrics.json as grpo_mnist.py writes it, small: start, one SFT row, two RL rows."""
+    row = {"val_pass1": 0.5, "val_pass8": 0.7, "val_greedy": 0.6, "val_length": 3.0, "val_wrong_length": 3.5}
+    row["val_kl_ref"] = 0.1
+    rl = {**row, "zero_signal": zero_signal, "all_right": all_right, "clip_frac": 0.01, "outside_frac": 0.02}
+    history = [{"phase": "start", "iteration": 0, **row}, {"phase": "sft", "iteration": 300, **row}]
+    history += [{"phase": "rl", "iteration": i, **rl} for i in (150, 300)]
+    args = {"group_size": 8, "inner_steps": 4, "beta": 0.01, "kl": "k3", "loss_agg": "seq-mean-token-mean"}
+    args.update(learning_rate=5e-4, iterations=300, label_fraction=0.05)
+    return {**history[-1], "history": history, "args": args, "val_prompts": 800, "sft_steps": 300}
+
+
+@pytest.mark.unit
+def test_the_figures_tool_draws_every_figure_and_splits_the_equal_groups(tmp_path, capsys):
+    """tools/grpo_figures.py's drawing and report on fake runs: the four PNGs are written, and the report splits
+    each zero-signal share into its all-right part (here 0.25 of 0.75). Catches: a figure that needs a metric the
+    script does not log, a run the figures name but RUNS lacks, the all-right split dropped from the report."""
+    figures = load_script("tools/grpo_figures.py")
+    runs = {name: fake_figure_run(0.75, 0.25) for name in figures.RUNS}
+    for draw in (figures.sharpening, figures.kl_curves, figures.length_curves, figures.zero_signal):
+        draw(runs, tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(
+        ["grpo_sharpening.png", "grpo_kl.png", "grpo_loss_agg.png", "grpo_zero_signal.png"]
+    )
+    figures.report(runs)
+    text = capsys.readouterr().out
+    assert "default run: zero_signal 0.7500 (all right 0.2500) in the first RL block" in text
+
+
 @pytest.mark.unit
 def test_param_table_counts_the_models():
     """Counted from the layers: encoder 784·H + H; decoder N·(H + 11 + 1)·D + D (the prompt's N·H features, N

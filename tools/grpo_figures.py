@@ -8,7 +8,7 @@ written with the same flags is reused, so a second call redraws without training
     grpo_sharpening.png   validation pass@1, pass@k and greedy over the SFT warm start and RL (the default
                           run), beside SFT alone for as many iterations (--objective supervised);
     grpo_kl.png           KL(π ‖ π_ref) on validation over the RL iterations, for --kl exact, k1 and k3 at
-                          --beta 0.1, and --beta 0;
+                          --beta 0.1, --beta 0, and the defaults;
     grpo_loss_agg.png     the mean answer length and the mean length of wrong answers over the RL iterations,
                           for the three --loss-agg choices, and for Dr. GRPO (dr-grpo with --adv-norm none);
     grpo_zero_signal.png  the share of groups whose G answers are all right, and all wrong, with and without
@@ -141,6 +141,7 @@ def kl_curves(m: dict, assets: Path) -> None:
         ("kl_k1", "x--", f"k1, β = {KL_BETA}"),
         ("kl_k3", "s-", f"k3, β = {KL_BETA}"),
         ("beta_0", "^:", "β = 0 (no KL term)"),
+        ("default", "d-.", "the default: {kl}, β = {beta}".format(**m["default"]["args"])),
     ):
         h = rl_part(m[name]["history"])
         x = [r["iteration"] if r["phase"] == "rl" else 0 for r in h]
