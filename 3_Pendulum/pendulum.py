@@ -237,13 +237,22 @@ def make_optimizer(model: nnx.Module, learning_rate: float, args: Args, total_gr
     return nnx.Optimizer(model, optax.chain(*clip, optax.adam(schedule, eps=1e-5)), wrt=nnx.Param)
 
 
-def new_agent(args: Args, sizes: Derived, actor_key, critic_key) -> tuple:
-    """(actor, critic, actor_opt, critic_opt) of one seed; each schedule spans the run's Adam steps."""
+class Agent(NamedTuple):
+    """One seed's networks and their optimizers. nnx.state(agent) names its parts the same: state["actor"], …"""
+
+    actor: Actor
+    critic: Critic
+    actor_opt: nnx.Optimizer
+    critic_opt: nnx.Optimizer
+
+
+def new_agent(args: Args, sizes: Derived, actor_key, critic_key) -> Agent:
+    """The Agent of one seed; each optimizer's schedule spans the run's Adam steps."""
     actor = Actor(3, 1, args.hidden_size, args.sigma, args.activation, args.log_std_init, rngs=nnx.Rngs(actor_key))
     critic = Critic(3, args.hidden_size, args.activation, rngs=nnx.Rngs(critic_key))
     actor_opt = make_optimizer(actor, args.actor_learning_rate, args, sizes.num_updates * sizes.actor_steps)
     critic_steps = max(1, sizes.num_updates * sizes.critic_steps)
-    return actor, critic, actor_opt, make_optimizer(critic, args.critic_learning_rate, args, critic_steps)
+    return Agent(actor, critic, actor_opt, make_optimizer(critic, args.critic_learning_rate, args, critic_steps))
 
 
 # ---------------------------------------------------------------------------------------------- GAE(λ)
@@ -353,12 +362,12 @@ class Batch(NamedTuple):
 def ppo_update(graphdef, args: Args, state, rollout: Rollout, key):
     """One iteration of learning in one XLA call: values → Ψ and targets → Adam steps (lax.scan over epochs).
 
-    state: nnx.state of (actor, critic, actor_opt, critic_opt); rollout: (T, N, …), next_obs the true s_{t+1}.
+    state: nnx.state of an Agent; rollout: (T, N, …), next_obs the true s_{t+1}.
     The rung sets Ψ, the targets and the steps: rung.batch_steps actor steps on the whole rollout (Ψ as it is:
     normalising would subtract the batch mean, itself a baseline), then rung.critic_epochs epochs of minibatches
     of which the first rung.actor_epochs also step the actor."""
     sizes, rung = derived(args), ladder(args)
-    actor, critic, _, _ = nnx.merge(graphdef, state)
+    critic = nnx.merge(graphdef, state).critic
     values = critic(rollout.obs)  # (T, N)
     psi, targets = signal_and_targets(rung, rollout, values, critic(rollout.next_obs), args.gamma, args.gae_lambda)
     n = rollout.rewards.size  # B = T·N transitions
@@ -379,16 +388,16 @@ def ppo_update(graphdef, args: Args, state, rollout: Rollout, key):
         return dict(pg_loss=pg_loss, **aux)
 
     def batch_step(state, _):  # the actor alone, on the whole rollout
-        actor, critic, actor_opt, critic_opt = nnx.merge(graphdef, state)
-        stats = actor_step(actor, actor_opt, flat, False)
-        return nnx.state((actor, critic, actor_opt, critic_opt)), stats
+        agent = nnx.merge(graphdef, state)
+        stats = actor_step(agent.actor, agent.actor_opt, flat, False)
+        return nnx.state(agent), stats
 
     def minibatch_step(train_actor: bool, state, mb: Batch):
-        actor, critic, actor_opt, critic_opt = nnx.merge(graphdef, state)
-        stats = actor_step(actor, actor_opt, mb, args.norm_adv) if train_actor else {}
-        v_loss, grads = nnx.value_and_grad(value_loss_fn)(critic, mb.obs, mb.returns)
-        critic_opt.update(critic, grads)
-        return nnx.state((actor, critic, actor_opt, critic_opt)), dict(stats, v_loss=v_loss)
+        agent = nnx.merge(graphdef, state)
+        stats = actor_step(agent.actor, agent.actor_opt, mb, args.norm_adv) if train_actor else {}
+        v_loss, grads = nnx.value_and_grad(value_loss_fn)(agent.critic, mb.obs, mb.returns)
+        agent.critic_opt.update(agent.critic, grads)
+        return nnx.state(agent), dict(stats, v_loss=v_loss)
 
     def epoch(train_actor: bool):
         def run(state, k):
@@ -458,7 +467,7 @@ def pendulum_step(s: EnvState, u):
 class Runner(NamedTuple):
     """Everything one seed's --backend jax run carries from iteration to iteration."""
 
-    state: nnx.State  # nnx.state of (actor, critic, actor_opt, critic_opt)
+    state: nnx.State  # nnx.state of the Agent: state["actor"], state["critic"], state["actor_opt"], …
     env: EnvState  # num_envs pendulums, (N,) arrays
     obs: jax.Array  # (N, 3) the observation each env continues from
     key: jax.Array  # the PRNG key
@@ -509,10 +518,10 @@ def jax_rollout(actor_def, args: Args, actor_state, runner: Runner) -> tuple[Run
 
 
 def graph_defs(args: Args, sizes: Derived) -> tuple:
-    """The graph definitions of (actor, critic, actor_opt, critic_opt) and of the actor alone, the same for every
-    seed; nnx.eval_shape builds the modules with shapes, not arrays."""
+    """The graph definitions of the Agent and of its actor alone, the same for every seed; nnx.eval_shape builds
+    the modules with shapes, not arrays."""
     agent = nnx.eval_shape(lambda: new_agent(args, sizes, jax.random.key(0), jax.random.key(0)))
-    return nnx.split(agent)[0], nnx.split(agent[0])[0]
+    return nnx.graphdef(agent), nnx.graphdef(agent.actor)
 
 
 @dataclass(frozen=True)
@@ -541,7 +550,7 @@ def make_train(args: Args, num_updates: int | None = None) -> Train:
         return Runner(nnx.state(agent), env, pendulum_obs(env), key, ep_ret, last_ret)
 
     def update_step(runner: Runner, _):
-        runner, rollout = jax_rollout(actor_def, args, runner.state[0], runner)
+        runner, rollout = jax_rollout(actor_def, args, runner.state["actor"], runner)
         key, update_key = jax.random.split(runner.key)
         state, stats = ppo_update(graphdef, args, runner.state, rollout, update_key)
         return runner._replace(state=state, key=key), dict(stats, ret=jnp.nanmean(runner.last_ret))
@@ -601,13 +610,13 @@ def print_progress(update: int, num_updates: int, env_steps: int, ret: float, st
     )
 
 
-def train_gymnasium(args: Args, sizes: Derived) -> tuple[tuple, RunningMeanStd | None, TrainLog]:
+def train_gymnasium(args: Args, sizes: Derived) -> tuple[Agent, RunningMeanStd | None, TrainLog]:
     """NumPy envs stepped from a Python loop (collect_rollout), then one compiled ppo_update per rollout. Returns
-    the trained (actor, critic, actor_opt, critic_opt), the observation statistics (--norm-obs) and the log."""
+    the trained Agent, the observation statistics (--norm-obs) and the log."""
     key, actor_key, critic_key = jax.random.split(jax.random.key(args.seed), 3)
     agent = new_agent(args, sizes, actor_key, critic_key)
-    graphdef, state = nnx.split(agent)  # state[0] is the actor's part of the (actor, critic, …) state
-    act_fn = jax.jit(partial(act, nnx.split(agent[0])[0]))
+    graphdef, state = nnx.split(agent)  # state["actor"] is the actor's part of the agent's state
+    act_fn = jax.jit(partial(act, nnx.graphdef(agent.actor)))
     update = jax.jit(partial(ppo_update, graphdef, args))
     rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
     envs = RecordEpisodeStatistics(make_envs(args.num_envs))  # info["episode"]["r"]: the return of an ended episode
@@ -616,7 +625,9 @@ def train_gymnasium(args: Args, sizes: Derived) -> tuple[tuple, RunningMeanStd |
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops the loop here; what it measured is kept
         for update_index in range(1, sizes.num_updates + 1):
             t0 = time.perf_counter()
-            rollout, raw_obs, obs, key, episodes = collect_rollout(envs, act_fn, state[0], obs, key, rms, args, steps)
+            rollout, raw_obs, obs, key, episodes = collect_rollout(
+                envs, act_fn, state["actor"], obs, key, rms, args, steps
+            )
             log.ep_steps.extend(s for s, _ in episodes)
             log.ep_returns.extend(r for _, r in episodes)
             if rms is not None:  # the statistics are frozen within a rollout, so log π_old stays consistent
@@ -687,11 +698,11 @@ def most_devices(num_seeds: int, at_most: int) -> int:
     return max(k for k in range(1, at_most + 1) if num_seeds % k == 0)
 
 
-def train_jax(args: Args, sizes: Derived, devices: list) -> tuple[tuple, nnx.State, TrainLog]:
+def train_jax(args: Args, sizes: Derived, devices: list) -> tuple[Agent, nnx.State, TrainLog]:
     """--backend jax: make_train(args), its run vmapped over the seeds and sharded across `devices`: one compiled
     call for the whole training. The progress lines are printed when it returns, from
-    the statistics it stacked (sps there is the whole run's). Returns the first seed's trained (actor, critic,
-    actor_opt, critic_opt), every seed's actor state (leading axis S) and the log."""
+    the statistics it stacked (sps there is the whole run's). Returns the first seed's trained Agent, every seed's
+    actor state (leading axis S) and the log."""
     graphdef, _ = graph_defs(args, sizes)
     train = make_train(args)
     # Each seed's init is compiled and run on its own; the runners are stacked on a leading seed axis S, and
@@ -700,7 +711,7 @@ def train_jax(args: Args, sizes: Derived, devices: list) -> tuple[tuple, nnx.Sta
     runners = jax.tree.map(
         lambda *x: jnp.stack(x), *[init(jax.random.key(s)) for s in range(args.seed, args.seed + args.num_seeds)]
     )
-    mesh = jax.sharding.Mesh(np.array(devices), ("seed",), axis_types=(jax.sharding.AxisType.Auto,))
+    mesh = jax.make_mesh((len(devices),), ("seed",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
     by_seed = jax.sharding.PartitionSpec("seed")
     runners = jax.device_put(runners, jax.sharding.NamedSharding(mesh, by_seed))
     print(first_line(args, sizes, len(devices)), flush=True)
@@ -730,7 +741,7 @@ def train_jax(args: Args, sizes: Derived, devices: list) -> tuple[tuple, nnx.Sta
         print_progress(u + 1, sizes.num_updates, steps, ret, log.history[-1], sps)
     last = {name: [float(x) for x in v[:, -1]] for name, v in stats.items() if name != "ret"}
     agent = nnx.merge(graphdef, jax.tree.map(lambda x: x[0], runners.state))
-    return agent, runners.state[0], log._replace(last_per_seed=last, interrupted=interrupted)
+    return agent, runners.state["actor"], log._replace(last_per_seed=last, interrupted=interrupted)
 
 
 # ---------------------------------------------------------------------------------------------- Logging
@@ -1071,7 +1082,8 @@ def evaluate(actor: Actor, rms: RunningMeanStd | None, episodes: int, seed0: int
 
 def evaluate_saved(args: Args, t_start: float) -> dict:
     """--load: evaluate (and with --video, watch) a saved policy; writes into <out>/eval/."""
-    actor, critic, *_ = new_agent(args, derived(args), *jax.random.split(jax.random.key(args.seed), 3)[1:])
+    agent = new_agent(args, derived(args), *jax.random.split(jax.random.key(args.seed), 3)[1:])
+    actor, critic = agent.actor, agent.critic
     rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
     stats = load_checkpoint(args.load, {"actor": actor, "critic": critic, **obs_norm_parts(rms)})
     if rms is not None:
@@ -1200,17 +1212,17 @@ def main(args: Args) -> dict:
     else:
         print(first_line(args, sizes), flush=True)  # what the run is about to do (train_jax prints its own)
         agent, rms, log = train_gymnasium(args, sizes)
-        actor_states = jax.tree.map(lambda x: x[None], nnx.state(agent[0]))
+        actor_states = jax.tree.map(lambda x: x[None], nnx.state(agent.actor))
     stopped = log.interrupted or len(log.history) < sizes.num_updates  # Ctrl-C: nothing more is evaluated
     if stopped and not log.history:
         raise KeyboardInterrupt  # before the first update was done: nothing measured, nothing to write
-    actor, critic = agent[:2]
+    actor, critic = agent.actor, agent.critic
     save_checkpoint(os.path.join(args.out, "params.npz"), {"actor": actor, "critic": critic, **obs_norm_parts(rms)})
 
     # Every seed's final policy on gymnasium's Pendulum-v1, whichever backend trained it: (S, episodes).
     all_returns = None
     if not stopped:
-        all_returns = evaluate_seeds(nnx.split(actor)[0], actor_states, rms, args.eval_episodes, args.eval_seed)
+        all_returns = evaluate_seeds(nnx.graphdef(actor), actor_states, rms, args.eval_episodes, args.eval_seed)
     metrics = training_metrics(args, sizes, log, all_returns, len(devices) if devices else 1)
     who = f"seed {args.seed}" if args.num_seeds == 1 else f"seeds {args.seed}–{args.seed + args.num_seeds - 1}"
     plot_curve(
