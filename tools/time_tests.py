@@ -91,7 +91,7 @@ def main() -> None:
             finally:
                 shutil.rmtree(home, ignore_errors=True)
         c, w = statistics.median(cold), statistics.median(warm)
-        shown = "pytest" if name == "pytest" else f"python {COMMANDS[name][0]}"
+        shown = "pytest" if name == "pytest" else "python " + " ".join(COMMANDS[name])
         mb = statistics.median(sizes)
         print(f"{name:<18} {c:8.1f} {w:8.1f} {c - w:8.1f} {mb:9.1f}   {shown}", flush=True)
 
