@@ -1,12 +1,13 @@
 """PPO (actor-critic, GAE, clipped surrogate) that swings up and balances Pendulum-v1, in JAX + Flax NNX.
 
 The lesson, in the order the algorithm runs: Args → environments → actor (a tfd.Normal) / critic → GAE → losses →
-the update → the rollout → the training loop → evaluation. One iteration collects `--num-envs × --num-steps`
-transitions, computes GAE(λ) advantages and runs `--update-epochs` epochs of minibatch steps on the clipped
-surrogate (actor) and the value regression (critic). `--algo` picks a rung of the ladder (`ladder`).
-Below the `# Plumbing` line: `--backend jax`, the same algorithm as one compiled program (a JAX port of
-Pendulum-v1; `make_train(args)` returns a pure `train(key)`, vmapped over seeds and sharded over devices), then
-the command line, checks, checkpoints, GIF, plot, metrics.json and main.
+the update → `--backend jax`, the whole training as one compiled program (a JAX port of Pendulum-v1;
+`make_train(args)` returns a pure `train(key)`) → the default backend's rollout and training loop (gymnasium envs
+stepped from Python) → evaluation. One iteration collects `--num-envs × --num-steps` transitions, computes GAE(λ)
+advantages and runs `--update-epochs` epochs of minibatch steps on the clipped surrogate (actor) and the value
+regression (critic). `--algo` picks a rung of the ladder (`ladder`). Below the `# Plumbing` line: `train_jax`, which
+vmaps `train` over seeds and shards it over devices, then the command line, checks, checkpoints, GIF, plot,
+metrics.json and main.
 
     python 3_Pendulum/pendulum.py                  # train with the defaults (100k steps), then evaluate
     python 3_Pendulum/pendulum.py --preset guide   # the original guide's hyperparameters
@@ -122,6 +123,26 @@ def ladder(args: Args) -> Rung:
     }[args.algo]
 
 
+@dataclass(frozen=True)
+class Derived:
+    """The sizes that the flags and the rung imply, computed once from Args."""
+
+    rung: Rung  # ladder(args)
+    batch_size: int  # transitions per rollout = num_envs × num_steps
+    num_minibatches: int  # gradient steps per epoch (a remainder smaller than a minibatch is dropped)
+    num_updates: int  # rollouts in the whole run
+    actor_steps: int  # Adam steps of the actor per rollout
+    critic_steps: int  # Adam steps of the critic per rollout
+
+
+def derived(args: Args) -> Derived:
+    rung, batch = ladder(args), args.num_envs * args.num_steps
+    minibatches = batch // args.minibatch_size
+    actor_steps = rung.batch_steps + rung.actor_epochs * minibatches
+    updates = max(1, args.total_timesteps // batch)
+    return Derived(rung, batch, minibatches, updates, actor_steps, rung.critic_epochs * minibatches)
+
+
 # ---------------------------------------------------------------------------------------------- Environments
 def make_envs(n: int) -> gym.vector.VectorEnv:
     """n Pendulum-v1 copies. SAME_STEP autoreset: when an episode ends, step() already returns the
@@ -137,6 +158,14 @@ def true_next_obs(obs: np.ndarray, done: np.ndarray, info: dict) -> np.ndarray:
     for i in np.flatnonzero(done):
         nxt[i] = info["final_obs"][i]
     return nxt
+
+
+def normalize_obs(obs: np.ndarray, rms: RunningMeanStd | None) -> np.ndarray:
+    """(obs − mean) / √(var + 1e-8), clipped to ±10, as float32 (--norm-obs); the obs as float32 without statistics.
+    rms is gymnasium's RunningMeanStd (parallel-variance update, Chan et al.), updated after each rollout."""
+    if rms is None:
+        return obs.astype(np.float32)
+    return np.clip((obs - rms.mean) / np.sqrt(rms.var + 1e-8), -10, 10).astype(np.float32)
 
 
 class Rollout(NamedTuple):
@@ -208,13 +237,22 @@ def make_optimizer(model: nnx.Module, learning_rate: float, args: Args, total_gr
     return nnx.Optimizer(model, optax.chain(*clip, optax.adam(schedule, eps=1e-5)), wrt=nnx.Param)
 
 
-def new_agent(args: Args, sizes: Derived, actor_key, critic_key) -> tuple:
-    """(actor, critic, actor_opt, critic_opt) of one seed; each schedule spans the run's Adam steps."""
+class Agent(NamedTuple):
+    """One seed's networks and their optimizers. nnx.state(agent) names its parts the same: state["actor"], …"""
+
+    actor: Actor
+    critic: Critic
+    actor_opt: nnx.Optimizer
+    critic_opt: nnx.Optimizer
+
+
+def new_agent(args: Args, sizes: Derived, actor_key, critic_key) -> Agent:
+    """The Agent of one seed; each optimizer's schedule spans the run's Adam steps."""
     actor = Actor(3, 1, args.hidden_size, args.sigma, args.activation, args.log_std_init, rngs=nnx.Rngs(actor_key))
     critic = Critic(3, args.hidden_size, args.activation, rngs=nnx.Rngs(critic_key))
     actor_opt = make_optimizer(actor, args.actor_learning_rate, args, sizes.num_updates * sizes.actor_steps)
     critic_steps = max(1, sizes.num_updates * sizes.critic_steps)
-    return actor, critic, actor_opt, make_optimizer(critic, args.critic_learning_rate, args, critic_steps)
+    return Agent(actor, critic, actor_opt, make_optimizer(critic, args.critic_learning_rate, args, critic_steps))
 
 
 # ---------------------------------------------------------------------------------------------- GAE(λ)
@@ -324,12 +362,12 @@ class Batch(NamedTuple):
 def ppo_update(graphdef, args: Args, state, rollout: Rollout, key):
     """One iteration of learning in one XLA call: values → Ψ and targets → Adam steps (lax.scan over epochs).
 
-    state: nnx.state of (actor, critic, actor_opt, critic_opt); rollout: (T, N, …), next_obs the true s_{t+1}.
+    state: nnx.state of an Agent; rollout: (T, N, …), next_obs the true s_{t+1}.
     The rung sets Ψ, the targets and the steps: rung.batch_steps actor steps on the whole rollout (Ψ as it is:
     normalising would subtract the batch mean, itself a baseline), then rung.critic_epochs epochs of minibatches
     of which the first rung.actor_epochs also step the actor."""
     sizes, rung = derived(args), ladder(args)
-    actor, critic, _, _ = nnx.merge(graphdef, state)
+    critic = nnx.merge(graphdef, state).critic
     values = critic(rollout.obs)  # (T, N)
     psi, targets = signal_and_targets(rung, rollout, values, critic(rollout.next_obs), args.gamma, args.gae_lambda)
     n = rollout.rewards.size  # B = T·N transitions
@@ -350,16 +388,16 @@ def ppo_update(graphdef, args: Args, state, rollout: Rollout, key):
         return dict(pg_loss=pg_loss, **aux)
 
     def batch_step(state, _):  # the actor alone, on the whole rollout
-        actor, critic, actor_opt, critic_opt = nnx.merge(graphdef, state)
-        stats = actor_step(actor, actor_opt, flat, False)
-        return nnx.state((actor, critic, actor_opt, critic_opt)), stats
+        agent = nnx.merge(graphdef, state)
+        stats = actor_step(agent.actor, agent.actor_opt, flat, False)
+        return nnx.state(agent), stats
 
     def minibatch_step(train_actor: bool, state, mb: Batch):
-        actor, critic, actor_opt, critic_opt = nnx.merge(graphdef, state)
-        stats = actor_step(actor, actor_opt, mb, args.norm_adv) if train_actor else {}
-        v_loss, grads = nnx.value_and_grad(value_loss_fn)(critic, mb.obs, mb.returns)
-        critic_opt.update(critic, grads)
-        return nnx.state((actor, critic, actor_opt, critic_opt)), dict(stats, v_loss=v_loss)
+        agent = nnx.merge(graphdef, state)
+        stats = actor_step(agent.actor, agent.actor_opt, mb, args.norm_adv) if train_actor else {}
+        v_loss, grads = nnx.value_and_grad(value_loss_fn)(agent.critic, mb.obs, mb.returns)
+        agent.critic_opt.update(agent.critic, grads)
+        return nnx.state(agent), dict(stats, v_loss=v_loss)
 
     def epoch(train_actor: bool):
         def run(state, k):
@@ -382,92 +420,10 @@ def ppo_update(graphdef, args: Args, state, rollout: Rollout, key):
     return state, dict(stats, v_loss=v_loss, explained_var=explained_var)
 
 
-# ---------------------------------------------------------------------------------------------- The rollout
-def collect_rollout(envs, act_fn: Callable, actor_state, obs, key, rms: RunningMeanStd | None, args: Args, steps):
-    """args.num_steps steps of the vector env, one compiled policy call each. Returns the Rollout (T, N, …), the raw
-    observations (T, N, 3) for --norm-obs, the obs to continue from, the next key, and (env step, return) of every
-    episode that ended (RecordEpisodeStatistics' info["episode"]); `steps` = env steps before this rollout."""
-    T, N = args.num_steps, args.num_envs
-    rollout = Rollout(*(np.zeros((T, N, *shape), np.float32) for shape in ((3,), (1,), (), (), (), (), (3,))))
-    raw_obs, episodes = np.zeros((T, N, 3)), []
-    for t in range(T):
-        x = normalize_obs(obs, rms)
-        action, logp, key = act_fn(actor_state, x, key)
-        next_obs, reward, term, trunc, info = envs.step(np.clip(np.asarray(action), -MAX_TORQUE, MAX_TORQUE))
-        done = term | trunc
-        raw_obs[t], rollout.obs[t], rollout.actions[t], rollout.logp[t] = obs, x, np.asarray(action), np.asarray(logp)
-        rollout.rewards[t] = reward * args.reward_scale
-        if args.bootstrap_truncated:
-            rollout.terminated[t], rollout.truncated[t] = term, trunc
-        else:  # the original guide's version: a time limit cuts the bootstrap like a termination
-            rollout.terminated[t], rollout.truncated[t] = done, False
-        rollout.next_obs[t] = normalize_obs(true_next_obs(next_obs, done, info), rms)
-        episodes += [(steps + (t + 1) * N, float(info["episode"]["r"][i])) for i in np.flatnonzero(done)]
-        obs = next_obs
-    return rollout, raw_obs, obs, key, episodes
-
-
-# ---------------------------------------------------------------------------------------------- The training loop
-def train_gymnasium(args: Args, sizes: Derived) -> tuple[tuple, RunningMeanStd | None, TrainLog]:
-    """NumPy envs stepped from a Python loop (collect_rollout), then one compiled ppo_update per rollout. Returns
-    the trained (actor, critic, actor_opt, critic_opt), the observation statistics (--norm-obs) and the log."""
-    key, actor_key, critic_key = jax.random.split(jax.random.key(args.seed), 3)
-    agent = new_agent(args, sizes, actor_key, critic_key)
-    graphdef, state = nnx.split(agent)  # state[0] is the actor's part of the (actor, critic, …) state
-    act_fn = jax.jit(partial(act, nnx.split(agent[0])[0]))
-    update = jax.jit(partial(ppo_update, graphdef, args))
-    rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
-    envs = RecordEpisodeStatistics(make_envs(args.num_envs))  # info["episode"]["r"]: the return of an ended episode
-    obs, _ = envs.reset(seed=[int(s) for s in np.random.default_rng(args.seed).integers(0, 2**31 - 1, args.num_envs)])
-    print(first_line(args, sizes), flush=True)
-    log, steps, t_train = TrainLog([], [], [], 0.0, 0.0, None), 0, time.perf_counter()
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops the loop here; what it measured is kept
-        for update_index in range(1, sizes.num_updates + 1):
-            t0 = time.perf_counter()
-            rollout, raw_obs, obs, key, episodes = collect_rollout(envs, act_fn, state[0], obs, key, rms, args, steps)
-            log.ep_steps.extend(s for s, _ in episodes)
-            log.ep_returns.extend(r for _, r in episodes)
-            if rms is not None:  # the statistics are frozen within a rollout, so log π_old stays consistent
-                rms.update(raw_obs.reshape(-1, 3))
-            steps += sizes.batch_size
-            key, k = jax.random.split(key)
-            state, stats = update(state, rollout, k)
-            stats = {name: float(value) for name, value in stats.items()}
-            if update_index == 1:
-                log = log._replace(first_update_seconds=round(time.perf_counter() - t0, 2))  # includes compilation
-            ret = float(np.mean(log.ep_returns[-args.num_envs :])) if log.ep_returns else float("nan")
-            log.history.append(dict(step=steps, **stats))
-            sps = sizes.batch_size / (time.perf_counter() - t0)
-            print_progress(update_index, sizes.num_updates, steps, ret, stats, sps)
-    envs.close()
-    nnx.update(agent, state)
-    return agent, rms, log._replace(train_seconds=time.perf_counter() - t_train)
-
-
-# ---------------------------------------------------------------------------------------------- Evaluation
-def evaluate_seeds(actor_def, actor_states, rms: RunningMeanStd | None, episodes: int, seed0: int) -> np.ndarray:
-    """Deterministic returns (S, episodes) on gymnasium's Pendulum-v1, for both backends: each of the S stacked
-    policies plays its mean action, clipped, from reset seeds seed0 … seed0+episodes−1 (one vector env)."""
-    mean_actions = jax.jit(jax.vmap(lambda state, obs: nnx.merge(actor_def, state)(obs).loc))
-    n_seeds = jax.tree.leaves(actor_states)[0].shape[0]
-    envs = make_envs(n_seeds * episodes)
-    obs, _ = envs.reset(seed=[seed0 + i for _ in range(n_seeds) for i in range(episodes)])
-    total, alive = np.zeros(n_seeds * episodes), np.ones(n_seeds * episodes, bool)
-    while alive.any():
-        x = normalize_obs(obs, rms).reshape(n_seeds, episodes, -1)  # policy s sees its own episodes
-        a = np.asarray(mean_actions(actor_states, x)).reshape(n_seeds * episodes, -1)
-        obs, r, term, trunc, _ = envs.step(np.clip(a, -MAX_TORQUE, MAX_TORQUE))
-        total += r * alive
-        alive &= ~(term | trunc)
-    envs.close()
-    return total.reshape(n_seeds, episodes)
-
-
-# Plumbing ─ below: --backend jax (make_train), the command line, checks, checkpoints, GIF, plot, metrics, main
 # ---------------------------------------------------------------------------------------------- --backend jax
 # The same algorithm as one compiled program, shaped like PureJaxRL: a JAX port of gymnasium 1.4.0's
-# Pendulum-v1, a rollout that is a lax.scan, and make_train(args) → train(key), pure, which main vmaps over
-# seeds and shards across devices.
+# Pendulum-v1, a rollout that is a lax.scan, and make_train(args) → train(key), pure, which train_jax (below the
+# banner) vmaps over seeds and shards across devices.
 GRAVITY, MASS, LENGTH, DT, MAX_SPEED = 10.0, 1.0, 1.0, 0.05, 8.0  # gymnasium's PendulumEnv constants
 
 
@@ -511,7 +467,7 @@ def pendulum_step(s: EnvState, u):
 class Runner(NamedTuple):
     """Everything one seed's --backend jax run carries from iteration to iteration."""
 
-    state: nnx.State  # nnx.state of (actor, critic, actor_opt, critic_opt)
+    state: nnx.State  # nnx.state of the Agent: state["actor"], state["critic"], state["actor_opt"], …
     env: EnvState  # num_envs pendulums, (N,) arrays
     obs: jax.Array  # (N, 3) the observation each env continues from
     key: jax.Array  # the PRNG key
@@ -562,10 +518,10 @@ def jax_rollout(actor_def, args: Args, actor_state, runner: Runner) -> tuple[Run
 
 
 def graph_defs(args: Args, sizes: Derived) -> tuple:
-    """The graph definitions of (actor, critic, actor_opt, critic_opt) and of the actor alone, the same for every
-    seed; nnx.eval_shape builds the modules with shapes, not arrays."""
+    """The graph definitions of the Agent and of its actor alone, the same for every seed; nnx.eval_shape builds
+    the modules with shapes, not arrays."""
     agent = nnx.eval_shape(lambda: new_agent(args, sizes, jax.random.key(0), jax.random.key(0)))
-    return nnx.split(agent)[0], nnx.split(agent[0])[0]
+    return nnx.graphdef(agent), nnx.graphdef(agent.actor)
 
 
 @dataclass(frozen=True)
@@ -594,7 +550,7 @@ def make_train(args: Args, num_updates: int | None = None) -> Train:
         return Runner(nnx.state(agent), env, pendulum_obs(env), key, ep_ret, last_ret)
 
     def update_step(runner: Runner, _):
-        runner, rollout = jax_rollout(actor_def, args, runner.state[0], runner)
+        runner, rollout = jax_rollout(actor_def, args, runner.state["actor"], runner)
         key, update_key = jax.random.split(runner.key)
         state, stats = ppo_update(graphdef, args, runner.state, rollout, update_key)
         return runner._replace(state=state, key=key), dict(stats, ret=jnp.nanmean(runner.last_ret))
@@ -605,6 +561,113 @@ def make_train(args: Args, num_updates: int | None = None) -> Train:
     return Train(init, run)
 
 
+# ---------------------------------------------------------------------------------------------- The rollout (gymnasium)
+def collect_rollout(envs, act_fn: Callable, actor_state, obs, key, rms: RunningMeanStd | None, args: Args, steps):
+    """args.num_steps steps of the vector env, one compiled policy call each. Returns the Rollout (T, N, …), the raw
+    observations (T, N, 3) for --norm-obs, the obs to continue from, the next key, and (env step, return) of every
+    episode that ended (RecordEpisodeStatistics' info["episode"]); `steps` = env steps before this rollout."""
+    T, N = args.num_steps, args.num_envs
+    rollout = Rollout(*(np.zeros((T, N, *shape), np.float32) for shape in ((3,), (1,), (), (), (), (), (3,))))
+    raw_obs, episodes = np.zeros((T, N, 3)), []
+    for t in range(T):
+        x = normalize_obs(obs, rms)
+        action, logp, key = act_fn(actor_state, x, key)
+        next_obs, reward, term, trunc, info = envs.step(np.clip(np.asarray(action), -MAX_TORQUE, MAX_TORQUE))
+        done = term | trunc
+        raw_obs[t], rollout.obs[t], rollout.actions[t], rollout.logp[t] = obs, x, np.asarray(action), np.asarray(logp)
+        rollout.rewards[t] = reward * args.reward_scale
+        if args.bootstrap_truncated:
+            rollout.terminated[t], rollout.truncated[t] = term, trunc
+        else:  # the original guide's version: a time limit cuts the bootstrap like a termination
+            rollout.terminated[t], rollout.truncated[t] = done, False
+        rollout.next_obs[t] = normalize_obs(true_next_obs(next_obs, done, info), rms)
+        episodes += [(steps + (t + 1) * N, float(info["episode"]["r"][i])) for i in np.flatnonzero(done)]
+        obs = next_obs
+    return rollout, raw_obs, obs, key, episodes
+
+
+# ---------------------------------------------------------------------------------------------- The training loop
+class TrainLog(NamedTuple):
+    """What a training loop hands back besides the parameters."""
+
+    ep_steps: list  # env step at which each logged training episode ended
+    ep_returns: list  # its return (the --backend jax logs one seed's mean of its envs' latest episodes)
+    history: list  # one dict of update statistics per update (for --num-seeds > 1, the mean over seeds)
+    train_seconds: float
+    first_update_seconds: float  # gymnasium: the first update, compilation included; jax: the compilation
+    last_per_seed: dict | None  # the final update's statistics of every seed (--backend jax)
+    interrupted: bool = False  # --backend jax: Ctrl-C came during the compiled training, which it cannot stop
+
+
+def print_progress(update: int, num_updates: int, env_steps: int, ret: float, stats: dict, sps: float) -> None:
+    """The one progress line per update, the same for both backends."""
+    print(
+        f"update={update}/{num_updates} step={env_steps} return={ret:.1f} "
+        f"loss={stats['pg_loss']:.4f} v_loss={stats['v_loss']:.4f} kl={stats['approx_kl']:.4f} "
+        f"clip_frac={stats['clip_frac']:.3f} outside_frac={stats['outside_frac']:.3f} entropy={stats['entropy']:.3f} "
+        f"explained_var={stats['explained_var']:.3f} sps={sps:.0f}",
+        flush=True,
+    )
+
+
+def train_gymnasium(args: Args, sizes: Derived) -> tuple[Agent, RunningMeanStd | None, TrainLog]:
+    """NumPy envs stepped from a Python loop (collect_rollout), then one compiled ppo_update per rollout. Returns
+    the trained Agent, the observation statistics (--norm-obs) and the log."""
+    key, actor_key, critic_key = jax.random.split(jax.random.key(args.seed), 3)
+    agent = new_agent(args, sizes, actor_key, critic_key)
+    graphdef, state = nnx.split(agent)  # state["actor"] is the actor's part of the agent's state
+    act_fn = jax.jit(partial(act, nnx.graphdef(agent.actor)))
+    update = jax.jit(partial(ppo_update, graphdef, args))
+    rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
+    envs = RecordEpisodeStatistics(make_envs(args.num_envs))  # info["episode"]["r"]: the return of an ended episode
+    obs, _ = envs.reset(seed=[int(s) for s in np.random.default_rng(args.seed).integers(0, 2**31 - 1, args.num_envs)])
+    log, steps, t_train = TrainLog([], [], [], 0.0, 0.0, None), 0, time.perf_counter()
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops the loop here; what it measured is kept
+        for update_index in range(1, sizes.num_updates + 1):
+            t0 = time.perf_counter()
+            rollout, raw_obs, obs, key, episodes = collect_rollout(
+                envs, act_fn, state["actor"], obs, key, rms, args, steps
+            )
+            log.ep_steps.extend(s for s, _ in episodes)
+            log.ep_returns.extend(r for _, r in episodes)
+            if rms is not None:  # the statistics are frozen within a rollout, so log π_old stays consistent
+                rms.update(raw_obs.reshape(-1, 3))
+            steps += sizes.batch_size
+            key, k = jax.random.split(key)
+            state, stats = update(state, rollout, k)
+            stats = {name: float(value) for name, value in stats.items()}
+            if update_index == 1:
+                log = log._replace(first_update_seconds=round(time.perf_counter() - t0, 2))  # includes compilation
+            ret = float(np.mean(log.ep_returns[-args.num_envs :])) if log.ep_returns else float("nan")
+            log.history.append(dict(step=steps, **stats))
+            sps = sizes.batch_size / (time.perf_counter() - t0)
+            print_progress(update_index, sizes.num_updates, steps, ret, stats, sps)
+    envs.close()
+    nnx.update(agent, state)
+    return agent, rms, log._replace(train_seconds=time.perf_counter() - t_train)
+
+
+# ---------------------------------------------------------------------------------------------- Evaluation
+def evaluate_seeds(actor_def, actor_states, rms: RunningMeanStd | None, episodes: int, seed0: int) -> np.ndarray:
+    """Deterministic returns (S, episodes) on gymnasium's Pendulum-v1, for both backends: each of the S stacked
+    policies plays its mean action, clipped, from reset seeds seed0 … seed0+episodes−1 (one vector env)."""
+    mean_actions = jax.jit(jax.vmap(lambda state, obs: nnx.merge(actor_def, state)(obs).loc))
+    n_seeds = jax.tree.leaves(actor_states)[0].shape[0]
+    envs = make_envs(n_seeds * episodes)
+    obs, _ = envs.reset(seed=[seed0 + i for _ in range(n_seeds) for i in range(episodes)])
+    total, alive = np.zeros(n_seeds * episodes), np.ones(n_seeds * episodes, bool)
+    while alive.any():
+        x = normalize_obs(obs, rms).reshape(n_seeds, episodes, -1)  # policy s sees its own episodes
+        a = np.asarray(mean_actions(actor_states, x)).reshape(n_seeds * episodes, -1)
+        obs, r, term, trunc, _ = envs.step(np.clip(a, -MAX_TORQUE, MAX_TORQUE))
+        total += r * alive
+        alive &= ~(term | trunc)
+    envs.close()
+    return total.reshape(n_seeds, episodes)
+
+
+# Plumbing ─ below: train_jax (seeds over devices), the command line, checks, checkpoints, GIF, plot, metrics, main
+# ---------------------------------------------------------------------------------------------- Seeds, devices
 def seed_devices(args: Args) -> list:
     """The devices that the seed axis of a --backend jax run is split across (data parallelism over seeds).
     Must run before the first JAX operation.
@@ -635,11 +698,11 @@ def most_devices(num_seeds: int, at_most: int) -> int:
     return max(k for k in range(1, at_most + 1) if num_seeds % k == 0)
 
 
-def train_jax(args: Args, sizes: Derived, devices: list) -> tuple[tuple, nnx.State, TrainLog]:
+def train_jax(args: Args, sizes: Derived, devices: list) -> tuple[Agent, nnx.State, TrainLog]:
     """--backend jax: make_train(args), its run vmapped over the seeds and sharded across `devices`: one compiled
     call for the whole training. The progress lines are printed when it returns, from
-    the statistics it stacked (sps there is the whole run's). Returns the first seed's trained (actor, critic,
-    actor_opt, critic_opt), every seed's actor state (leading axis S) and the log."""
+    the statistics it stacked (sps there is the whole run's). Returns the first seed's trained Agent, every seed's
+    actor state (leading axis S) and the log."""
     graphdef, _ = graph_defs(args, sizes)
     train = make_train(args)
     # Each seed's init is compiled and run on its own; the runners are stacked on a leading seed axis S, and
@@ -648,7 +711,7 @@ def train_jax(args: Args, sizes: Derived, devices: list) -> tuple[tuple, nnx.Sta
     runners = jax.tree.map(
         lambda *x: jnp.stack(x), *[init(jax.random.key(s)) for s in range(args.seed, args.seed + args.num_seeds)]
     )
-    mesh = jax.sharding.Mesh(np.array(devices), ("seed",), axis_types=(jax.sharding.AxisType.Auto,))
+    mesh = jax.make_mesh((len(devices),), ("seed",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
     by_seed = jax.sharding.PartitionSpec("seed")
     runners = jax.device_put(runners, jax.sharding.NamedSharding(mesh, by_seed))
     print(first_line(args, sizes, len(devices)), flush=True)
@@ -678,22 +741,10 @@ def train_jax(args: Args, sizes: Derived, devices: list) -> tuple[tuple, nnx.Sta
         print_progress(u + 1, sizes.num_updates, steps, ret, log.history[-1], sps)
     last = {name: [float(x) for x in v[:, -1]] for name, v in stats.items() if name != "ret"}
     agent = nnx.merge(graphdef, jax.tree.map(lambda x: x[0], runners.state))
-    return agent, runners.state[0], log._replace(last_per_seed=last, interrupted=interrupted)
+    return agent, runners.state["actor"], log._replace(last_per_seed=last, interrupted=interrupted)
 
 
 # ---------------------------------------------------------------------------------------------- Logging
-class TrainLog(NamedTuple):
-    """What a training loop hands back besides the parameters."""
-
-    ep_steps: list  # env step at which each logged training episode ended
-    ep_returns: list  # its return (the --backend jax logs one seed's mean of its envs' latest episodes)
-    history: list  # one dict of update statistics per update (for --num-seeds > 1, the mean over seeds)
-    train_seconds: float
-    first_update_seconds: float  # gymnasium: the first update, compilation included; jax: the compilation
-    last_per_seed: dict | None  # the final update's statistics of every seed (--backend jax)
-    interrupted: bool = False  # --backend jax: Ctrl-C came during the compiled training, which it cannot stop
-
-
 def first_line(args: Args, sizes: Derived, devices: int = 0) -> str:
     """What the run is about to do, printed before it starts."""
     name = "PPO" if args.algo == "ppo" else args.algo
@@ -711,44 +762,6 @@ def first_line(args: Args, sizes: Derived, devices: int = 0) -> str:
         f"{args.num_steps}), {args.update_epochs} epochs × {sizes.num_minibatches} minibatches of "
         f"{args.minibatch_size}, preset={args.preset}{'' if args.algo == 'ppo' else ', ' + steps}{episodes}"
     )
-
-
-def print_progress(update: int, num_updates: int, env_steps: int, ret: float, stats: dict, sps: float) -> None:
-    """The one progress line per update, the same for both backends."""
-    print(
-        f"update={update}/{num_updates} step={env_steps} return={ret:.1f} "
-        f"loss={stats['pg_loss']:.4f} v_loss={stats['v_loss']:.4f} kl={stats['approx_kl']:.4f} "
-        f"clip_frac={stats['clip_frac']:.3f} outside_frac={stats['outside_frac']:.3f} entropy={stats['entropy']:.3f} "
-        f"explained_var={stats['explained_var']:.3f} sps={sps:.0f}",
-        flush=True,
-    )
-
-
-# ---------------------------------------------------------------------------------------------- Sizes, statistics
-@dataclass(frozen=True)
-class Derived:
-    rung: Rung  # ladder(args)
-    batch_size: int  # transitions per rollout = num_envs × num_steps
-    num_minibatches: int  # gradient steps per epoch (a remainder smaller than a minibatch is dropped)
-    num_updates: int  # rollouts in the whole run
-    actor_steps: int  # Adam steps of the actor per rollout
-    critic_steps: int  # Adam steps of the critic per rollout
-
-
-def derived(args: Args) -> Derived:
-    rung, batch = ladder(args), args.num_envs * args.num_steps
-    minibatches = batch // args.minibatch_size
-    actor_steps = rung.batch_steps + rung.actor_epochs * minibatches
-    updates = max(1, args.total_timesteps // batch)
-    return Derived(rung, batch, minibatches, updates, actor_steps, rung.critic_epochs * minibatches)
-
-
-def normalize_obs(obs: np.ndarray, rms: RunningMeanStd | None) -> np.ndarray:
-    """(obs − mean) / √(var + 1e-8), clipped to ±10, as float32 (--norm-obs); the obs as float32 without statistics.
-    rms is gymnasium's RunningMeanStd (parallel-variance update, Chan et al.), updated after each rollout."""
-    if rms is None:
-        return obs.astype(np.float32)
-    return np.clip((obs - rms.mean) / np.sqrt(rms.var + 1e-8), -10, 10).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------------- Command line
@@ -1069,7 +1082,8 @@ def evaluate(actor: Actor, rms: RunningMeanStd | None, episodes: int, seed0: int
 
 def evaluate_saved(args: Args, t_start: float) -> dict:
     """--load: evaluate (and with --video, watch) a saved policy; writes into <out>/eval/."""
-    actor, critic, *_ = new_agent(args, derived(args), *jax.random.split(jax.random.key(args.seed), 3)[1:])
+    agent = new_agent(args, derived(args), *jax.random.split(jax.random.key(args.seed), 3)[1:])
+    actor, critic = agent.actor, agent.critic
     rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
     stats = load_checkpoint(args.load, {"actor": actor, "critic": critic, **obs_norm_parts(rms)})
     if rms is not None:
@@ -1196,18 +1210,19 @@ def main(args: Args) -> dict:
         agent, actor_states, log = train_jax(args, sizes, devices)
         rms = None
     else:
+        print(first_line(args, sizes), flush=True)  # what the run is about to do (train_jax prints its own)
         agent, rms, log = train_gymnasium(args, sizes)
-        actor_states = jax.tree.map(lambda x: x[None], nnx.state(agent[0]))
+        actor_states = jax.tree.map(lambda x: x[None], nnx.state(agent.actor))
     stopped = log.interrupted or len(log.history) < sizes.num_updates  # Ctrl-C: nothing more is evaluated
     if stopped and not log.history:
         raise KeyboardInterrupt  # before the first update was done: nothing measured, nothing to write
-    actor, critic = agent[:2]
+    actor, critic = agent.actor, agent.critic
     save_checkpoint(os.path.join(args.out, "params.npz"), {"actor": actor, "critic": critic, **obs_norm_parts(rms)})
 
     # Every seed's final policy on gymnasium's Pendulum-v1, whichever backend trained it: (S, episodes).
     all_returns = None
     if not stopped:
-        all_returns = evaluate_seeds(nnx.split(actor)[0], actor_states, rms, args.eval_episodes, args.eval_seed)
+        all_returns = evaluate_seeds(nnx.graphdef(actor), actor_states, rms, args.eval_episodes, args.eval_seed)
     metrics = training_metrics(args, sizes, log, all_returns, len(devices) if devices else 1)
     who = f"seed {args.seed}" if args.num_seeds == 1 else f"seeds {args.seed}–{args.seed + args.num_seeds - 1}"
     plot_curve(

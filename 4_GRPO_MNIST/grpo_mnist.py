@@ -40,14 +40,10 @@ from typing import NamedTuple
 try:  # Ctrl-C while the libraries load: one line and exit status 130, not a traceback
     import jax
     import jax.numpy as jnp
-    import matplotlib
     import numpy as np
     import optax
     from flax import nnx
     from tensorflow_probability.substrates.jax import distributions as tfd  # TFP on JAX: no TensorFlow needed
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 except KeyboardInterrupt:
     print("interrupted while loading the libraries; nothing written", file=sys.stderr)
     raise SystemExit(130) from None
@@ -68,7 +64,7 @@ class Args:
         "dp", "logical-axis rules: dp (split the prompts) or fsdp (also the large weights)", choices=("dp", "fsdp")
     )
     task: str = flag(
-        "digit",
+        "number",
         "digit: one image, answer its digit; number: a strip of 1 to --max-digits images, answer the number",
         choices=("digit", "number"),
     )
@@ -106,12 +102,12 @@ class Args:
     )
     group_size: int = flag(8, "G, answers sampled per prompt (prompt mode needs G >= 2)", min=1)
     batch_size: int = flag(64, "B, prompts per rollout and update", min=1)
-    inner_steps: int = flag(2, "μ, gradient steps per rollout (1: the ratio stays 1, the clip never acts)", min=1)
+    inner_steps: int = flag(4, "μ, gradient steps per rollout (1: the ratio stays 1, the clip never acts)", min=1)
     iterations: int = flag(1500, "RL iterations (rollout + μ steps), or supervised steps after the warm start", min=1)
     eval_every: int = flag(150, "iterations between validation scores and progress lines", min=1)
-    learning_rate: float = flag(1e-3, "Adam learning rate (SFT and RL)", gt=0)
+    learning_rate: float = flag(5e-4, "Adam learning rate (SFT and RL)", gt=0)
     clip_eps: float = flag(0.2, "ε: each token's ratio π/π_old is clipped to [1 − ε, 1 + ε]", gt=0, max=1)
-    beta: float = flag(0.0, "β, weight of the per-token KL penalty towards π_ref; 0 turns it off", min=0)
+    beta: float = flag(0.01, "β, weight of the per-token KL penalty towards π_ref; 0 turns it off", min=0)
     kl: str = flag(
         "k3",
         "per-token KL: exact (summed over the vocabulary), k1 or k3 (estimates on the sampled token)",
@@ -120,10 +116,16 @@ class Args:
     ref_refresh: int = flag(0, "copy the policy into π_ref every this many iterations (0: π_ref stays frozen)", min=0)
     loss_agg: str = flag(
         "seq-mean-token-mean",
-        "per-token losses → one number: seq-mean-token-mean (GRPO), token-mean (DAPO) or dr-grpo (Dr. GRPO)",
+        "per-token losses → one number: seq-mean-token-mean (GRPO), token-mean (DAPO) or dr-grpo (Dr. GRPO's "
+        "constant normaliser; Dr. GRPO itself also needs --adv-norm none)",
         choices=("seq-mean-token-mean", "token-mean", "dr-grpo"),
     )
     drop_zero_var: bool = flag(False, "leave groups whose rewards are all equal out of the loss and its normaliser")
+    adv_norm: str = flag(
+        "std",
+        "std: A = (r − mean) / (std + ε) (GRPO); none: A = r − mean (Dr. GRPO's advantage)",
+        choices=("std", "none"),
+    )
     adv_eps: float = flag(1e-4, "ε in (r − mean) / (std + ε)", gt=0)
     hidden_size: int = flag(128, "width of the image encoder's features", min=1)
     decoder_size: int = flag(256, "width of the decoder's hidden layer", min=1)
@@ -154,6 +156,24 @@ def draw_strips(key, x, y, n_prompts: int, n_slots: int) -> Strips:
     k_idx, k_len = jax.random.split(key)
     idx = jax.random.randint(k_idx, (n_prompts, n_slots), 0, len(y))
     return make_strips(x, y, idx, jax.random.randint(k_len, (n_prompts,), 1, n_slots + 1))
+
+
+# ---- Logical axis names: each weight is created with names, and a rule set maps names to mesh axes (chapter 6),
+# as MaxText's logical_axis_rules: 'batch' is the prompts' dimension; 'pixels' and 'inputs' are the input
+# dimensions of the two large weights; names no rule lists are replicated.
+RULE_SETS = {
+    "dp": (("batch", "data"),),  # data parallel: split the prompts, replicate every weight
+    "fsdp": (("batch", "data"), ("pixels", "data"), ("inputs", "data")),  # and the two large weights' input dim
+}
+
+
+def named(names: tuple[str, str]) -> dict:
+    """nnx.Linear initialisers that tag the kernel with logical axis names (and the bias with the output's)."""
+    init = partial(nnx.with_partitioning, eager_sharding=False)  # laid out later, by the rules, on a mesh
+    return {
+        "kernel_init": init(nnx.initializers.lecun_normal(), names),
+        "bias_init": init(nnx.initializers.zeros_init(), names[1:]),
+    }
 
 
 # ---- The policy: a causal model over answer tokens; the critic exists only to be counted
@@ -244,17 +264,26 @@ def verify(tokens: jax.Array, target: jax.Array, partial: bool = False) -> jax.A
 
 
 # ---- Group advantages: the baseline is the group's own mean, so no critic is needed
-def group_advantages(rewards: jax.Array, eps: float) -> jax.Array:
+def has_signal(rewards: jax.Array) -> jax.Array:
+    """(B,): True where a row's rewards are not all equal, so its advantages can be non-zero."""
+    return rewards.max(axis=1) > rewards.min(axis=1)
+
+
+def group_advantages(rewards: jax.Array, eps: float, norm: str = "std") -> jax.Array:
     """Real GRPO. rewards (B, G): row b holds the G answers to prompt b.
-    A_bg = (r_bg − mean_g r_b·) / (std_g r_b· + ε); a group whose rewards are all equal gets A = 0."""
-    mean = rewards.mean(axis=1, keepdims=True)  # (B, 1)
-    std = rewards.std(axis=1, keepdims=True)  # (B, 1), population std
-    return (rewards - mean) / (std + eps)
+    A_bg = (r_bg − mean_g r_b·) / (std_g r_b· + ε), or r_bg − mean_g r_b· with norm="none" (Dr. GRPO);
+    a group whose rewards are all equal gets A = 0 exactly. Equality is decided with max == min: eight float32
+    rewards of 1/3 have a std of about 3e-8, not 0."""
+    centred = rewards - rewards.mean(axis=1, keepdims=True)  # (B, G)
+    if norm == "std":
+        centred = centred / (rewards.std(axis=1, keepdims=True) + eps)  # population std, (B, 1)
+    return jnp.where(has_signal(rewards)[:, None], centred, 0.0)
 
 
-def batch_advantages(rewards: jax.Array, eps: float) -> jax.Array:
-    """The original guide's variant: one baseline for the whole batch. A = (r − mean(all r)) / (std(all r) + ε)."""
-    return (rewards - rewards.mean()) / (rewards.std() + eps)
+def batch_advantages(rewards: jax.Array, eps: float, norm: str = "std") -> jax.Array:
+    """The original guide's variant: one baseline for the whole batch, A = (r − mean(all r)) / (std(all r) + ε)
+    (without the division when norm="none"), and A = 0 when every reward in the batch is equal."""
+    return group_advantages(rewards.reshape(1, -1), eps, norm).reshape(rewards.shape)
 
 
 # ---- Per token: the clipped ratio and the KL to π_ref
@@ -310,6 +339,7 @@ class GRPOConfig:
     drop_zero_var: bool
     ref_refresh: int
     reward: str
+    adv_norm: str
     adv_eps: float
     batch_axis: str | None = None  # the mesh axis the prompts are split along (RULE_SETS[...]['batch'])
 
@@ -334,10 +364,9 @@ def grpo_loss(policy: Policy, strips: Strips, rollout: Rollout, config: GRPOConf
     logp = token_logp(logits, rollout.tokens)
     objective, binds, outside = clipped_surrogate(logp, rollout.logp_old, rollout.adv, config.clip_eps)
     per_token = -objective
-    metrics = {
-        "clip_frac": aggregate(binds, rollout.mask, "token-mean"),
-        "outside_frac": aggregate(outside, rollout.mask, "token-mean"),
-    }
+    answer = completion_mask(rollout.tokens)  # every answer token, dropped groups included: the same denominator
+    metrics = {"clip_frac": aggregate(binds, answer, "token-mean")}
+    metrics["outside_frac"] = aggregate(outside, answer, "token-mean")
     if config.beta > 0:
         kl = token_kl(logits, rollout.ref_logits, rollout.tokens, config.kl)
         per_token = per_token + config.beta * kl
@@ -363,11 +392,11 @@ def rollout_groups(policy: Policy, reference: Policy, strips: Strips, key, confi
     target = jnp.repeat(strips.target, config.group_size, axis=0)
     rewards = verify(tokens, target, config.reward == "partial").reshape(-1, config.group_size)  # (B, G)
     if config.group_mode == "prompt":
-        adv = group_advantages(rewards, config.adv_eps)
-        signal = rewards.std(axis=1) > 0  # (B,): False where all G rewards are equal, so every A is 0
+        adv = group_advantages(rewards, config.adv_eps, config.adv_norm)
+        signal = has_signal(rewards)  # (B,): False where all G rewards are equal, so every A is 0
     else:
-        adv = batch_advantages(rewards, config.adv_eps)
-        signal = jnp.full(rewards.shape[0], rewards.std() > 0)
+        adv = batch_advantages(rewards, config.adv_eps, config.adv_norm)
+        signal = jnp.full(rewards.shape[0], has_signal(rewards.reshape(1, -1))[0])
     mask = completion_mask(tokens)
     if config.drop_zero_var:
         mask = mask * jnp.repeat(signal, config.group_size)[:, None]
@@ -375,7 +404,8 @@ def rollout_groups(policy: Policy, reference: Policy, strips: Strips, key, confi
     if config.beta > 0:
         ref_logits = reference(jnp.repeat(reference.encode(strips.images, strips.slots), config.group_size, 0), tokens)
     rollout = Rollout(tokens, mask, logp_old, adv.reshape(-1, 1), ref_logits)
-    return rollout, {"reward": rewards.mean(), "zero_signal": 1 - signal.mean()}
+    all_right = jnp.mean(rewards.min(axis=1) == 1)  # groups with every answer right: no signal, nothing left to fix
+    return rollout, {"reward": rewards.mean(), "zero_signal": 1 - signal.mean(), "all_right": all_right}
 
 
 def grpo_update(policy, optimizer, reference, strips: Strips, key, config: GRPOConfig) -> dict:
@@ -387,7 +417,11 @@ def grpo_update(policy, optimizer, reference, strips: Strips, key, config: GRPOC
         (_, aux), grads = grad_fn(policy, strips, rollout, config)
         optimizer.update(policy, grads)
         steps.append(aux)
-    return {**jax.tree.map(lambda *v: jnp.mean(jnp.stack(v)), *steps), **metrics}
+    averages = {name: jnp.mean(jnp.stack([aux[name] for aux in steps])) for name in steps[0]}  # over the μ steps
+    can_bind = steps[1:] or steps  # step 1 has ρ = 1 exactly; with μ = 1 nothing can bind and both fractions are 0
+    for name in ("clip_frac", "outside_frac"):  # over steps 2..μ only
+        averages[name] = jnp.mean(jnp.stack([aux[name] for aux in can_bind]))
+    return {**averages, **metrics}
 
 
 def sft_update(policy, optimizer, strips: Strips, key) -> dict:
@@ -455,6 +489,91 @@ def evaluate(policy_def, state, ref_state, strips: Strips, key, n_samples: int) 
         "wrong_length": jnp.sum(length * (1 - right)) / jnp.maximum(jnp.sum(1 - right), 1),
         "kl_ref": jnp.sum(kl * mask, axis=1).mean(),
     }
+
+
+# ---- Before the loop: the splits, the task's sizes, the layout of the state on the mesh, one progress line
+class Data(NamedTuple):
+    x_train: np.ndarray  # (N, 784) float32 in [0, 1]
+    y_train: np.ndarray  # (N,) int32 digit labels
+    x_val: np.ndarray  # (V, 784) validation images, carved from the training images: every choice is made here
+    y_val: np.ndarray
+    x_test: np.ndarray | None  # (M, 784) held-out test images, scored once at the end (None: --no-score-test)
+    y_test: np.ndarray | None
+    source: str  # what the numbers were measured on
+
+
+SPLIT_SEED = 0  # the fixed shuffles behind --split-test-set, --val-size and the evaluation strips
+
+
+def fixed_strips(x, y, n_slots: int) -> Strips:
+    """The validation or test prompts: one strip per image, which opens it; the other slots and the length come
+    from a fixed shuffle, so every run scores the same strips. With N = 1 these are the images themselves."""
+    rng = np.random.default_rng(SPLIT_SEED)
+    idx = np.concatenate([np.arange(len(y))[:, None], rng.integers(0, len(y), (len(y), n_slots - 1))], axis=1)
+    return make_strips(
+        jnp.asarray(x), jnp.asarray(y), jnp.asarray(idx), jnp.asarray(rng.integers(1, n_slots + 1, len(y)))
+    )
+
+
+def slots_for(args: Args) -> int:
+    """N, the image slots of a prompt and the longest answer: --max-digits for --task number, 1 for digit."""
+    return args.max_digits if args.task == "number" else 1
+
+
+def sft_steps_for(args: Args) -> int:
+    """--sft-steps -1 means: 300 warm-start steps for --task number, none for --task digit."""
+    return args.sft_steps if args.sft_steps >= 0 else (300 if args.task == "number" else 0)
+
+
+def labelled_count(args: Args, n_train: int) -> int:
+    """How many training images SFT and --objective supervised may read the labels of: round(fraction · N), >= 1."""
+    return max(1, round(args.label_fraction * n_train))
+
+
+LOGICAL_NAMES = ("batch", "pixels", "features", "inputs", "hidden", "vocab", "value")
+
+
+def shardings(state, mesh: jax.sharding.Mesh, rules: str):
+    """NamedSharding for every leaf of `state`, from its logical axis names: nnx.logical_axis_rules +
+    nnx.get_named_sharding, with every name the rule set does not list replicated."""
+    listed = {name for name, _ in RULE_SETS[rules]}
+    with nnx.logical_axis_rules((*RULE_SETS[rules], *((n, None) for n in LOGICAL_NAMES if n not in listed))):
+        return nnx.get_named_sharding(state, mesh)
+
+
+def spec_paths(state, mesh, rules: str) -> tuple[list[str], list]:
+    """('encoder/kernel', …) and each leaf's PartitionSpec, in jax.tree.leaves order."""
+    flat = jax.tree_util.tree_flatten_with_path(shardings(state, mesh, rules))[0]
+    paths = ["/".join(str(k.key) for k in path if hasattr(k, "key")) for path, _ in flat]
+    return paths, [sharding.spec for _, sharding in flat]
+
+
+def place(state, rules: str):
+    """Put every array of `state` where the rules say, on the mesh set by jax.set_mesh (as is without one)."""
+    mesh = jax.sharding.get_mesh()
+    return state if mesh.empty else jax.device_put(state, shardings(state, mesh, rules))
+
+
+def scores(raw: dict, n: int, k: int, prefix: str) -> dict:
+    """evaluate()'s arrays → floats: pass@1 (the mean reward of one sampled answer), pass@k, greedy, lengths, KL."""
+    out = {"pass1": float(raw["correct"].mean()) / n, f"pass{k}": pass_at_k(n, raw["correct"], k)}
+    out.update({name: float(raw[name]) for name in ("greedy", "length", "wrong_length", "kl_ref")})
+    return {f"{prefix}{name}": value for name, value in out.items()}
+
+
+PROGRESS = ("reward", "loss", "clip_frac", "outside_frac", "zero_signal", "kl")
+
+
+def print_progress(row: dict) -> None:
+    """One grep-able line per block: the phase and iteration, validation scores, then the block's training means."""
+    passes = " ".join(f"{key}={row[key]:.4f}" for key in row if key.startswith("val_pass"))  # pass@1, pass@k
+    line = (
+        f"phase={row['phase']} iter={row['iteration']} {passes} "
+        f"val_greedy={row['val_greedy']:.4f} len={row['val_length']:.2f} wrong_len={row['val_wrong_length']:.2f} "
+        f"kl_ref={row['val_kl_ref']:.4f}"
+    )
+    extra = "".join(f" {key}={row[key]:.4f}" for key in PROGRESS if key in row)
+    print(line + extra + (f" sec={row['seconds']:.2f}" if "seconds" in row else ""), flush=True)
 
 
 # ---- The training loop: SFT warm start, then RL (or more SFT) in blocks, scoring validation after each
@@ -613,19 +732,6 @@ def validate(args: Args) -> None:
 
 
 # ---- The splits: train / validation / test images; prompts are built from one split only
-class Data(NamedTuple):
-    x_train: np.ndarray  # (N, 784) float32 in [0, 1]
-    y_train: np.ndarray  # (N,) int32 digit labels
-    x_val: np.ndarray  # (V, 784) validation images, carved from the training images: every choice is made here
-    y_val: np.ndarray
-    x_test: np.ndarray | None  # (M, 784) held-out test images, scored once at the end (None: --no-score-test)
-    y_test: np.ndarray | None
-    source: str  # what the numbers were measured on
-
-
-SPLIT_SEED = 0  # the fixed shuffles behind --split-test-set, --val-size and the evaluation strips
-
-
 def split_test_digits(x: np.ndarray, y: np.ndarray, n_train: int) -> tuple[np.ndarray, ...]:
     """--data bundled: the 10,000 official test digits, shuffled once, become n_train training digits and a
     held-out test set (the rest). Returns (x_train, y_train, x_test, y_test)."""
@@ -641,31 +747,6 @@ def carve_validation(x: np.ndarray, y: np.ndarray, val_size: float) -> tuple[np.
     order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
     train, val = order[n_val:], order[:n_val]
     return x[train], y[train], x[val], y[val]
-
-
-def fixed_strips(x, y, n_slots: int) -> Strips:
-    """The validation or test prompts: one strip per image, which opens it; the other slots and the length come
-    from a fixed shuffle, so every run scores the same strips. With N = 1 these are the images themselves."""
-    rng = np.random.default_rng(SPLIT_SEED)
-    idx = np.concatenate([np.arange(len(y))[:, None], rng.integers(0, len(y), (len(y), n_slots - 1))], axis=1)
-    return make_strips(
-        jnp.asarray(x), jnp.asarray(y), jnp.asarray(idx), jnp.asarray(rng.integers(1, n_slots + 1, len(y)))
-    )
-
-
-def sft_steps_for(args: Args) -> int:
-    """--sft-steps -1 means: 300 warm-start steps for --task number, none for --task digit."""
-    return args.sft_steps if args.sft_steps >= 0 else (300 if args.task == "number" else 0)
-
-
-def slots_for(args: Args) -> int:
-    """N, the image slots of a prompt and the longest answer: --max-digits for --task number, 1 for digit."""
-    return args.max_digits if args.task == "number" else 1
-
-
-def labelled_count(args: Args, n_train: int) -> int:
-    """How many training images SFT and --objective supervised may read the labels of: round(fraction · N), >= 1."""
-    return max(1, round(args.label_fraction * n_train))
 
 
 # ---- Reading MNIST: the IDX .gz files from a folder, or tensorflow-datasets, or a checked download
@@ -861,24 +942,7 @@ def load_data(args: Args) -> Data:
     )
 
 
-# ---- The device mesh: fake CPU devices, the (data, model) mesh, the layout of the weights, bytes per device
-# Logical axis names → mesh axes (chapter 6), as MaxText's logical_axis_rules: 'batch' is the prompts' dimension;
-# 'pixels' and 'inputs' are the input dimensions of the two large weights; names no rule lists are replicated.
-RULE_SETS = {
-    "dp": (("batch", "data"),),  # data parallel: split the prompts, replicate every weight
-    "fsdp": (("batch", "data"), ("pixels", "data"), ("inputs", "data")),  # and the two large weights' input dim
-}
-
-
-def named(names: tuple[str, str]) -> dict:
-    """nnx.Linear initialisers that tag the kernel with logical axis names (and the bias with the output's)."""
-    init = partial(nnx.with_partitioning, eager_sharding=False)  # laid out later, by the rules, on a mesh
-    return {
-        "kernel_init": init(nnx.initializers.lecun_normal(), names),
-        "bias_init": init(nnx.initializers.zeros_init(), names[1:]),
-    }
-
-
+# ---- The device mesh: fake CPU devices, the (data, model) mesh, bytes per device
 def start_devices(args: Args) -> list:
     """The devices to build the mesh from. --host-devices N asks JAX for N CPU devices; it must run before the
     first JAX operation (the flag only shapes the CPU backend: on a GPU or TPU host the accelerators are used)."""
@@ -908,6 +972,11 @@ def make_mesh(args: Args, devices: list) -> jax.sharding.Mesh:
         raise InputError(
             f"--mesh {text} needs {shape[0] * shape[1]} devices, there are {len(devices)} (see --host-devices)"
         )
+    if shape[1] > 1 and "model" not in {axis for _, axis in RULE_SETS[args.rules]}:
+        raise InputError(
+            f"--mesh {text}: no --rules {args.rules} rule splits anything along 'model', so its {shape[1]} devices "
+            f"would repeat the same work; use --mesh {shape[0]}x1 (module 5 splits a model along 'model')"
+        )
     if args.batch_size % shape[0]:
         raise InputError(f"--batch-size {args.batch_size} must split evenly along 'data' ({shape[0]} devices)")
     auto = (jax.sharding.AxisType.Auto,) * 2
@@ -922,30 +991,6 @@ def make_mesh(args: Args, devices: list) -> jax.sharding.Mesh:
                     f"devices), which does not divide {dim}; pick another --mesh or --rules"
                 )
     return jax.make_mesh(shape, ("data", "model"), axis_types=auto, devices=devices)
-
-
-LOGICAL_NAMES = ("batch", "pixels", "features", "inputs", "hidden", "vocab", "value")
-
-
-def shardings(state, mesh: jax.sharding.Mesh, rules: str):
-    """NamedSharding for every leaf of `state`, from its logical axis names: nnx.logical_axis_rules +
-    nnx.get_named_sharding, with every name the rule set does not list replicated."""
-    listed = {name for name, _ in RULE_SETS[rules]}
-    with nnx.logical_axis_rules((*RULE_SETS[rules], *((n, None) for n in LOGICAL_NAMES if n not in listed))):
-        return nnx.get_named_sharding(state, mesh)
-
-
-def spec_paths(state, mesh, rules: str) -> tuple[list[str], list]:
-    """('encoder/kernel', …) and each leaf's PartitionSpec, in jax.tree.leaves order."""
-    flat = jax.tree_util.tree_flatten_with_path(shardings(state, mesh, rules))[0]
-    paths = ["/".join(str(k.key) for k in path if hasattr(k, "key")) for path, _ in flat]
-    return paths, [sharding.spec for _, sharding in flat]
-
-
-def place(state, rules: str):
-    """Put every array of `state` where the rules say, on the mesh set by jax.set_mesh (as is without one)."""
-    mesh = jax.sharding.get_mesh()
-    return state if mesh.empty else jax.device_put(state, shardings(state, mesh, rules))
 
 
 def bytes_on(tree, device) -> int:
@@ -1085,6 +1130,11 @@ def load_checkpoint(path: str, parts: dict) -> dict:
 def plot_curve(path: str, history: list[dict], k: int, test: dict, title: str) -> None:
     """Per block of iterations: validation pass@1, pass@k and greedy exact match with the training reward; the clip
     and zero-signal shares (RL only); the answer lengths and the KL to π_ref. Test scores are stars at the end."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     sft = max((h["iteration"] for h in history if h["phase"] == "sft"), default=0)
     steps = [h["iteration"] - (sft if h["phase"] in ("start", "sft") else 0) for h in history]  # SFT at x <= 0
     rl = [h for h in history if h["phase"] == "rl"]
@@ -1128,29 +1178,7 @@ def plot_curve(path: str, history: list[dict], k: int, test: dict, title: str) -
     plt.close(fig)
 
 
-def scores(raw: dict, n: int, k: int, prefix: str) -> dict:
-    """evaluate()'s arrays → floats: pass@1 (the mean reward of one sampled answer), pass@k, greedy, lengths, KL."""
-    out = {"pass1": float(raw["correct"].mean()) / n, f"pass{k}": pass_at_k(n, raw["correct"], k)}
-    out.update({name: float(raw[name]) for name in ("greedy", "length", "wrong_length", "kl_ref")})
-    return {f"{prefix}{name}": value for name, value in out.items()}
-
-
 # ---- main: check the flags, load the data, train, score the test set once, save
-PROGRESS = ("reward", "loss", "clip_frac", "outside_frac", "zero_signal", "kl")
-
-
-def print_progress(row: dict) -> None:
-    """One grep-able line per block: the phase and iteration, validation scores, then the block's training means."""
-    passes = " ".join(f"{key}={row[key]:.4f}" for key in row if key.startswith("val_pass"))  # pass@1, pass@k
-    line = (
-        f"phase={row['phase']} iter={row['iteration']} {passes} "
-        f"val_greedy={row['val_greedy']:.4f} len={row['val_length']:.2f} wrong_len={row['val_wrong_length']:.2f} "
-        f"kl_ref={row['val_kl_ref']:.4f}"
-    )
-    extra = "".join(f" {key}={row[key]:.4f}" for key in PROGRESS if key in row)
-    print(line + extra + (f" sec={row['seconds']:.2f}" if "seconds" in row else ""), flush=True)
-
-
 def run_label(args: Args) -> str:
     task = f"task {args.task}" + (f" (1-{args.max_digits} digits)" if args.task == "number" else "")
     sft = f"SFT {sft_steps_for(args)} steps on {args.label_fraction:.0%} of labels"
@@ -1217,11 +1245,12 @@ def print_summary(args: Args, results: dict, label: str) -> None:
         )
     if "clip_frac" in results:
         binds = "ρ > 1+ε with A > 0, or ρ < 1−ε with A < 0"
-        print(f"clip_frac:       {results['clip_frac']:.4f}  (last block, share of tokens; the clip binds: {binds})")
+        where = "last block, inner steps 2..μ, share of all answer tokens"
+        print(f"clip_frac:       {results['clip_frac']:.4f}  ({where}; the clip binds: {binds})")
         print(f"outside_frac:    {results['outside_frac']:.4f}  (last block; |ρ − 1| > ε, whatever the sign of A)")
         print(f"zero_signal:     {results['zero_signal']:.4f}  (last block; groups whose G rewards are all equal)")
     if "mesh" in results:
-        m, kb = results["mesh"], lambda n: f"{n / 1024:,.1f} kB"
+        m, kb = results["mesh"], lambda n: f"{n / 1000:,.1f} kB"  # kB = 1,000 bytes, as GB = 10⁹ in module 5
         print(
             f"per device:      policy + Adam {kb(m['policy_adam_bytes'])} (of {kb(m['policy_adam_bytes_total'])}), "
             f"π_ref {kb(m['reference_bytes'])}, a critic + Adam would add {kb(m['critic_adam_bytes'])} (shards)"

@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 try:  # Ctrl-C while the libraries load: one line and exit status 130, not a traceback
     # Importing JAX does not start its backends; they start at the first jax.devices() or computation.
-    # That is why `--host-devices` can still set XLA_FLAGS in `start_devices`, after argument parsing.
+    # That is why `--host-devices` can still set jax_num_cpu_devices in `start_devices`, after argument parsing.
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -250,18 +250,25 @@ class TinyLM(nnx.Module):
         return self.unembed(self.final_norm(x), out_sharding=spec("batch", "length", None))
 
 
-def make_model_and_optimizer(config: ModelConfig) -> tuple[TinyLM, nnx.Optimizer]:
+class TrainState(NamedTuple):
+    """The model and its Adam state; nnx.state of a TrainState names its parts state["model"], state["optimizer"]."""
+
+    model: TinyLM
+    optimizer: nnx.Optimizer
+
+
+def make_model_and_optimizer(config: ModelConfig) -> TrainState:
     model = TinyLM(config, nnx.Rngs(params=config.seed))
     # Adam's m and v copy each Param's metadata, logical axis names included, so they shard like it.
-    return model, nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
+    return TrainState(model, nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param))
 
 
 def init_state(config: ModelConfig) -> nnx.State:
-    """The (model, optimizer) state as a pure pytree, for a jitted init."""
+    """The TrainState's state as a pure pytree, for a jitted init."""
     # We place the arrays ourselves (out_shardings, device_put), so switch off NNX's eager sharding,
     # which would otherwise want a mesh, and rules naming every logical axis, at construction.
     with nnx.use_eager_sharding(False):
-        return nnx.split(make_model_and_optimizer(config))[1]
+        return nnx.state(make_model_and_optimizer(config))
 
 
 def abstract_state(config: ModelConfig):
@@ -351,7 +358,7 @@ class StepConfig:
 
 def loss_and_grads(graphdef, config: StepConfig, state, tokens):
     """Loss and gradients; each gradient is laid out like its parameter (the compiler reduce-scatters)."""
-    model, _ = nnx.merge(graphdef, state)
+    model = nnx.merge(graphdef, state).model
     loss, grads = nnx.value_and_grad(loss_fn)(model, tokens, config.activation_rules)
     return loss, jax.lax.with_sharding_constraint(grads, config.grad_shardings)
 
@@ -362,16 +369,16 @@ def train_step(graphdef, config: StepConfig, state, tokens):
     It also returns the gradients, only so that the memory table can read their real shards; a production
     step would not keep them alive between steps."""
     loss, grads = loss_and_grads(graphdef, config, state, tokens)
-    model, optimizer = nnx.merge(graphdef, state)
-    optimizer.update(model, grads)  # θ ← θ − lr·m̂/(√v̂ + ε)
-    return nnx.state((model, optimizer)), loss, grads
+    train_state = nnx.merge(graphdef, state)
+    train_state.optimizer.update(train_state.model, grads)  # θ ← θ − lr·m̂/(√v̂ + ε)
+    return nnx.state(train_state), loss, grads
 
 
 def compile_step(graphdef, shardings, activation_rules=None):
     """train_step compiled once for one layout: step(state, tokens) -> (state, loss, grads)."""
-    # shardings[0] is the model part of the (model, optimizer) state: the layout for the gradients.
+    # The model part of the state's shardings is the layout for the gradients.
     # out_shardings pins the updated state to the layout the rules chose, step after step.
-    config = StepConfig(grad_shardings=shardings[0], activation_rules=activation_rules)
+    config = StepConfig(grad_shardings=shardings["model"], activation_rules=activation_rules)
     return jax.jit(partial(train_step, graphdef, config), out_shardings=(shardings, None, config.grad_shardings))
 
 
@@ -444,8 +451,8 @@ def state_bytes(graphdef, state, grads, mesh, rules) -> tuple[StateBytes, StateB
             analytic_bytes(x.shape, x.dtype.itemsize, spec, sizes) for x, spec in zip(jax.tree.leaves(tree), specs)
         )
 
-    model, optimizer = nnx.merge(graphdef, state)
-    params, opt_state = nnx.state(model, nnx.Param), nnx.state(optimizer)
+    train_state = nnx.merge(graphdef, state)
+    params, opt_state = nnx.state(train_state.model, nnx.Param), nnx.state(train_state.optimizer)
     measured = StateBytes.of(measured_bytes(params), measured_bytes(grads), measured_bytes(opt_state))
     return measured, StateBytes.of(analytic(params), analytic(params), analytic(opt_state))
 
@@ -482,7 +489,7 @@ class WeightRow(NamedTuple):
 
 def weight_table(graphdef, state, mesh, rules) -> list[WeightRow]:
     """One row per parameter: shape, logical axes, spec, shard shape and bytes/device (measured + analytic)."""
-    model, _ = nnx.merge(graphdef, state)
+    model = nnx.merge(graphdef, state).model
     sizes = dict(mesh.shape)
     rows = []
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
@@ -523,7 +530,7 @@ def print_weight_table(rows, flax_agrees: bool) -> None:
 
 def show_layout(graphdef, state) -> None:
     """Draw which devices hold which block of the mlp_in kernel (jax.debug.visualize_array_sharding)."""
-    kernel = nnx.merge(graphdef, state)[0].mlp_in.kernel[...]
+    kernel = nnx.merge(graphdef, state).model.mlp_in.kernel[...]
     log(
         f"  mlp_in kernel {tuple(kernel.shape)}, logical ('embed', 'mlp') -> {fmt_spec(kernel.sharding.spec)}; "
         f"one box per distinct shard, naming the devices that hold it:"
@@ -533,7 +540,7 @@ def show_layout(graphdef, state) -> None:
 
 def show_types(when: str, graphdef, state, tokens, rules, grads=None) -> None:
     """Explicit axes: print jax.typeof of one weight, the batch and (after a step) that weight's gradient."""
-    model = nnx.merge(graphdef, state)[0]
+    model = nnx.merge(graphdef, state).model
     kernel = model.mlp_in.kernel[...]
     line = f"  types {when}: mlp_in kernel {jax.typeof(kernel)}, batch {jax.typeof(tokens)}"
     if grads is not None:
@@ -685,25 +692,28 @@ def run_rule_set(args: Args, name: str, mesh, graphdef, abstract, batches, refer
 AUTO_HOST_DEVICES = 8  # what --host-devices -1 fakes on a CPU-only host
 
 
-def set_host_device_count(n: int) -> None:
-    """XLA reads this flag once, when JAX starts its CPU backend (the first jax.devices() call)."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    flags = " ".join(f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count"))
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
-
-
 def start_devices(args: Args) -> list:
     """Fake CPU devices and/or join a multi-host run, then return the devices to build the mesh from.
 
-    --host-devices -1 (the default) asks for 8 CPU devices before JAX starts; the flag only shapes the CPU
-    backend, so on a GPU or TPU host the real accelerators are used. If JAX had already started
-    (inside a test or a notebook), it keeps the devices it has, and a one-device run says that nothing is sharded.
+    jax_num_cpu_devices splits the CPU into that many devices; JAX reads it once, when it starts its CPU backend
+    (the first jax.devices() call). --host-devices -1 (the default) asks for 8, unless XLA_FLAGS already sets
+    --xla_force_host_platform_device_count; either only shapes the CPU backend, so on a GPU or TPU host the real
+    accelerators are used. If JAX had already started (inside a test or a notebook), it keeps the devices it has:
+    --host-devices N then stops with a one-line error, and a one-device run says that nothing is sharded.
     """
     auto = args.host_devices < 0
-    if auto and "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        set_host_device_count(AUTO_HOST_DEVICES)
-    elif args.host_devices > 0:
-        set_host_device_count(args.host_devices)
+    want = AUTO_HOST_DEVICES if auto else args.host_devices
+    counted = "--xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")  # a count set by hand
+    if want > 0 and not (auto and counted):
+        try:
+            jax.config.update("jax_num_cpu_devices", want)
+        except RuntimeError:  # JAX had already started: it keeps its devices
+            local = len(jax.local_devices(backend="cpu"))
+            if not auto and local != want:
+                raise InputError(
+                    f"--host-devices {want} came too late: JAX had already started with "
+                    f"{local} CPU device(s); run the script from the command line"
+                ) from None
     if args.distributed:
         # Every process runs this same script; the flags left empty are auto-detected (see the README).
         try:
@@ -717,19 +727,13 @@ def start_devices(args: Args) -> list:
     if auto:
         devices = jax.devices()
         if devices[0].platform == "cpu":
+            how = f"XLA_FLAGS={os.environ['XLA_FLAGS']}" if counted else f"jax_num_cpu_devices={want}"
             log(
                 f"devices: this host has only a CPU, so the script fakes {len(jax.local_devices())} CPU devices "
-                f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}); --host-devices 0 uses the one real device"
+                f"({how}); --host-devices 0 uses the one real device"
             )
         return devices
-    devices = jax.devices("cpu") if args.host_devices else jax.devices()  # every process's devices
-    local = len(jax.local_devices(backend="cpu")) if args.host_devices else 0
-    if args.host_devices and local != args.host_devices:
-        raise InputError(
-            f"--host-devices {args.host_devices} came too late: JAX had already started with "
-            f"{local} CPU device(s); run the script from the command line"
-        )
-    return devices
+    return jax.devices("cpu") if args.host_devices else jax.devices()  # every process's devices
 
 
 class InputError(Exception):
@@ -1024,6 +1028,32 @@ def print_summary(args: Args, results: dict[str, RuleSetResult], metrics: dict, 
     )
 
 
+def run_metrics(args: Args, devices, mesh, names, results, reference: Reference, memory_8b, ok, t_start) -> dict:
+    """metrics.json: the devices and mesh, each rule set's result (`ok`: all of them pass the check and the byte
+    count), the single-device losses and the 8B table; after Ctrl-C, `interrupted` says where the run stopped."""
+    metrics = dict(
+        devices=len(devices),
+        platform=devices[0].platform,
+        processes=jax.process_count(),
+        mesh=dict(mesh.shape),
+        axis_types=args.axis_types,
+        rules=names,
+        tolerance=args.tolerance,
+        max_abs_diff_vs_single_device=max(r.max_abs_diff_vs_single_device for r in results.values()),
+        check_passed=ok if mesh.devices.size > 1 else None,
+        bytes_per_device={name: r.bytes_per_device.total for name, r in results.items()},
+        compiled_memory_per_device={n: r.compiled._asdict() if r.compiled else None for n, r in results.items()},
+        rule_sets={name: r.to_json() for name, r in results.items()},
+        single_device_losses=reference.losses,
+        llama_8b_4x2=memory_8b,
+        seconds=round(time.perf_counter() - t_start, 2),
+        args=asdict(args),
+    )
+    if len(results) < len(names):
+        metrics["interrupted"] = dict(unit="rule set", at=len(results), of=len(names))
+    return metrics
+
+
 @reports_input_errors
 def main(args: Args) -> dict:
     validate(args)
@@ -1052,26 +1082,7 @@ def main(args: Args) -> dict:
     memory_8b = None if stopped else report_8b(args.hbm_gb)
 
     ok = all(r.passed and r.bytes_match_analytic for r in results.values())
-    metrics = dict(
-        devices=len(devices),
-        platform=devices[0].platform,
-        processes=jax.process_count(),
-        mesh=dict(mesh.shape),
-        axis_types=args.axis_types,
-        rules=names,
-        tolerance=args.tolerance,
-        max_abs_diff_vs_single_device=max(r.max_abs_diff_vs_single_device for r in results.values()),
-        check_passed=ok if mesh.devices.size > 1 else None,
-        bytes_per_device={name: r.bytes_per_device.total for name, r in results.items()},
-        compiled_memory_per_device={n: r.compiled._asdict() if r.compiled else None for n, r in results.items()},
-        rule_sets={name: r.to_json() for name, r in results.items()},
-        single_device_losses=reference.losses,
-        llama_8b_4x2=memory_8b,
-        seconds=round(time.perf_counter() - t_start, 2),
-        args=asdict(args),
-    )
-    if stopped:
-        metrics["interrupted"] = dict(unit="rule set", at=len(results), of=len(names))
+    metrics = run_metrics(args, devices, mesh, names, results, reference, memory_8b, ok, t_start)
     save_results(args, metrics, {"single device": reference.losses, **{n: r.losses for n, r in results.items()}})
     if stopped:
         return metrics

@@ -81,6 +81,7 @@ def grpo_config(**changes) -> g.GRPOConfig:
         drop_zero_var=False,
         ref_refresh=0,
         reward="exact",
+        adv_norm="std",
         adv_eps=1e-4,
     )
     return g.GRPOConfig(**{**base, **changes})
@@ -122,7 +123,7 @@ def bundled_data():
 # The command line's tiny runs (smoke), per task; tests that run train() or main() in this process use the same
 # flags where they can, so that each set of compiled programs is built once and then read from the cache.
 SMOKE_FLAGS = dict(
-    digit=["--task", "digit"],  # β = 0, the default: no reference logits in the rollout
+    digit=["--task", "digit", "--beta", "0"],  # β = 0: no reference logits in the rollout
     number=["--task", "number", "--max-digits", "3", "--sft-steps", "2", "--beta", "0.1", "--learning-rate", "0.01"],
 )
 TINY_FLAGS = [
@@ -139,8 +140,11 @@ def train_as_main(args: g.Args, data: g.Data):
 
 
 def tiny_args(tmp_path, **changes) -> g.Args:
-    """A tiny real run on the bundled digits: 4 iterations scored every 2, B = 8, G = 4, small layers, n = 4."""
+    """A tiny real run of the one-token task on the bundled digits: 4 iterations scored every 2, B = 8, G = 4,
+    small layers, n = 4."""
     base = dict(
+        task="digit",
+        beta=0.0,
         iterations=4,
         eval_every=2,
         eval_samples=4,
@@ -420,6 +424,50 @@ _jit_rollout = nnx.jit(g.rollout_groups, static_argnums=4)  # as train_block run
 
 
 @pytest.mark.unit
+def test_equal_partial_rewards_carry_no_signal_though_their_float_std_is_not_0():
+    """Eight answers that each get 1 of 3 digits right, as verify scores them: 1/3 in float32, whose std over
+    G = 8 is about 3e-8, not 0 (with G = 4 it happens to be 0). Equality is decided exactly: the group has no
+    signal, every advantage is exactly 0 (both norms), and batch mode agrees. Catches: deciding "no signal" by
+    std > 0, which gives each answer a tiny ±3e-4 advantage."""
+    tokens = jnp.array([[1, 9, 9, g.EOS]] * 8)
+    rewards = g.verify(tokens, jnp.array([[1, 2, 3, g.EOS]] * 8), partial=True).reshape(1, 8)
+    assert (np.asarray(rewards) == np.float32(1) / 3).all()
+    assert float(rewards.std()) > 0  # the float error the test is about
+    assert not bool(g.has_signal(rewards)[0])
+    for norm in ("std", "none"):
+        assert (np.asarray(g.group_advantages(rewards, 1e-4, norm)) == 0).all()
+        assert (np.asarray(g.batch_advantages(rewards.reshape(8, 1), 1e-4, norm)) == 0).all()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("drop", [False, True])
+def test_rollout_counts_a_group_of_equal_partial_rewards_as_zero_signal(drop):
+    """--reward partial, one 3-image prompt with digits 3 1 1 and a policy that always writes 3 (no EOS in 3
+    tokens): each of the G = 8 answers scores 1/3. The rollout must count the group in zero_signal, give it A = 0
+    and, with --drop-zero-var, an all-0 mask. Catches: rollout_groups deciding the signal with std > 0."""
+    policy = constant_policy(3, jnp.full(g.VOCAB, -30.0).at[3].set(0.0))
+    strips = g.make_strips(jnp.zeros((3, 784)), jnp.array([3, 1, 1]), jnp.array([[0, 1, 2]]), jnp.array([3]))
+    config = grpo_config(group_size=8, batch_size=1, reward="partial", drop_zero_var=drop)
+    rollout, metrics = _jit_rollout(policy, policy, strips, jax.random.key(0), config)
+    assert float(metrics["reward"]) == pytest.approx(1 / 3) and float(metrics["zero_signal"]) == 1.0
+    assert (np.asarray(rollout.adv) == 0).all()
+    assert (np.asarray(rollout.mask) == 0).all() == drop
+
+
+@pytest.mark.unit
+def test_dr_grpo_advantage_is_the_centred_reward_without_the_std():
+    """--adv-norm none: A = r − mean(r) per group, no division (Dr. GRPO); all-equal groups still get 0; batch mode
+    centres on the batch mean. Catches: dividing anyway, centring on the wrong axis, the flag ignored."""
+    rewards = jnp.array([[1.0, 0, 0, 0], [1.0, 1, 1, 1]])
+    np.testing.assert_array_equal(
+        np.asarray(g.group_advantages(rewards, 1e-4, "none")), [[0.75, -0.25, -0.25, -0.25], [0, 0, 0, 0]]
+    )
+    flat = rewards.reshape(8, 1)  # batch mean 5/8
+    np.testing.assert_allclose(np.asarray(g.batch_advantages(flat, 1e-4, "none")), np.asarray(flat) - 0.625)
+    assert g.GRPOConfig.from_args(g.Args(adv_norm="none")).adv_norm == "none"
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("drop", [False, True])
 def test_rollout_drops_zero_variance_groups_and_always_reports_their_share(drop):
     """A policy that answers 3 or 5 with probability ½ each (every other token e^−30 as likely), G = 8, four
@@ -445,6 +493,26 @@ def test_rollout_drops_zero_variance_groups_and_always_reports_their_share(drop)
     assert (np.asarray(rollout.adv).reshape(4, G)[zero_var] == 0).all()
 
 
+@pytest.mark.unit
+def test_clip_and_outside_fractions_count_every_answer_token_dropped_or_not():
+    """The rollout of the drop test (targets 3, 5, 1, 3; G = 8; one token per answer), with log π_old moved by 1 on
+    the zero-variance groups' tokens only: there ρ = e^±1 is outside [1 − ε, 1 + ε], elsewhere ρ = 1. outside_frac
+    is the share of ALL answer tokens outside, with --drop-zero-var or without: the same denominator in both
+    modes. Catches: counting over the loss mask, which loses the dropped groups' tokens."""
+    logits = jnp.full(g.VOCAB, -30.0).at[3].set(0.0).at[5].set(0.0)
+    policy, targets, G = constant_policy(1, logits), [3, 5, 1, 3], 8
+    for drop in (False, True):
+        config = grpo_config(group_size=G, batch_size=4, drop_zero_var=drop)
+        strips = one_image_strips(targets)
+        rollout, metrics = _jit_rollout(policy, policy, strips, jax.random.key(1), config)
+        zero_var = np.repeat(np.asarray(rollout.adv).reshape(4, G).std(axis=1) == 0, G)[:, None]
+        assert 0 < zero_var.mean() < 1
+        moved = rollout._replace(logp_old=rollout.logp_old + jnp.where(zero_var, 1.0, 0.0))
+        _, aux = g.grpo_loss(policy, strips, moved, config)
+        assert float(aux["outside_frac"]) == pytest.approx(zero_var.mean())
+        assert float(aux["clip_frac"]) == 0.0  # A = 0 on those tokens: nothing binds
+
+
 # ------------------------------------------------------------------ unit: μ, the clip and the reference
 def _after_one_update(inner_steps: int, clip_eps: float):
     """A fresh --task digit policy after one grpo_update (Adam, learning rate 3e-2, B = 16, G = 8) on bundled
@@ -465,6 +533,34 @@ def _jit_grpo_update_eps(policy, optimizer, reference, strips, key, config, clip
     """grpo_update with ε given as an array, not in the static config: updates that differ only in ε are one
     compiled program (ε enters only the arithmetic of clipped_surrogate)."""
     return g.grpo_update(policy, optimizer, reference, strips, key, replace(config, clip_eps=clip_eps))
+
+
+@pytest.mark.unit
+def test_clip_frac_at_mu_2_is_the_share_of_the_second_step():
+    """μ = 2: step 1 has ρ = 1 exactly, so only step 2 can bind. grpo_update's clip_frac and outside_frac must be
+    step 2's own shares, computed here by hand (one update on grpo_loss's gradient, then grpo_loss again on the
+    same rollout), not the mean with step 1's zeros. Catches: averaging the fractions over all μ steps."""
+    data = bundled_data()
+    strips = g.draw_strips(jax.random.key(0), jnp.asarray(data.x_train), jnp.asarray(data.y_train), 16, 1)
+    config = grpo_config(group_size=8, batch_size=16, inner_steps=2, clip_eps=0.05)
+
+    def fresh():
+        policy = g.Policy(1, 16, 32, rngs=nnx.Rngs(0))
+        return policy, nnx.Optimizer(policy, optax.adam(3e-2), wrt=nnx.Param)
+
+    @nnx.jit
+    def by_hand(policy, optimizer):
+        rollout, _ = g.rollout_groups(policy, policy, strips, jax.random.key(1), config)
+        (_, first), grads = nnx.value_and_grad(g.grpo_loss, has_aux=True)(policy, strips, rollout, config)
+        optimizer.update(policy, grads)
+        return first, g.grpo_loss(policy, strips, rollout, config)[1]
+
+    first, second = by_hand(*fresh())
+    policy, optimizer = fresh()
+    reported = nnx.jit(g.grpo_update, static_argnums=5)(policy, optimizer, policy, strips, jax.random.key(1), config)
+    assert float(first["outside_frac"]) == 0.0 and float(second["outside_frac"]) > 0
+    for name in ("clip_frac", "outside_frac"):
+        assert float(reported[name]) == pytest.approx(float(second[name]), abs=1e-6)
 
 
 @pytest.mark.unit
@@ -518,7 +614,7 @@ def test_train_block_refreshes_the_reference_after_every_multiple_of_r_only():
 
 @pytest.mark.unit
 def test_the_reference_stays_the_initial_policy_by_default(tmp_path):
-    """--task digit with the defaults (no SFT, β = 0, --ref-refresh 0) and the smoke run's tiny flags: after
+    """--task digit (no SFT, --ref-refresh 0 by default) at β = 0 with the smoke run's tiny flags: after
     train(), the returned π_ref holds the initial weights exactly, while the policy moved; kl_ref is 0 in the first
     row and > 0 at the end (measured 0.007). With β > 0 π_ref must stay too: the post-SFT test below. Catches:
     refreshing π_ref during RL (always, or every block), a reference built with its own weights."""
@@ -888,12 +984,41 @@ def test_the_validation_sweep_never_scores_the_test_set(tmp_path, monkeypatch):
         assert argv[argv.index("--metric") + 1] == "val_pass1"
 
 
+def fake_figure_run(zero_signal: float, all_right: float) -> dict:
+    """A metrics.json as grpo_mnist.py writes it, small: start, one SFT row, two RL rows."""
+    row = {"val_pass1": 0.5, "val_pass8": 0.7, "val_greedy": 0.6, "val_length": 3.0, "val_wrong_length": 3.5}
+    row["val_kl_ref"] = 0.1
+    rl = {**row, "zero_signal": zero_signal, "all_right": all_right, "clip_frac": 0.01, "outside_frac": 0.02}
+    history = [{"phase": "start", "iteration": 0, **row}, {"phase": "sft", "iteration": 300, **row}]
+    history += [{"phase": "rl", "iteration": i, **rl} for i in (150, 300)]
+    args = {"group_size": 8, "inner_steps": 4, "beta": 0.01, "kl": "k3", "loss_agg": "seq-mean-token-mean"}
+    args.update(learning_rate=5e-4, iterations=300, label_fraction=0.05)
+    return {**history[-1], "history": history, "args": args, "val_prompts": 800, "sft_steps": 300}
+
+
+@pytest.mark.unit
+def test_the_figures_tool_draws_every_figure_and_splits_the_equal_groups(tmp_path, capsys):
+    """tools/grpo_figures.py's drawing and report on fake runs: the four PNGs are written, and the report splits
+    each zero-signal share into its all-right part (here 0.25 of 0.75). Catches: a figure that needs a metric the
+    script does not log, a run the figures name but RUNS lacks, the all-right split dropped from the report."""
+    figures = load_script("tools/grpo_figures.py")
+    runs = {name: fake_figure_run(0.75, 0.25) for name in figures.RUNS}
+    for draw in (figures.sharpening, figures.kl_curves, figures.length_curves, figures.zero_signal):
+        draw(runs, tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(
+        ["grpo_sharpening.png", "grpo_kl.png", "grpo_loss_agg.png", "grpo_zero_signal.png"]
+    )
+    figures.report(runs)
+    text = capsys.readouterr().out
+    assert "default run: zero_signal 0.7500 (all right 0.2500) in the first RL block" in text
+
+
 @pytest.mark.unit
 def test_param_table_counts_the_models():
     """Counted from the layers: encoder 784·H + H; decoder N·(H + 11 + 1)·D + D (the prompt's N·H features, N
     one-hot tokens of 11, N position bits); head D·11 + 11. The critic: the same encoder, N·H·D + D, D + 1.
     Catches: a table that counts another model, or a critic with the policy's head."""
-    _, digit = g.param_table(g.Args())  # N = 1, H = 128, D = 256
+    _, digit = g.param_table(g.Args(task="digit"))  # N = 1, H = 128, D = 256
     assert digit["params_policy"] == (784 * 128 + 128) + (1 * 140 * 256 + 256) + (256 * 11 + 11)  # 139,659
     assert digit["params_critic"] == (784 * 128 + 128) + (1 * 128 * 256 + 256) + (256 + 1)  # 133,889
     _, number = g.param_table(g.Args(task="number", max_digits=4))
@@ -1042,15 +1167,15 @@ def test_cli_runs_both_tasks(task, tmp_path):
 
 
 # ------------------------------------------------------------------ learning: short real runs
-# Measured with seed 0 on this machine (busy), validation pass@1 / greedy: --task digit, 150 iterations:
-# 0.849 / 0.861 (chance 0.10; untrained 0.093). --task number: right after the 300 SFT steps 0.175, after 50, 100
-# and 200 RL iterations 0.234, 0.245 and 0.273. The bars below leave a wide margin under those values.
+# Measured with seed 0 on this machine (busy, jax 0.12, the defaults of μ 4, β 0.01, learning rate 5e-4), validation
+# pass@1 / greedy: --task digit, 150 iterations: 0.869 / 0.888 (chance 0.10). --task number: right after the 300 SFT
+# steps 0.176, after 100 RL iterations 0.277. The bars below leave a wide margin under those values.
 @pytest.mark.learning
 def test_digit_task_learns_well_above_chance(tmp_path):
-    """--task digit, the default flags but 150 iterations: validation pass@1 (one answer sampled at temperature 1)
-    and greedy accuracy far above chance (10 %): measured 0.849 and 0.861, the bar is 0.6. Catches: a flipped
-    advantage sign, a broken baseline or verifier, a sampler that ignores the prompt."""
-    result = g.main(g.Args(iterations=150, eval_every=50, score_test=False, out=str(tmp_path)))
+    """--task digit, the other flags at their defaults but 150 iterations: validation pass@1 (one answer sampled at
+    temperature 1) and greedy accuracy far above chance (10 %): measured 0.869 and 0.888, the bar is 0.6. Catches:
+    a flipped advantage sign, a broken baseline or verifier, a sampler that ignores the prompt."""
+    result = g.main(g.Args(task="digit", iterations=150, eval_every=50, score_test=False, out=str(tmp_path)))
     assert result["history"][0]["val_pass1"] < 0.2  # untrained: near chance
     assert result["val_pass1"] > 0.6 and result["val_greedy"] > 0.6
 
@@ -1059,7 +1184,7 @@ def test_digit_task_learns_well_above_chance(tmp_path):
 def test_number_task_rl_raises_pass1_above_the_post_sft_value(tmp_path):
     """--task number: the default SFT warm start (300 steps on 5 % of the labels), then 100 RL iterations that
     learn from the verifier alone. Validation pass@1 right after SFT is well above its untrained value (measured
-    0.175), and RL raises it by more than 0.03 (measured +0.070, to 0.245). Catches: RL that does not learn on top
+    0.176), and RL raises it by more than 0.03 (measured +0.101, to 0.277). Catches: RL that does not learn on top
     of SFT (a flipped advantage, a broken per-token ratio or mask), an SFT phase that is skipped."""
     result = g.main(g.Args(task="number", iterations=100, eval_every=50, score_test=False, out=str(tmp_path)))
     history = result["history"]

@@ -104,14 +104,26 @@ def test_a_mesh_that_does_not_fit_is_one_line(tmp_path, capsys, flags, message):
     assert text.startswith("error: ") and message in text and "\n" not in text
 
 
+class FakeDevice:
+    """Stands in for a device where make_mesh only counts and checks: jax.make_mesh is not reached."""
+
+    platform = "cpu"
+
+
 @pytest.mark.unit
 def test_a_weight_the_mesh_cannot_split_is_one_line():
     """fsdp on 8 'data' devices cannot split the digit task's decoder input (140 rows): make_mesh says which weight
     and why, before any work. Uses a fake device list: make_mesh only counts and checks, it does not run on them."""
     g = load_script(SCRIPT)
-
-    class Fake:  # jax.make_mesh is not reached: the check comes first
-        platform = "cpu"
-
     with pytest.raises(g.InputError, match=r"--rules fsdp splits decoder/kernel \(140, 256\) along 'data'"):
-        g.make_mesh(g.Args(rules="fsdp", batch_size=64), [Fake()] * 8)
+        g.make_mesh(g.Args(task="digit", rules="fsdp", batch_size=64), [FakeDevice()] * 8)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("rules", ["dp", "fsdp"])
+def test_a_model_axis_no_rule_uses_is_refused_in_one_line(rules):
+    """No GRPO rule maps a name to 'model', so --mesh 2x2 would run the same work twice on that axis: make_mesh
+    refuses it, naming the mesh and the rules, before any work. Catches: a MODEL > 1 mesh that silently repeats."""
+    g = load_script(SCRIPT)
+    with pytest.raises(g.InputError, match=rf"--mesh 2x2: no --rules {rules} rule splits anything along 'model'"):
+        g.make_mesh(g.Args(task="digit", rules=rules, batch_size=64, mesh="2x2"), [FakeDevice()] * 4)

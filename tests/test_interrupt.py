@@ -202,7 +202,13 @@ FIRST_MEASUREMENT = {
         ["--total-timesteps", "600", "--learning-starts", "200", "--eval-frequency", "300", "--hidden-size", "16"],
     ),
     "3_Pendulum/pendulum.py": ("collect_rollout", ["--total-timesteps", "512", "--num-envs", "4", "--num-steps", "64"]),
-    "4_GRPO_MNIST/grpo_mnist.py": ("scores", ["--iterations", "4", "--eval-every", "2", "--hidden-size", "16"]),
+    "4_GRPO_MNIST/grpo_mnist.py": (
+        "scores",
+        [
+            *("--task", "digit", "--iterations", "4", "--eval-every", "2", "--eval-samples", "4", "--pass-k", "2"),
+            *("--batch-size", "8", "--group-size", "4", "--hidden-size", "16", "--decoder-size", "32"),
+        ],
+    ),
     "5_Sharding_Mesh/sharding_mesh.py": ("run_rule_set", ["--host-devices", "0", "--steps", "2", "--embed", "16"]),
 }
 
@@ -240,8 +246,9 @@ def test_grpo_keeps_only_the_rows_it_scored(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(g, "scores", scores)
     out = tmp_path / "out"
-    flags = ["--iterations", "8", "--eval-every", "2", "--eval-samples", "4", "--pass-k", "2", "--batch-size", "8"]
-    flags += ["--group-size", "4", "--hidden-size", "16", "--decoder-size", "32", "--out", str(out)]
+    flags = ["--task", "digit", "--iterations", "8", "--eval-every", "2", "--eval-samples", "4", "--pass-k", "2"]
+    flags += ["--batch-size", "8", "--group-size", "4", "--hidden-size", "16", "--decoder-size", "32"]
+    flags += ["--out", str(out)]
     assert exit_status(g.main, g.parse_args(flags)) == 130
     assert capsys.readouterr().err == f"interrupted at rl iteration 2 of 8; metrics so far in {out / 'metrics.json'}\n"
     history = json.loads((out / "metrics.json").read_text())["history"]

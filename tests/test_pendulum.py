@@ -505,7 +505,7 @@ def _jax_batch(pen, seed=3, **kw):
     args = pen.Args(backend="jax", num_envs=4, num_steps=200, minibatch_size=100, **kw)
     graphdef, actor_def = pen.graph_defs(args, pen.derived(args))
     runner = pen.make_train(args).init(jax.random.key(seed))
-    _, rollout = jax.jit(partial(pen.jax_rollout, actor_def, args))(runner.state[0], runner)
+    _, rollout = jax.jit(partial(pen.jax_rollout, actor_def, args))(runner.state["actor"], runner)
     update = jax.jit(partial(pen.ppo_update, graphdef, args))
     return args, graphdef, runner.state, rollout, update
 
@@ -515,7 +515,7 @@ def _kl_old_new(pen, graphdef, old_state, new_state, rollout):
     from flax import nnx
 
     obs = rollout.obs.reshape(-1, 3)
-    p, q = nnx.merge(graphdef, old_state)[0](obs), nnx.merge(graphdef, new_state)[0](obs)
+    p, q = nnx.merge(graphdef, old_state).actor(obs), nnx.merge(graphdef, new_state).actor(obs)
     # KL(N(μp, σp²) ‖ N(μq, σq²)) = log(σq/σp) + (σp² + (μp − μq)²) / (2σq²) − ½
     kl = jnp.log(q.scale / p.scale) + (p.scale**2 + (p.loc - q.loc) ** 2) / (2 * q.scale**2) - 0.5
     return float(kl.mean())
@@ -538,7 +538,7 @@ def test_ppo_update_on_a_fixed_rollout(pen):
 
     # The critic's targets are GAE(λ) returns from V(true next obs) with truncation kept apart:
     # explained_var is reported against them, so recompute them here from the PRE-update critic.
-    _, critic, _, _ = nnx.merge(graphdef, state)
+    critic = nnx.merge(graphdef, state).critic
     values, next_values = critic(rollout.obs), critic(rollout.next_obs)
     adv, returns = pen.compute_gae(
         rollout.rewards, values, next_values, rollout.terminated, rollout.truncated, args.gamma, args.gae_lambda
@@ -546,12 +546,12 @@ def test_ppo_update_on_a_fixed_rollout(pen):
     ev = 1.0 - np.var(np.asarray(returns - values)) / np.var(np.asarray(returns))
     assert float(stats["explained_var"]) == pytest.approx(ev, rel=1e-4, abs=1e-5)
     # ... and the update fits V to them: the squared error to these targets falls.
-    _, new_critic, _, _ = nnx.merge(graphdef, new_state)
+    new_critic = nnx.merge(graphdef, new_state).critic
     before = float(jnp.mean((values - returns) ** 2))
     after = float(jnp.mean((new_critic(rollout.obs) - returns) ** 2))
     assert after < 0.8 * before, (before, after)
     # The actor moved in the direction of the surrogate: the (unclipped) advantage-weighted ratio rose above 1.
-    old_actor, new_actor = nnx.merge(graphdef, state)[0], nnx.merge(graphdef, new_state)[0]
+    old_actor, new_actor = nnx.merge(graphdef, state).actor, nnx.merge(graphdef, new_state).actor
     obs, act = rollout.obs.reshape(-1, 3), rollout.actions.reshape(-1, 1)
     a = np.asarray(adv).reshape(-1)
     a = (a - a.mean()) / a.std()
@@ -625,7 +625,7 @@ def test_jax_rollout_autoresets_and_keeps_the_true_final_obs(pen):
     args = pen.Args(backend="jax", num_envs=3, num_steps=400, minibatch_size=100)
     _, actor_def = pen.graph_defs(args, pen.derived(args))
     runner = pen.make_train(args).init(jax.random.key(0))
-    new_runner, rollout = jax.jit(partial(pen.jax_rollout, actor_def, args))(runner.state[0], runner)
+    new_runner, rollout = jax.jit(partial(pen.jax_rollout, actor_def, args))(runner.state["actor"], runner)
     obs, nxt, trunc = np.asarray(rollout.obs), np.asarray(rollout.next_obs), np.asarray(rollout.truncated)
     assert trunc[199].all() and trunc[399].all() and trunc.sum() == 6 and np.asarray(rollout.terminated).sum() == 0
     inside = np.ones(400, bool)
@@ -811,15 +811,15 @@ def test_ladder_rungs_take_the_right_steps(pen, algo, actor_steps, critic_steps)
 
     args, graphdef, state, rollout, update = _jax_batch(pen, algo=algo)
     new_state, stats = update(state, rollout, jax.random.key(0))
-    actor, critic, actor_opt, critic_opt = nnx.merge(graphdef, new_state)
-    assert (int(actor_opt.step[...]), int(critic_opt.step[...])) == (actor_steps, critic_steps)
+    new = nnx.merge(graphdef, new_state)
+    assert (int(new.actor_opt.step[...]), int(new.critic_opt.step[...])) == (actor_steps, critic_steps)
 
-    def moved(i: int) -> bool:  # did network i (0 actor, 1 critic) change?
-        before = jax.tree.leaves(nnx.state(nnx.merge(graphdef, state)[i], nnx.Param))
-        after = jax.tree.leaves(nnx.state(nnx.merge(graphdef, new_state)[i], nnx.Param))
+    def moved(network: str) -> bool:  # did the agent's "actor" or "critic" change?
+        before = jax.tree.leaves(nnx.state(getattr(nnx.merge(graphdef, state), network), nnx.Param))
+        after = jax.tree.leaves(nnx.state(getattr(new, network), nnx.Param))
         return any(not np.allclose(a, b) for a, b in zip(before, after))
 
-    assert moved(0) and moved(1) == (algo != "reinforce")
+    assert moved("actor") and moved("critic") == (algo != "reinforce")
     assert np.isnan(float(stats["v_loss"])) == (algo == "reinforce")
 
 
@@ -832,7 +832,8 @@ def test_reinforce_step_follows_the_monte_carlo_gradient(pen, algo):
 
     args, graphdef, state, rollout, update = _jax_batch(pen, algo=algo)
     new_state, _ = update(state, rollout, jax.random.key(0))
-    actor, critic, _, _ = nnx.merge(graphdef, state)
+    agent = nnx.merge(graphdef, state)
+    actor, critic = agent.actor, agent.critic
     r = np.asarray(rollout.rewards)
     g = np.zeros_like(r)
     for t in reversed(range(r.shape[0])):  # whole 200-step episodes: the return restarts at every truncation
@@ -840,7 +841,7 @@ def test_reinforce_step_follows_the_monte_carlo_gradient(pen, algo):
     psi = g - np.asarray(critic(rollout.obs)) if algo == "reinforce-baseline" else g
     obs, act = rollout.obs.reshape(-1, 3), rollout.actions.reshape(-1, 1)
     grads = nnx.grad(lambda a: pen.reinforce_loss(a(obs).log_prob(act).sum(-1), jnp.asarray(psi.reshape(-1))))(actor)
-    new_actor = nnx.merge(graphdef, new_state)[0]
+    new_actor = nnx.merge(graphdef, new_state).actor
     for gr, old, new in zip(
         jax.tree.leaves(nnx.state(grads, nnx.Param)),
         jax.tree.leaves(nnx.state(actor, nnx.Param)),

@@ -122,8 +122,8 @@ def test_flax_logical_axis_rules_give_the_same_shardings_as_the_resolver():
     flax = {name: sm.flax_shardings(abstract, mesh, rules) for name, rules in sm.RULE_SETS.items()}
     for name, rules in sm.RULE_SETS.items():
         assert sm.same_specs(sm.state_shardings(abstract, mesh, rules), flax[name]), name
-    assert nnx.to_pure_dict(flax["fsdp"])[0]["mlp_in"]["kernel"].spec == P("data", "model")
-    assert nnx.to_pure_dict(flax["fsdp"])[1]["opt_state"][0]["nu"]["pos_embed"].spec == P(None, "data")
+    assert nnx.to_pure_dict(flax["fsdp"])["model"]["mlp_in"]["kernel"].spec == P("data", "model")
+    assert nnx.to_pure_dict(flax["fsdp"])["optimizer"]["opt_state"][0]["nu"]["pos_embed"].spec == P(None, "data")
     # the comparison can fail: different rule sets, or a tree with a leaf missing, are not the same layout
     assert not sm.same_specs(sm.state_shardings(abstract, mesh, sm.RULE_SETS["tp"]), flax["fsdp"])
     assert not sm.same_specs(flax["fsdp"], jax.tree.leaves(flax["fsdp"])[:-1])
@@ -281,7 +281,7 @@ def test_state_shardings_follow_the_logical_names_for_params_and_adam():
     mesh = sm.make_mesh((1, 1), jax.devices()[:1])
     shardings = sm.state_shardings(abstract, mesh, sm.RULE_SETS["fsdp"])
     pure = nnx.to_pure_dict(shardings)
-    model, opt = pure[0], pure[1]
+    model, opt = pure["model"], pure["optimizer"]
     assert model["mlp_in"]["kernel"].spec == P("data", "model")
     assert model["token_embed"]["embedding"].spec == P("model", "data")
     assert model["attn_norm"]["scale"].spec == P(None)
@@ -359,11 +359,10 @@ def test_a_dimension_that_does_not_split_is_an_input_error():
 
 
 @pytest.mark.unit
-def test_host_devices_too_late_is_a_clean_error(monkeypatch, tmp_path):
+def test_host_devices_too_late_is_a_clean_error(tmp_path):
     import jax
 
-    jax.devices()  # this process's JAX has started with its 1 CPU device
-    monkeypatch.setenv("XLA_FLAGS", "")  # start_devices edits XLA_FLAGS; restore it afterwards
+    jax.devices()  # this process's JAX has started with its 1 CPU device: jax_num_cpu_devices can no longer change
     with pytest.raises(SystemExit, match="came too late"):
         sm.main(sm.Args(host_devices=3, out=str(tmp_path)))
 
@@ -542,7 +541,7 @@ def test_cli_default_fakes_8_devices_and_a_perturbed_state_fails_the_check(tmp_p
         timeout=300,
     )
     first = res.stdout.splitlines()[0]
-    assert "fakes 8 CPU devices" in first, res.stdout[:500]
+    assert "fakes 8 CPU devices (jax_num_cpu_devices=8)" in first, res.stdout[:500]
     assert res.returncode != 0 and "Traceback" not in res.stderr
     assert "check rules=fsdp" in res.stdout and "FAIL" in res.stdout and "PASS" not in res.stdout
     assert len(res.stderr.strip().splitlines()) == 1 and res.stderr.startswith("error: a sharded run differs")

@@ -8,14 +8,14 @@ written with the same flags is reused, so a second call redraws without training
     grpo_sharpening.png   validation pass@1, pass@k and greedy over the SFT warm start and RL (the default
                           run), beside SFT alone for as many iterations (--objective supervised);
     grpo_kl.png           KL(π ‖ π_ref) on validation over the RL iterations, for --kl exact, k1 and k3 at
-                          --beta 0.1, and --beta 0;
+                          --beta 0.1, --beta 0, and the defaults;
     grpo_loss_agg.png     the mean answer length and the mean length of wrong answers over the RL iterations,
-                          for the three --loss-agg choices;
-    grpo_zero_signal.png  the share of groups whose G rewards are all equal, with and without --drop-zero-var,
-                          and for RL from scratch (--sft-steps 0).
+                          for the three --loss-agg choices, and for Dr. GRPO (dr-grpo with --adv-norm none);
+    grpo_zero_signal.png  the share of groups whose G answers are all right, and all wrong, with and without
+                          --drop-zero-var, and for RL from scratch (--sft-steps 0).
 
 It prints the numbers the README quotes (the last validation scores of every run, and a few read off the
-curves). Nine runs, about a minute each on a 2-core CPU:
+curves). Ten runs (the others repeat the defaults and are reused):
 
     python tools/grpo_figures.py
 """
@@ -50,6 +50,7 @@ RUNS = {  # name → the flags beyond COMMON and the script's defaults
     "agg_seq-mean-token-mean": ["--loss-agg", "seq-mean-token-mean"],
     "agg_token-mean": ["--loss-agg", "token-mean"],
     "agg_dr-grpo": ["--loss-agg", "dr-grpo"],
+    "dr_grpo": ["--loss-agg", "dr-grpo", "--adv-norm", "none"],
     "drop_zero_var": ["--drop-zero-var"],
     "from_scratch": ["--sft-steps", "0"],
 }
@@ -140,6 +141,7 @@ def kl_curves(m: dict, assets: Path) -> None:
         ("kl_k1", "x--", f"k1, β = {KL_BETA}"),
         ("kl_k3", "s-", f"k3, β = {KL_BETA}"),
         ("beta_0", "^:", "β = 0 (no KL term)"),
+        ("default", "d-.", "the default: {kl}, β = {beta}".format(**m["default"]["args"])),
     ):
         h = rl_part(m[name]["history"])
         x = [r["iteration"] if r["phase"] == "rl" else 0 for r in h]
@@ -161,11 +163,13 @@ AGGS = ("seq-mean-token-mean", "token-mean", "dr-grpo")
 
 def length_curves(m: dict, assets: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
-    for agg, style in zip(AGGS, ("o-", "s--", "^:")):
-        h = rl_part(m[f"agg_{agg}"]["history"])
+    lines = [(f"agg_{agg}", style, agg) for agg, style in zip(AGGS, ("o-", "s--", "^:"))]
+    lines.append(("dr_grpo", "d-.", "dr-grpo, --adv-norm none (Dr. GRPO)"))
+    for name, style, text in lines:
+        h = rl_part(m[name]["history"])
         x = [r["iteration"] if r["phase"] == "rl" else 0 for r in h]
-        axes[0].plot(x, [r["val_length"] for r in h], style, label=agg)
-        axes[1].plot(x, [r["val_wrong_length"] for r in h], style, label=agg)
+        axes[0].plot(x, [r["val_length"] for r in h], style, label=text)
+        axes[1].plot(x, [r["val_wrong_length"] for r in h], style, label=text)
     axes[0].set(title="mean answer length (tokens, EOS included)", xlabel="RL iteration", ylabel="tokens")
     axes[1].set(title="mean length of wrong answers", xlabel="RL iteration")
     for ax in axes:
@@ -177,17 +181,23 @@ def length_curves(m: dict, assets: Path) -> None:
 
 
 def zero_signal(m: dict, assets: Path) -> None:
-    fig, ax = plt.subplots(figsize=(6, 3.8))
+    """Groups whose G rewards are all equal, split: all right (nothing left to learn) and all wrong (nothing to
+    learn from yet)."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     for name, style, text in (
         ("default", "o-", "after SFT, all groups in the loss"),
         ("drop_zero_var", "s--", "after SFT, --drop-zero-var"),
         ("from_scratch", "^:", "RL from scratch (--sft-steps 0)"),
     ):
         h = [r for r in m[name]["history"] if r["phase"] == "rl"]
-        ax.plot([r["iteration"] for r in h], [100 * r["zero_signal"] for r in h], style, label=text)
-    ax.set(title="groups whose G rewards are all equal", xlabel="RL iteration", ylabel="% of groups")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+        steps = [r["iteration"] for r in h]
+        axes[0].plot(steps, [100 * r["all_right"] for r in h], style, label=text)
+        axes[1].plot(steps, [100 * (r["zero_signal"] - r["all_right"]) for r in h], style, label=text)
+    axes[0].set(title="groups with all G answers right", xlabel="RL iteration", ylabel="% of groups")
+    axes[1].set(title="groups with all G answers wrong", xlabel="RL iteration")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(assets / "grpo_zero_signal.png", dpi=90)
     plt.close(fig)
@@ -214,13 +224,14 @@ def report(m: dict) -> None:
         for key, width in (("zero_signal", 9), ("clip_frac", 10), ("outside_frac", 9)):
             row += f"{metrics[key]:>{width}.4f}" if rl else f"{'–':>{width}}"
         print(row + f"{warm['val_pass1']:>12.4f}{warm[k]:>12.4f}{warm['val_greedy']:>12.4f}")
-    rl_rows = [r for r in m["default"]["history"] if r["phase"] == "rl"]
-    zero = [r["zero_signal"] for r in rl_rows]
-    print(f"default run: zero_signal {zero[0]:.4f} in the first RL block, {zero[-1]:.4f} in the last")
-    drop = [r["zero_signal"] for r in m["drop_zero_var"]["history"] if r["phase"] == "rl"]
-    print(f"--drop-zero-var: zero_signal {drop[0]:.4f} in the first RL block, {drop[-1]:.4f} in the last")
-    scratch = [r["zero_signal"] for r in m["from_scratch"]["history"] if r["phase"] == "rl"]
-    print(f"from scratch: zero_signal {scratch[0]:.4f} in the first RL block, {scratch[-1]:.4f} in the last")
+    named = (("default", "default run"), ("drop_zero_var", "--drop-zero-var"), ("from_scratch", "from scratch"))
+    for name, text in named:
+        rl_rows = [r for r in m[name]["history"] if r["phase"] == "rl"]
+        first, last = rl_rows[0], rl_rows[-1]
+        print(
+            f"{text}: zero_signal {first['zero_signal']:.4f} (all right {first['all_right']:.4f}) in the first RL "
+            f"block, {last['zero_signal']:.4f} (all right {last['all_right']:.4f}) in the last"
+        )
     args = m["default"]["args"]
     print(
         f"defaults: G={args['group_size']}, μ={args['inner_steps']}, β={args['beta']}, kl {args['kl']}, "

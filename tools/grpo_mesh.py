@@ -34,7 +34,7 @@ def run(devices: int, rules: str, iterations: int, out: Path) -> dict:
 
 
 def kb(n: int) -> str:
-    return f"{n / 1024:,.0f} kB"
+    return f"{n / 1000:,.0f} kB"  # kB = 1,000 bytes, as GB = 10⁹ in module 5
 
 
 def main() -> None:

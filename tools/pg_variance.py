@@ -7,8 +7,9 @@ policy, and compute one policy-gradient estimate per batch,
 
     ĝ = ∇_θ −mean_t(log π_θ(a_t|s_t) · Ψ_t),   Ψ_t ∈ { G_t,  G_t − V(s_t),  Â_t^GAE(λ) },
 
-with the script's own `monte_carlo_returns`, `compute_gae` and `reinforce_loss` (no advantage
-normalisation, rewards × --reward-scale as in training). Over the K estimates of each Ψ it reports
+with the script's own `signal_and_targets` (Ψ as its `ladder`'s rungs reinforce, reinforce-baseline and ppo compute
+it) and `reinforce_loss` (no advantage normalisation, rewards × --reward-scale as in training). Over the K estimates
+of each Ψ it reports
 
     total variance  tr Σ = Σ_i Var_k(ĝ_i)            (the trace of the K×K-sample covariance, ddof = 1)
     signal-to-noise ‖E ĝ‖² / tr Σ                   (how much of one batch's gradient is signal; ‖E ĝ‖² is
@@ -29,6 +30,7 @@ The course script is imported by path (like tests/conftest.py); the script itsel
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -42,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from course import load_script, unwritable  # noqa: E402
 
 ESTIMATORS = ("G_t (REINFORCE)", "G_t − V(s_t) (learned baseline)", "GAE(λ) (A2C / PPO)")
+ALGOS = ("reinforce", "reinforce-baseline", "ppo")  # the rung of pendulum.py's ladder whose Ψ each estimator is
 
 
 def parse(argv=None):
@@ -75,6 +78,8 @@ def gradient_estimator(pen, args, graphdef, actor_def, batches):
     import jax.numpy as jnp
     from flax import nnx
 
+    rungs = [pen.ladder(dataclasses.replace(args, algo=algo)) for algo in ALGOS]
+
     def one_batch(k, state):
         k_env, k_roll = jax.random.split(k)
         env = jax.vmap(pen.pendulum_reset)(jax.random.split(k_env, args.num_envs))
@@ -86,19 +91,15 @@ def gradient_estimator(pen, args, graphdef, actor_def, batches):
             ep_ret=jnp.zeros(args.num_envs),
             last_ret=jnp.zeros(args.num_envs),
         )
-        _, rollout = pen.jax_rollout(actor_def, args, state[0], runner)  # a Rollout of (200, N): whole episodes
-        actor, critic, _, _ = nnx.merge(graphdef, state)
-        values, next_values = critic(rollout.obs), critic(rollout.next_obs)
-        done = jnp.maximum(rollout.terminated, rollout.truncated)
-        g = pen.monte_carlo_returns(rollout.rewards, done, args.gamma)
-        gae, _ = pen.compute_gae(
-            rollout.rewards, values, next_values, rollout.terminated, rollout.truncated, args.gamma, args.gae_lambda
-        )
+        _, rollout = pen.jax_rollout(actor_def, args, state["actor"], runner)  # (200, N): whole episodes
+        agent = nnx.merge(graphdef, state)
+        values, next_values = agent.critic(rollout.obs), agent.critic(rollout.next_obs)
         obs, act = rollout.obs.reshape(-1, 3), rollout.actions.reshape(-1, 1)
         out = []
-        for psi in (g, g - values, gae):
+        for rung in rungs:
+            psi, _ = pen.signal_and_targets(rung, rollout, values, next_values, args.gamma, args.gae_lambda)
             grads = nnx.grad(lambda a, psi=psi: pen.reinforce_loss(a(obs).log_prob(act).sum(-1), psi.reshape(-1)))(
-                actor
+                agent.actor
             )
             out.append(jnp.concatenate([x.ravel() for x in jax.tree.leaves(nnx.state(grads, nnx.Param))]))
         return out

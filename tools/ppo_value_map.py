@@ -62,7 +62,8 @@ def state_grid(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def load_agent(pendulum, run: Path):
-    """The run's actor and critic, its flags (metrics.json's args) and its observation statistics (or None)."""
+    """The run's actor and critic, its flags (metrics.json's args) and its observation statistics (a RunningMeanStd
+    with --norm-obs, else None), loaded as pendulum.py --load loads them."""
     from flax import nnx
 
     saved = json.loads((run / "metrics.json").read_text())["args"]
@@ -70,21 +71,15 @@ def load_agent(pendulum, run: Path):
         3, 1, saved["hidden_size"], saved["sigma"], saved["activation"], saved["log_std_init"], rngs=nnx.Rngs(0)
     )
     critic = pendulum.Critic(3, saved["hidden_size"], saved["activation"], rngs=nnx.Rngs(1))
-    norm = {"obs_norm/mean": np.zeros(3), "obs_norm/var": np.ones(3)} if saved.get("norm_obs") else {}
-    stats = pendulum.load_checkpoint(str(run / "params.npz"), {"actor": actor, "critic": critic, **norm})
-    rms = (stats["obs_norm/mean"], stats["obs_norm/var"]) if norm else None
+    rms = pendulum.RunningMeanStd(shape=(3,)) if saved.get("norm_obs") else None
+    parts = {"actor": actor, "critic": critic, **pendulum.obs_norm_parts(rms)}
+    stats = pendulum.load_checkpoint(str(run / "params.npz"), parts)
+    if rms is not None:
+        rms.mean, rms.var = stats["obs_norm/mean"], stats["obs_norm/var"]
     return actor, critic, saved, rms
 
 
-def normalise(obs: np.ndarray, rms) -> np.ndarray:
-    """The observation as the networks saw it in training (--norm-obs: (obs − mean)/√(var + 1e-8), clipped ±10)."""
-    if rms is None:
-        return obs
-    mean, var = rms
-    return np.clip((obs - mean) / np.sqrt(var + 1e-8), -10, 10).astype(np.float32)
-
-
-def swing_up_path(actor, rms, eval_seed: int, episodes: int) -> tuple[np.ndarray, np.ndarray, float]:
+def swing_up_path(pendulum, actor, rms, eval_seed: int, episodes: int) -> tuple[np.ndarray, np.ndarray, float]:
     """(θ_t, θ̇_t) and the return of the deterministic episode whose start hangs lowest (smallest cos θ)."""
     import gymnasium as gym
 
@@ -97,7 +92,7 @@ def swing_up_path(actor, rms, eval_seed: int, episodes: int) -> tuple[np.ndarray
     obs, _ = env.reset(seed=eval_seed + int(np.argmin(starts)))
     path, total, done = [obs], 0.0, False
     while not done:
-        mu = np.asarray(actor(normalise(obs[None].astype(np.float32), rms)).loc)[0]
+        mu = np.asarray(actor(pendulum.normalize_obs(obs[None], rms)).loc)[0]  # as the network saw it in training
         obs, r, term, trunc, _ = env.step(np.clip(mu, -2.0, 2.0))
         path.append(obs)
         total += float(r)
@@ -150,10 +145,10 @@ def main(argv=None) -> dict:
     except pendulum.InputError as e:
         sys.exit(f"error: {e}")
     th, thdot, obs = state_grid(a.grid)
-    x = normalise(obs.reshape(-1, 3), rms)
+    x = pendulum.normalize_obs(obs.reshape(-1, 3), rms)
     value = np.asarray(critic(x)).reshape(a.grid, a.grid) / saved["reward_scale"]
     torque = np.asarray(actor(x).loc)[:, 0].reshape(a.grid, a.grid)
-    traj = swing_up_path(actor, rms, saved["eval_seed"], saved["eval_episodes"])
+    traj = swing_up_path(pendulum, actor, rms, saved["eval_seed"], saved["eval_episodes"])
     metrics = json.loads((run / "metrics.json").read_text())
     title = (
         f"{saved['algo'].upper() if saved['algo'] == 'ppo' else saved['algo']} on Pendulum-v1, seed {saved['seed']}, "

@@ -11,7 +11,8 @@ that this tool fills in, so nobody types a result by hand:
     <!-- results: NAME -->               a whole table (.json) or a code block of the output (.txt);
     <!-- /results -->                    `<!-- results: NAME head=6 tail=4 -->` keeps 6 first and 4 last lines
     <!-- r: NAME.FIELD -->…<!-- /r -->   one number in a sentence: iqm, ci, solved, n, mean, median, min, max,
-                                         median_seconds, or seed_K (seed K's score)
+                                         median_seconds, load (the load average when it started), or seed_K
+                                         (seed K's score)
 
     python tools/results.py            # fill every marker in every README from benchmarks/results/
     python tools/results.py --check    # change nothing; list each marker whose text differs (exit 1)
@@ -134,9 +135,12 @@ def field(summary: dict, name: str) -> str:
         return str(summary["n"])
     if name == "median_seconds":
         return f"{summary['median_seconds']:.1f}"
+    if name == "load":
+        return f"{summary['provenance']['load_at_start']:.2f}"
     if name.startswith("seed_") and name[5:] in summary["per_seed"]:
         return fmt(summary["per_seed"][name[5:]], scores)
-    raise ResultsError(f"unknown field {name!r} (iqm, ci, solved, n, mean, median, min, max, median_seconds, seed_K)")
+    known = "iqm, ci, solved, n, mean, median, min, max, median_seconds, load, seed_K"
+    raise ResultsError(f"unknown field {name!r} ({known})")
 
 
 def footer(prov: dict, lang: str) -> str:

@@ -4,7 +4,7 @@ seeds reach the module's success bar.
 
     python tools/seeds.py 2_Cart_Pole_DQN/cart_pole_dqn.py --seeds 0-19
     python tools/seeds.py 1_Q_Learning/Q_Learning.py --seeds 0-19 -- --env frozenlake --slippery
-    python tools/seeds.py 4_GRPO_MNIST/grpo_mnist.py --seeds 0-4 --metric val_accuracy -- --epochs 3
+    python tools/seeds.py 4_GRPO_MNIST/grpo_mnist.py --seeds 0-4 --metric val_pass1 -- --task number --iterations 300
 
 Each seed is one subprocess, `python SCRIPT --seed S --out <sweep>/seed_S [flags after --]`, run one after
 another, so its wall clock is the whole process (imports and compilation included). The sweep folder

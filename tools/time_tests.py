@@ -1,11 +1,13 @@
-"""What JAX's persistent compilation cache saves: `pytest` and each module's default run, cold and warm.
+"""What JAX's persistent compilation cache saves: `pytest` and each module's first run, cold and warm.
 
 Every script keeps its compiled XLA programs in `--compile-cache` (default `~/.cache/jax-rl-course`), and so do
-the tests, which run the scripts with their defaults. A *cold* run starts with that folder empty: every program
-is compiled. A *warm* run finds them all on disk. This tool times both, whole process, in a fresh HOME so the
-real cache is never touched (matplotlib keeps its own font cache through MPLCONFIGDIR):
+the tests, which run the scripts with their defaults. Each module runs with its defaults, except GRPO, which
+runs its one-token task at that task's settings (the default --task number takes minutes). A *cold* run starts
+with that folder empty: every program is compiled. A *warm* run finds them all on disk. This tool times both,
+whole process, in a fresh HOME so the real cache is never touched (matplotlib keeps its own font cache through
+MPLCONFIGDIR):
 
-    python tools/time_tests.py                      # pytest and the five default runs, 3 cold and 3 warm each
+    python tools/time_tests.py                      # pytest and the five module runs, 3 cold and 3 warm each
     python tools/time_tests.py --repeats 1 --only pytest
 
 For each round it makes an empty HOME, runs the command once (cold), then again in the same HOME (warm), and
@@ -39,7 +41,9 @@ COMMANDS = {
     "1_Q_Learning": ["1_Q_Learning/Q_Learning.py"],
     "2_Cart_Pole_DQN": ["2_Cart_Pole_DQN/cart_pole_dqn.py"],
     "3_Pendulum": ["3_Pendulum/pendulum.py"],
-    "4_GRPO_MNIST": ["4_GRPO_MNIST/grpo_mnist.py"],
+    # the one-token task at its own validated settings: the default --task number takes minutes, not seconds
+    "4_GRPO_MNIST": ["4_GRPO_MNIST/grpo_mnist.py", "--task", "digit", "--group-size", "16", "--inner-steps", "2"]
+    + ["--beta", "0.1", "--kl", "exact"],
     "5_Sharding_Mesh": ["5_Sharding_Mesh/sharding_mesh.py"],
 }
 
@@ -73,7 +77,8 @@ def main() -> None:
     args = p.parse_args()
     if args.repeats < 1:
         sys.exit("error: --repeats must be >= 1")
-    print(f"whole process, median of {args.repeats} rounds; cold: empty compilation cache, warm: the same run again")
+    rounds = "one round" if args.repeats == 1 else f"the median of {args.repeats} rounds"
+    print(f"whole process, {rounds}; cold: empty compilation cache, warm: the same run again")
     print(f"{'command':<18} {'cold s':>8} {'warm s':>8} {'saved s':>8} {'cache MB':>9}")
     for name in args.only or COMMANDS:
         cold, warm, sizes = [], [], []
@@ -86,7 +91,7 @@ def main() -> None:
             finally:
                 shutil.rmtree(home, ignore_errors=True)
         c, w = statistics.median(cold), statistics.median(warm)
-        shown = "pytest" if name == "pytest" else f"python {COMMANDS[name][0]}"
+        shown = "pytest" if name == "pytest" else "python " + " ".join(COMMANDS[name])
         mb = statistics.median(sizes)
         print(f"{name:<18} {c:8.1f} {w:8.1f} {c - w:8.1f} {mb:9.1f}   {shown}", flush=True)
 
