@@ -106,6 +106,9 @@ class Args:
     log_every: int = flag(10, "print a progress line every this many steps", min=1)
     visualize: bool = flag(True, "draw the mlp_in kernel's layout with jax.debug.visualize_array_sharding")
     out: str = flag("runs/sharding_mesh", "folder for metrics.json and loss_curve.png")
+    compile_cache: str = flag(
+        "~/.cache/jax-rl-course", "JAX's persistent compilation cache: later runs skip compiling ('' turns it off)"
+    )
 
 
 # ---------------------------------------------------------------- devices and mesh
@@ -1054,9 +1057,19 @@ def run_metrics(args: Args, devices, mesh, names, results, reference: Reference,
     return metrics
 
 
+def use_compile_cache(folder: str) -> None:
+    """Keep every compiled XLA program on disk, so the next run with the same shapes skips compilation.
+    Must run before the first compilation. The numbers do not change, only the start-up time."""
+    if folder:
+        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(folder))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # default: only programs > 1 s
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 @reports_input_errors
 def main(args: Args) -> dict:
     validate(args)
+    use_compile_cache(args.compile_cache)
     t_start = time.perf_counter()
     devices = start_devices(args)
     mesh = make_mesh(mesh_shape(args, len(devices)), devices, args.axis_types)

@@ -13,7 +13,6 @@ math functions directly, e.g.::
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -26,21 +25,11 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 sys.dont_write_bytecode = True
 os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
 
-REPO = Path(__file__).resolve().parent.parent
-_loaded: dict[str, object] = {}
+# One loader for tests and tools: tools/course.py imports a script as the module course_<name>, once per process.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from course import REPO, load_script  # noqa: E402
 
-
-def load_script(relpath: str):
-    """Import ``REPO/relpath`` as a module (once per test session) and return it."""
-    if relpath not in _loaded:
-        path = REPO / relpath
-        name = "course_" + path.stem.lower()
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses need the module registered
-        spec.loader.exec_module(module)
-        _loaded[relpath] = module
-    return _loaded[relpath]
+__all__ = ["REPO", "load_script", "run_script"]
 
 
 def run_script(relpath: str, *args: str, cwd: Path, timeout: float = 300, env: dict | None = None):

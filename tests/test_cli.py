@@ -16,10 +16,14 @@ def test_there_are_five_scripts():
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_help_lists_the_flags(script, tmp_path):
-    r = run_script(script, "--help", cwd=tmp_path, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert "--seed" in r.stdout and "--out" in r.stdout
+def test_help_lists_the_flags(script, capsys):
+    """--help through the parser a user's command goes through, in this process: it prints every flag and exits
+    with status 0 (the subprocess run of an unwritable --out below shows the exit path from the command line)."""
+    with pytest.raises(SystemExit) as exit_:
+        load_script(script).parse_args(["--help"])
+    assert exit_.value.code == 0
+    shown = capsys.readouterr().out
+    assert "--seed" in shown and "--out" in shown
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -43,18 +47,26 @@ def test_malformed_flag_is_one_line(script, argv, names, tmp_path):
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-@pytest.mark.parametrize("where", ["proc", "under-a-file"])
-def test_unwritable_out_is_one_line_before_any_work(script, where, tmp_path):
-    if where == "proc":
-        out = "/proc/nope"
-    else:
-        (tmp_path / "file").write_text("a file, not a folder")
-        out = str(tmp_path / "file" / "run")
-    r = run_script(script, "--out", out, cwd=tmp_path, timeout=120)
+def test_unwritable_out_is_one_line_before_any_work(script, tmp_path):
+    """From the command line, as a user types it: --out under /proc cannot be created. One line on stderr, a
+    non-zero exit, no traceback and no progress line."""
+    r = run_script(script, "--out", "/proc/nope", cwd=tmp_path, timeout=120)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --out"), r.stderr
     assert r.stdout.strip() == ""  # refused before the first progress line
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_out_under_a_file_is_one_line_before_any_work(script, tmp_path, capsys):
+    """main() itself, in this process: an --out below a file is refused by the write probe before any work."""
+    (tmp_path / "file").write_text("a file, not a folder")
+    module = load_script(script)
+    with pytest.raises(SystemExit) as exit_:
+        module.main(module.parse_args(["--out", str(tmp_path / "file" / "run")]))
+    message = exit_.value.code
+    assert isinstance(message, str) and message.startswith("error: --out") and "\n" not in message, message
+    assert capsys.readouterr().out.strip() == ""  # refused before the first progress line
 
 
 def _warn_from(module_name: str) -> None:

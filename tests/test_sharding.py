@@ -457,7 +457,9 @@ def test_cli_fsdp_compiles_without_full_rematerialization(tmp_path, axis_types):
     # 'data' before the lookup and the add (batch_layout), XLA would have to switch x between batch-on-'data' and
     # embed-on-'data', which it does by replicating the whole array, and it says so on stderr ("Involuntary full
     # rematerialization"; jax 0.12 prints it three times under Auto axes, once under Explicit, on a 2x2 mesh).
+    # XLA says it while it compiles, so the compilation cache is off: a program loaded from disk would say nothing.
     flags = ("--host-devices", "4", "--rules", "fsdp", "--steps", "2", "--no-visualize", "--axis-types", axis_types)
+    flags += ("--compile-cache", "")
     res = run_script(SCRIPT, *flags, "--out", str(tmp_path), cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "check rules=fsdp" in res.stdout and "PASS" in res.stdout
