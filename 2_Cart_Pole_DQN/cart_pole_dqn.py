@@ -248,8 +248,9 @@ class QNetwork(nnx.Module):
         return self.value(x) + advantage - advantage.mean(axis=-1, keepdims=True)
 
 
-def make_optimizer(args: Args) -> optax.GradientTransformation:
-    """Adam, optionally behind global-norm clipping and with a linearly annealed learning rate."""
+def make_tx(args: Args) -> optax.GradientTransformation:
+    """The optax transformation: Adam, optionally behind global-norm clipping and with a linearly annealed
+    learning rate. It only computes the update; build_agent wraps it with the parameters in an nnx.Optimizer."""
     lr = args.learning_rate
     if args.anneal_lr:
         lr = optax.linear_schedule(args.learning_rate, 0.0, max(1, derived(args).total_gradient_steps))
@@ -257,15 +258,18 @@ def make_optimizer(args: Args) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), adam) if args.max_grad_norm > 0 else adam
 
 
-def new_agent(args: Args, obs_dim: int, n_actions: int, rngs: nnx.Rngs) -> tuple[QNetwork, nnx.Optimizer]:
-    """The Q-network, initialised from `rngs`, and its optimizer."""
-    q_network = QNetwork(obs_dim, n_actions, args.hidden_size, args.layer_norm, args.dueling, rngs=rngs)
-    return q_network, nnx.Optimizer(q_network, make_optimizer(args), wrt=nnx.Param)
+class Agent(NamedTuple):
+    """The Q-network and its optimizer. nnx.state(agent) names its parts the same: state["q_network"] holds θ,
+    state["optimizer"] Adam's moments and step count."""
+
+    q_network: QNetwork
+    optimizer: nnx.Optimizer  # Adam (make_tx) over q_network's nnx.Param; step: optimizer.update(q_network, grads)
 
 
-def create_agent(args: Args, obs_dim: int, n_actions: int) -> tuple[QNetwork, nnx.Optimizer]:
-    """new_agent seeded with --seed, built in one compiled call (nnx.jit): one XLA program for the init."""
-    return nnx.jit(lambda: new_agent(args, obs_dim, n_actions, nnx.Rngs(args.seed)))()
+def build_agent(args: Args, rngs: nnx.Rngs) -> Agent:
+    """The Q-network, initialised from `rngs`, and its optimizer: the one place they are wired together."""
+    q_network = QNetwork(OBS_DIM, N_ACTIONS, args.hidden_size, args.layer_norm, args.dueling, rngs=rngs)
+    return Agent(q_network, nnx.Optimizer(q_network, make_tx(args), wrt=nnx.Param))
 
 
 # ----------------------------------------------------------------------------- TD target and loss
@@ -308,10 +312,10 @@ def loss_fn(q_network: QNetwork, batch: Batch, y: jax.Array, loss: str = "mse") 
 
 
 # ----------------------------------------------------------------------------- the compiled update
-# nnx.split((q_network, optimizer)) gives a static graphdef and one pytree of arrays, `state`; state[0] is
-# the Q-network's part (its parameters θ). The functions below take that state and nnx.merge inside the
-# trace; make_step_fns binds the graphdefs and the TrainConfig with functools.partial and compiles each with
-# plain jax.jit, once, so a call only passes arrays.
+# nnx.split(agent) gives a static graphdef and one pytree of arrays, `state`, whose parts carry the Agent's names:
+# state["q_network"] is the Q-network's part (its parameters θ), state["optimizer"] Adam's. The functions below
+# take that state and nnx.merge inside the trace; make_step_fns binds the graphdefs and the TrainConfig with
+# functools.partial and compiles each with plain jax.jit, once, so a call only passes arrays.
 
 
 def greedy_actions(q_graphdef: nnx.GraphDef, params: nnx.State, obs: jax.Array) -> jax.Array:
@@ -322,18 +326,19 @@ def greedy_actions(q_graphdef: nnx.GraphDef, params: nnx.State, obs: jax.Array) 
 def train_block(graphdef, q_graphdef, config: TrainConfig, state: nnx.State, target_params: nnx.State, batches: Batch):
     """One Adam step per minibatch of `batches` (leading axis K) in one lax.scan; θ⁻ is fixed throughout.
 
-    state: nnx.state((q_network, optimizer)). Returns the new state and the mean loss over the K steps.
+    state: nnx.state of an Agent. Returns the new state and the mean loss over the K steps.
     """
     target_network = nnx.merge(q_graphdef, target_params)  # Q⁻, the same θ⁻ for the whole block
 
     def gradient_step(state, batch):
-        q_network, optimizer = nnx.merge(graphdef, state)
+        agent = nnx.merge(graphdef, state)
+        q_network = agent.q_network
         next_q_target = target_network(batch.next_obs)  # Q⁻(s', ·), (batch, n_actions)
         next_q_online = q_network(batch.next_obs) if config.double_dqn else next_q_target  # picks a* (Double DQN)
         y = td_target(batch.rewards, next_q_target, next_q_online, batch.terminated, batch.truncated, config)
         loss, grads = nnx.value_and_grad(loss_fn)(q_network, batch, y, config.loss)  # ∇θ L, y held constant
-        optimizer.update(q_network, grads)  # θ ← Adam(θ, ∇θ L), in place on the merged modules
-        return nnx.state((q_network, optimizer)), loss
+        agent.optimizer.update(q_network, grads)  # θ ← Adam(θ, ∇θ L), in place on the merged modules
+        return nnx.state(agent), loss
 
     state, losses = jax.lax.scan(gradient_step, state, batches)
     return state, losses.mean()
@@ -356,7 +361,7 @@ def sync_target(params: nnx.State, target_params: nnx.State, tau: float) -> nnx.
 def make_step_fns(args: Args, graphdef: nnx.GraphDef, q_graphdef: nnx.GraphDef):
     """The two hot functions, compiled once: act(params, obs) -> greedy actions (n,) and
     update(state, target_params, batches) -> (state, mean loss), one training call.
-    graphdef is that of (q_network, optimizer), q_graphdef that of q_network alone."""
+    graphdef is that of the Agent, q_graphdef that of its q_network alone."""
     config = TrainConfig(args.gamma, args.loss, args.double_dqn, args.bootstrap_truncated)
     act = jax.jit(partial(greedy_actions, q_graphdef))
     update = jax.jit(partial(train_block, graphdef, q_graphdef, config))
@@ -369,7 +374,7 @@ def make_step_fns(args: Args, graphdef: nnx.GraphDef, q_graphdef: nnx.GraphDef):
 def train(args: Args, act, update, state: nnx.State) -> tuple[nnx.State, dict]:
     """Collect with ε-greedy in num_envs envs, learn from replay: the DQN loop.
 
-    state: nnx.state((q_network, optimizer)). Returns the Q-network's last parameters and a log.
+    state: nnx.state of an Agent. Returns the Q-network's last parameters and a log.
     env_steps counts the real transitions (s, a, r, s') stored so far. Each time it passes a multiple of
     train_frequency after learning_starts, one compiled call runs gradient_steps Adam steps on fresh
     minibatches; each time it passes a multiple of target_network_frequency, the target network is synced.
@@ -379,11 +384,11 @@ def train(args: Args, act, update, state: nnx.State) -> tuple[nnx.State, dict]:
     n, n_actions = args.num_envs, int(envs.single_action_space.n)
     buffer = ReplayBuffer(args.buffer_size, envs.single_observation_space.shape[0])
     decay_steps = derived(args).exploration_steps
-    target_params = state[0]  # θ⁻ starts as an exact copy of θ (state[0]: the Q-network's part)
+    target_params = state["q_network"]  # θ⁻ starts as an exact copy of θ
     obs, _ = envs.reset(seed=args.seed)
     resetting = np.zeros(n, bool)  # envs whose episode ended last step: this step only resets them
     episode_returns, train_returns, losses, curve = np.zeros(n), [], [], []
-    best = dict(params=state[0], eval_return=-np.inf, step=0)
+    best = dict(params=state["q_network"], eval_return=-np.inf, step=0)
     solved_step = solved_seconds = None
     env_steps, t_train = 0, time.perf_counter()
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops the loop here; what it measured is kept
@@ -391,7 +396,7 @@ def train(args: Args, act, update, state: nnx.State) -> tuple[nnx.State, dict]:
             # ε-greedy in every env: a uniform random action with probability ε_t, else a = argmax_a Q_θ(s, a)
             epsilon = epsilon_schedule(env_steps, args.eps_start, args.eps_end, args.learning_starts, decay_steps)
             explore = rng.random(n) < epsilon
-            actions = np.where(explore, rng.integers(n_actions, size=n), np.asarray(act(state[0], obs)))
+            actions = np.where(explore, rng.integers(n_actions, size=n), np.asarray(act(state["q_network"], obs)))
             next_obs, rewards, terminated, truncated, _ = envs.step(actions)
             # Keep the real transitions (s, a, r, s'): not the reset steps, and no more than total_timesteps in all.
             keep = ~resetting & (np.cumsum(~resetting) <= args.total_timesteps - env_steps)
@@ -409,9 +414,9 @@ def train(args: Args, act, update, state: nnx.State) -> tuple[nnx.State, dict]:
                 state, loss = update(state, target_params, batches)
                 losses.append(loss)
             if jobs.sync:
-                target_params = sync_target(state[0], target_params, args.tau)
+                target_params = sync_target(state["q_network"], target_params, args.tau)
             if jobs.evaluate:
-                periodic = evaluate(act, state[0], args.periodic_eval_episodes, args.eval_seed + 1)
+                periodic = evaluate(act, state["q_network"], args.periodic_eval_episodes, args.eval_seed + 1)
                 eval_return = float(periodic.returns.mean())
                 elapsed = time.perf_counter() - t_train
                 train_return = float(np.mean(train_returns[-10:])) if train_returns else 0.0
@@ -419,7 +424,7 @@ def train(args: Args, act, update, state: nnx.State) -> tuple[nnx.State, dict]:
                 row = dict(step=env_steps, eval_return=eval_return, train_return=train_return, loss=mean_loss)
                 curve.append(dict(row, seconds=round(elapsed, 2)))
                 if eval_return >= best["eval_return"]:  # ties go to the later, longer-trained parameters
-                    best = dict(params=state[0], eval_return=eval_return, step=env_steps)
+                    best = dict(params=state["q_network"], eval_return=eval_return, step=env_steps)
                 if solved_step is None and eval_return >= args.solve_threshold:
                     solved_step, solved_seconds = env_steps, round(elapsed, 2)
                 print(
@@ -430,7 +435,7 @@ def train(args: Args, act, update, state: nnx.State) -> tuple[nnx.State, dict]:
     envs.close()
     log = dict(curve=curve, best=best, solved_step=solved_step, solved_seconds=solved_seconds)
     log.update(env_steps=env_steps, train_seconds=time.perf_counter() - t_train, train_episodes=len(train_returns))
-    return state[0], dict(log, gradient_steps_total=len(losses) * args.gradient_steps)
+    return state["q_network"], dict(log, gradient_steps_total=len(losses) * args.gradient_steps)
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -470,8 +475,8 @@ def evaluate(act, params: nnx.State, n_episodes: int, seed: int) -> Evaluation:
 # train() above, as one XLA program. CartPole becomes two pure JAX functions, the replay buffer a few arrays of a
 # fixed size, and the loop one lax.scan over env steps, whose carry (a Runner) holds everything the loop changes.
 # make_train(args) returns train(key), a pure function of a key (PureJaxRL's shape), which main vmaps over seeds.
-# The Q-network, make_optimizer, act and update (make_step_fns), sync_target, epsilon_schedule and due are the
-# ones train() uses.
+# The Agent (build_agent), act and update (make_step_fns), sync_target, epsilon_schedule and due are the ones
+# train() uses.
 
 GRAVITY, MASS_CART, MASS_POLE, HALF_POLE, FORCE, DT = 9.8, 1.0, 0.1, 0.5, 10.0, 0.02  # CartPole-v1's constants
 TIME_LIMIT = 500  # CartPole-v1 truncates an episode at its 500th step
@@ -571,7 +576,7 @@ class Best(NamedTuple):
 class Runner(NamedTuple):
     """One seed's carry: everything the loop changes from one env step to the next."""
 
-    state: nnx.State  # nnx.state((q_network, optimizer)): θ = state[0], Adam's moments and step count
+    state: nnx.State  # nnx.state of the Agent: θ = state["q_network"], Adam's moments and step count
     target_params: nnx.State  # θ⁻
     buffer: Buffer  # the replay buffer
     env: CartPoleState  # num_envs CartPoles, each field (N, ...)
@@ -608,8 +613,8 @@ def make_train(args: Args) -> Train:
     """Fix everything static once (the graphdefs, the compiled act and update, the schedule, the validation
     episodes) and return train(key)."""
     n = args.num_envs
-    agent = nnx.eval_shape(lambda: new_agent(args, OBS_DIM, N_ACTIONS, nnx.Rngs(0)))  # shapes only, no arrays
-    act, update = make_step_fns(args, nnx.graphdef(agent), nnx.graphdef(agent[0]))
+    agent = nnx.eval_shape(lambda: build_agent(args, nnx.Rngs(0)))  # shapes only, no arrays
+    act, update = make_step_fns(args, nnx.graphdef(agent), nnx.graphdef(agent.q_network))
     schedule = jax_schedule(args)
     # train()'s validation episodes: the starts that evaluate(..., eval_seed + 1) gets from gymnasium's reset
     envs = make_envs(args.periodic_eval_episodes)
@@ -618,11 +623,12 @@ def make_train(args: Args) -> Train:
 
     def init(key) -> Runner:
         key, net_key, env_key = jax.random.split(key, 3)
-        state = nnx.state(new_agent(args, OBS_DIM, N_ACTIONS, nnx.Rngs(net_key)))
+        state = nnx.state(build_agent(args, nnx.Rngs(net_key)))
         env = jax.vmap(cartpole_reset)(jax.random.split(env_key, n))
-        best = Best(state[0], jnp.array(-jnp.inf, jnp.float32), jnp.zeros((), jnp.int32))
+        params = state["q_network"]  # θ, which θ⁻ and θ_best start as
+        best = Best(params, jnp.array(-jnp.inf, jnp.float32), jnp.zeros((), jnp.int32))
         buffer = buffer_init(args.buffer_size, OBS_DIM)
-        return Runner(state, state[0], buffer, env, env.physics, jnp.zeros(n), best, jnp.zeros((), jnp.int32), key)
+        return Runner(state, params, buffer, env, env.physics, jnp.zeros(n), best, jnp.zeros((), jnp.int32), key)
 
     def validation_returns(params: nnx.State) -> jax.Array:
         """evaluate() on the validation episodes, with the JAX CartPole: every episode from its start until it
@@ -643,7 +649,7 @@ def make_train(args: Args) -> Train:
         # ε-greedy in every env: a uniform random action with probability ε, else a = argmax_a Q_θ(s, a)
         explore = jax.random.uniform(explore_key, (n,)) < now.epsilon
         random_actions = jax.random.randint(action_key, (n,), 0, N_ACTIONS)
-        actions = jnp.where(explore, random_actions, act(runner.state[0], runner.obs))
+        actions = jnp.where(explore, random_actions, act(runner.state["q_network"], runner.obs))
         env, next_obs, rewards, terminated, truncated = jax.vmap(cartpole_step)(runner.env, actions)
         done = terminated | truncated
         f32 = jnp.float32
@@ -662,14 +668,15 @@ def make_train(args: Args) -> Train:
             return update(runner.state, runner.target_params, batches)
 
         state, loss = jax.lax.cond(now.train, train_call, lambda: (runner.state, f32(jnp.nan)))
+        params = state["q_network"]  # θ after this step's training call
         target_params = jax.lax.cond(
-            now.sync, lambda: sync_target(state[0], runner.target_params, args.tau), lambda: runner.target_params
+            now.sync, lambda: sync_target(params, runner.target_params, args.tau), lambda: runner.target_params
         )
 
         def evaluate_and_keep():
-            eval_return = validation_returns(state[0]).mean()
+            eval_return = validation_returns(params).mean()
             better = eval_return >= runner.best.eval_return  # ties go to the later, longer-trained parameters
-            candidate = Best(state[0], eval_return, env_steps)
+            candidate = Best(params, eval_return, env_steps)
             return eval_return, jax.tree.map(lambda new, old: jnp.where(better, new, old), candidate, runner.best)
 
         eval_return, best = jax.lax.cond(now.evaluate, evaluate_and_keep, lambda: (f32(jnp.nan), runner.best))
@@ -747,7 +754,7 @@ def train_seeds(args: Args, devices: list) -> list[tuple[nnx.State, dict]]:
     except KeyboardInterrupt:  # Ctrl-C lands only when the call returns; its results are kept
         interrupted = True
     runners, step_logs = out
-    params, bests, step_logs = jax.device_get((runners.state[0], runners.best, step_logs))  # not the buffers
+    params, bests, step_logs = jax.device_get((runners.state["q_network"], runners.best, step_logs))  # not the buffers
     train_seconds = time.perf_counter() - t_train
     runs = []
     for i in range(args.num_seeds):
@@ -1220,12 +1227,12 @@ def main(args: Args) -> dict:
     use_compile_cache(args.compile_cache)
     devices = seed_devices(args) if args.backend == "jax" and not args.load else None  # before JAX starts
     t_start = time.perf_counter()
-    q_network, optimizer = create_agent(args, OBS_DIM, N_ACTIONS)
-    graphdef, state = nnx.split((q_network, optimizer))  # the hot loop calls compiled functions of `state`
-    q_graphdef = nnx.graphdef(q_network)
+    agent = nnx.jit(lambda: build_agent(args, nnx.Rngs(args.seed)))()  # built in one compiled call (one program)
+    graphdef, state = nnx.split(agent)  # the hot loop calls compiled functions of `state`
+    q_graphdef = nnx.graphdef(agent.q_network)
     act, update = make_step_fns(args, graphdef, q_graphdef)
     if args.load:
-        return evaluate_saved(args, act, q_network)
+        return evaluate_saved(args, act, agent.q_network)
 
     # one (last parameters, log) per seed; the first seed's parameters are saved and its curve is plotted
     runs = train_seeds(args, devices) if args.backend == "jax" else [train(args, act, update, state)]

@@ -44,21 +44,21 @@ TINY = [
 ]
 
 
-class Agent(NamedTuple):
+class Setup(NamedTuple):
     args: object  # dqn.Args
     q_graphdef: object  # the Q-network's graphdef
-    state: object  # nnx.state((q_network, optimizer)); state[0] holds θ
+    state: object  # nnx.state of the script's Agent; state["q_network"] holds θ
     act: object  # act(params, obs) -> greedy actions
     update: object  # update(state, target_params, batches) -> (state, mean loss)
 
 
-def _agent(hidden_size=16, seed=0, **kw) -> Agent:
-    """The script's own construction: create_agent, one nnx.split of (q_network, optimizer), make_step_fns."""
+def _agent(hidden_size=16, seed=0, **kw) -> Setup:
+    """The script's own construction: build_agent, one nnx.split of the Agent, make_step_fns."""
     args = dqn.Args(hidden_size=hidden_size, seed=seed, **kw)
-    q_network, optimizer = dqn.create_agent(args, obs_dim=4, n_actions=2)
-    graphdef, state = dqn.nnx.split((q_network, optimizer))
-    q_graphdef = dqn.nnx.graphdef(q_network)
-    return Agent(args, q_graphdef, state, *dqn.make_step_fns(args, graphdef, q_graphdef))
+    agent = dqn.build_agent(args, dqn.nnx.Rngs(seed))
+    graphdef, state = dqn.nnx.split(agent)
+    q_graphdef = dqn.nnx.graphdef(agent.q_network)
+    return Setup(args, q_graphdef, state, *dqn.make_step_fns(args, graphdef, q_graphdef))
 
 
 def _fixed_batch(n=32, seed=0):
@@ -198,7 +198,7 @@ def test_td_target_matches_hand_computed_numbers():
 @pytest.mark.unit
 def test_loss_fn_huber_and_mse_match_hand_computed_numbers():
     agent = _agent()
-    q_network = dqn.nnx.merge(agent.q_graphdef, agent.state[0])
+    q_network = dqn.nnx.merge(agent.q_graphdef, agent.state["q_network"])
     batch = jax.tree.map(jnp.asarray, _fixed_batch(8))
     y = jnp.asarray(np.random.default_rng(5).normal(size=8) * 2, jnp.float32)  # TD targets, errors on both sides of 1
     q = np.asarray(q_network(batch.obs))[np.arange(8), np.asarray(batch.actions)]
@@ -218,9 +218,9 @@ def test_loss_fn_huber_and_mse_match_hand_computed_numbers():
 @pytest.mark.unit
 def test_polyak_sync_averages_and_hard_sync_is_the_online_network():
     agent = _agent()
-    target = agent.state[0]
+    target = agent.state["q_network"]
     state, _ = agent.update(agent.state, target, _stacked(*[_fixed_batch()] * 2))  # the two-step block of the scan test
-    params = state[0]
+    params = state["q_network"]
     assert not _leaves_equal(params, target)  # training moved the online network
     # Polyak: θ⁻ ← τ·θ + (1 − τ)·θ⁻
     soft = dqn.sync_target(params, target, tau=0.25)
@@ -258,15 +258,15 @@ def test_update_regresses_the_online_network_onto_the_target_networks_td_target(
     from the target network θ⁻. Mutations caught: bootstrapping from the online network (ignoring
     target_params), swapping the two networks' roles, Double DQN's a* picked by the wrong network."""
     agent = _agent(double_dqn=double, gamma=0.99)
-    target = _perturbed(agent.state[0])  # θ⁻ ≠ θ
+    target = _perturbed(agent.state["q_network"])  # θ⁻ ≠ θ
     batch = _fixed_batch(8)
-    online_net, target_net = (dqn.nnx.merge(agent.q_graphdef, p) for p in (agent.state[0], target))
+    online_net, target_net = (dqn.nnx.merge(agent.q_graphdef, p) for p in (agent.state["q_network"], target))
     expected = _hand_computed_loss(online_net, target_net, jax.tree.map(jnp.asarray, batch), 0.99, double)
     _, loss = agent.update(agent.state, target, _stacked(batch))
     np.testing.assert_allclose(loss, expected, rtol=1e-5)
     swapped = _hand_computed_loss(target_net, online_net, jax.tree.map(jnp.asarray, batch), 0.99, double)
     assert not np.isclose(swapped, expected, rtol=1e-3)  # the check above can tell the roles apart
-    _, loss_self = agent.update(agent.state, agent.state[0], _stacked(batch))
+    _, loss_self = agent.update(agent.state, agent.state["q_network"], _stacked(batch))
     assert not np.isclose(float(loss_self), expected, rtol=1e-3)  # and θ⁻ = θ gives another loss
 
 
@@ -275,7 +275,7 @@ def test_scan_over_two_batches_equals_two_single_steps():
     # A scan that reused batch 0 for every step would pass a test with one batch stacked many times; not this one.
     agent = _agent()
     b1, b2 = _fixed_batch(seed=1), _fixed_batch(seed=2)
-    target = _perturbed(agent.state[0], scale=0.1)
+    target = _perturbed(agent.state["q_network"], scale=0.1)
     both, loss_both = agent.update(agent.state, target, _stacked(b1, b2))
     one, l1 = agent.update(agent.state, target, _stacked(b1))
     two, l2 = agent.update(one, target, _stacked(b2))
@@ -301,10 +301,31 @@ def test_learning_rate_schedule_spans_exactly_the_gradient_steps_made():
 
 
 @pytest.mark.unit
+def test_build_agent_names_its_parts_and_make_tx_anneals_over_the_adam_steps():
+    """nnx.state of build_agent's Agent is reached by name: state["q_network"] is the Q-network's state θ, and
+    state["optimizer"] Adam's. make_tx's learning rate falls linearly from --learning-rate to 0 over the run's
+    Adam steps (here 3 training calls × 2 steps = 6): with a constant gradient of 1, Adam's k-th step is −η_k.
+    Mutations caught: a plain tuple instead of the Agent (parts 0 and 1), a schedule over the training calls
+    instead of the Adam steps (0 from the 4th step on), no annealing (the 7th step still moves)."""
+    args = dqn.Args(total_timesteps=1000, learning_starts=100, train_frequency=300, gradient_steps=2, hidden_size=8)
+    agent = dqn.build_agent(args, dqn.nnx.Rngs(0))
+    state = dqn.nnx.state(agent)
+    assert sorted(state.keys()) == ["optimizer", "q_network"]
+    assert _leaves_equal(state["q_network"], dqn.nnx.state(agent.q_network))
+    tx = dqn.make_tx(args)
+    theta, steps = jnp.zeros(()), []
+    opt_state = tx.init(theta)
+    for _ in range(7):
+        update, opt_state = tx.update(jnp.ones(()), opt_state, theta)
+        steps.append(float(update))
+    np.testing.assert_allclose(steps, [-args.learning_rate * (1 - k / 6) for k in range(7)], rtol=1e-4, atol=1e-10)
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("loss,double", [("huber", False), ("mse", True)])
 def test_a_few_updates_on_a_fixed_batch_lower_the_loss(loss, double):
     agent = _agent(learning_rate=3e-3, loss=loss, double_dqn=double)
-    batch, target = _fixed_batch(), agent.state[0]
+    batch, target = _fixed_batch(), agent.state["q_network"]
     _, before = agent.update(agent.state, target, _stacked(batch))  # a one-step block reports L(θ) before its step
     state = agent.state
     for _ in range(20):  # 20 one-step blocks: the same steps as one block of 20, and one compiled program
@@ -337,10 +358,10 @@ def test_epsilon_schedule_is_one_then_resumes_the_line_from_step_0():
 @pytest.mark.unit
 def test_checkpoint_round_trip_is_exact(tmp_path):
     agent = _agent(seed=3)
-    params = agent.state[0]
+    params = agent.state["q_network"]
     path = tmp_path / "q.npz"
     dqn.save_checkpoint(str(path), {"q_network": dqn.nnx.merge(agent.q_graphdef, params), "step": np.array(7)})
-    fresh = dqn.nnx.merge(agent.q_graphdef, _agent(seed=4).state[0])
+    fresh = dqn.nnx.merge(agent.q_graphdef, _agent(seed=4).state["q_network"])
     assert not _leaves_equal(dqn.nnx.state(fresh), params)
     others = dqn.load_checkpoint(str(path), {"q_network": fresh, "step": np.array(0)})  # fills `fresh` in place
     assert _leaves_equal(dqn.nnx.state(fresh), params) and list(others) == ["step"] and int(others["step"]) == 7
@@ -401,13 +422,13 @@ def test_load_rejects_a_corrupt_or_mismatched_checkpoint(tmp_path):
     corrupt = tmp_path / "corrupt.npz"
     corrupt.write_bytes(b"this is not a zip file")
     agent = _agent()
-    params = agent.state[0]
+    params = agent.state["q_network"]
     parts = {"q_network": dqn.nnx.merge(agent.q_graphdef, params)}
     with pytest.raises(dqn.InputError, match="not a readable .npz"):
         dqn.load_checkpoint(str(corrupt), parts)
     other = tmp_path / "other.npz"
     small = _agent(hidden_size=8)
-    dqn.save_checkpoint(str(other), {"q_network": dqn.nnx.merge(small.q_graphdef, small.state[0])})
+    dqn.save_checkpoint(str(other), {"q_network": dqn.nnx.merge(small.q_graphdef, small.state["q_network"])})
     with pytest.raises(dqn.InputError, match="--hidden-size"):
         dqn.load_checkpoint(str(other), parts)
     old_format = tmp_path / "old.npz"  # keys without the part's name, as written before save_checkpoint
@@ -727,28 +748,29 @@ def test_one_compiled_training_step_equals_the_eager_update(tiny):
     training against θ instead of θ⁻, the cond's branches swapped, a sync that copies the θ of before the call."""
     args, step = tiny.args, tiny.step
     runner = _jax_runner(tiny, fill=40)
-    runner = runner._replace(target_params=_perturbed(runner.state[0], scale=0.1))  # θ⁻ ≠ θ
+    runner = runner._replace(target_params=_perturbed(runner.state["q_network"], scale=0.1))  # θ⁻ ≠ θ
     after, log = step(runner, _row(train=True))
     *_, sample_key = jax.random.split(runner.key, 5)  # the step's keys: next, explore, action, reset, sample
     batches = dqn.buffer_sample(after.buffer, sample_key, args.batch_size, args.gradient_steps)
     assert int(after.buffer.size) == 44  # the 40 transitions added above and this step's 4
-    q_network, optimizer = dqn.create_agent(args, dqn.OBS_DIM, dqn.N_ACTIONS)
-    _, update = dqn.make_step_fns(args, dqn.nnx.graphdef((q_network, optimizer)), dqn.nnx.graphdef(q_network))
+    agent = dqn.build_agent(args, dqn.nnx.Rngs(0))
+    q_graphdef = dqn.nnx.graphdef(agent.q_network)
+    _, update = dqn.make_step_fns(args, dqn.nnx.graphdef(agent), q_graphdef)
     eager, loss = update(runner.state, runner.target_params, batches)
     for a, b in zip(jax.tree.leaves(after.state), jax.tree.leaves(eager)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(log.loss, loss, rtol=1e-5)
-    assert not _leaves_equal(after.state[0], runner.state[0])  # it trained
+    assert not _leaves_equal(after.state["q_network"], runner.state["q_network"])  # it trained
     assert _leaves_equal(after.target_params, runner.target_params)  # no sync was due
     # ε = 0: every stored action is the greedy one
     new_rows = np.arange(40, 44)
-    greedy = np.asarray(jnp.argmax(dqn.nnx.merge(dqn.nnx.graphdef(q_network), runner.state[0])(runner.obs), -1))
+    greedy = np.asarray(jnp.argmax(dqn.nnx.merge(q_graphdef, runner.state["q_network"])(runner.obs), -1))
     np.testing.assert_array_equal(np.asarray(after.buffer.data.actions)[new_rows], greedy)
 
     idle, log = step(runner, _row())
     assert _leaves_equal(idle.state, runner.state) and np.isnan(log.loss) and np.isnan(log.eval_return)
     synced, _ = step(runner, _row(train=True, sync=True))
-    assert _leaves_equal(synced.target_params, synced.state[0])  # θ⁻ ← θ after this step's training call
+    assert _leaves_equal(synced.target_params, synced.state["q_network"])  # θ⁻ ← θ after this step's training call
 
 
 @pytest.mark.unit
@@ -784,7 +806,7 @@ def test_jax_validation_plays_the_python_loops_validation_episodes(tiny):
     parameters, θ_best replaced by a worse θ."""
     args, step = tiny.args, tiny.step
     agent = _agent(**{k: v for k, v in JAX_TINY.items() if k != "backend"})
-    params = agent.state[0]
+    params = agent.state["q_network"]
     returns = np.asarray(jax.jit(tiny.train.validation_returns)(params))
     expected = dqn.evaluate(agent.act, params, args.periodic_eval_episodes, args.eval_seed + 1).returns
     assert expected.max() < 100  # short episodes
@@ -792,13 +814,14 @@ def test_jax_validation_plays_the_python_loops_validation_episodes(tiny):
     test = dqn.evaluate(agent.act, params, args.periodic_eval_episodes, args.eval_seed).returns
     assert not np.array_equal(test, expected)  # the two seeds' episodes tell the sets apart
     runner = _jax_runner(tiny)
+    theta = runner.state["q_network"]
     after, log = step(runner, _row(evaluate=True))
-    mean = np.asarray(jax.jit(tiny.train.validation_returns)(runner.state[0])).mean()
+    mean = np.asarray(jax.jit(tiny.train.validation_returns)(theta)).mean()
     assert float(log.eval_return) == pytest.approx(mean)
     assert float(after.best.eval_return) == float(log.eval_return) and int(after.best.step) == 4
-    other = _perturbed(runner.state[0], scale=0.3)
+    other = _perturbed(theta, scale=0.3)
     tied = runner._replace(best=dqn.Best(other, log.eval_return, jnp.int32(0)))
-    assert _leaves_equal(step(tied, _row(evaluate=True))[0].best.params, runner.state[0])  # a tie: the later θ
+    assert _leaves_equal(step(tied, _row(evaluate=True))[0].best.params, theta)  # a tie: the later θ
     better = runner._replace(best=dqn.Best(other, log.eval_return + 1, jnp.int32(0)))
     kept = step(better, _row(evaluate=True))[0].best
     assert _leaves_equal(kept.params, other) and int(kept.step) == 0

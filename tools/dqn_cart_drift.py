@@ -4,7 +4,8 @@ Both agents are trained by 2_Cart_Pole_DQN/cart_pole_dqn.py's own `main` with th
 --seed, and only --gamma changed (or loaded from <out>/gamma_<γ>/q_network.npz when that file exists and
 --retrain is not given). Each then plays the same greedy episode: one CartPole-v1 whose initial state comes
 from --episode-seed (the default is the script's --eval-seed, the episode its --video records). The figure
-shows the cart's position x(t) against the track's ends at ±2.4, and the pole's angle θ(t) against ±12°:
+shows the cart's position x(t) against the track's ends at ±2.4, and the pole's angle θ(t) against ±12° (the
+script's X_LIMIT and THETA_LIMIT, where CartPole-v1 ends an episode):
 
     python tools/dqn_cart_drift.py                  # seed 0 -> 2_Cart_Pole_DQN/assets/cart_drift.png
     python tools/dqn_cart_drift.py --seed 3 --figure runs/dqn_cart_drift/seed3.png
@@ -41,8 +42,7 @@ def trained_agent(dqn, seed: int, gamma: float, out: Path, retrain: bool):
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / "train.log", "w") as log, contextlib.redirect_stdout(log):  # its progress lines
             dqn.main(dqn.Args(seed=seed, gamma=gamma, out=str(folder)))
-    args = dqn.Args(seed=seed, gamma=gamma)
-    q_network = dqn.QNetwork(4, 2, args.hidden_size, args.layer_norm, args.dueling, rngs=nnx.Rngs(0))
+    q_network = dqn.build_agent(dqn.Args(seed=seed, gamma=gamma), nnx.Rngs(0)).q_network  # the script's shapes
     dqn.load_checkpoint(str(checkpoint), {"q_network": q_network})
     metrics = json.loads((folder / "metrics.json").read_text())
     return q_network, metrics
@@ -65,14 +65,16 @@ def greedy_episode(q_network, episode_seed: int) -> tuple[np.ndarray, bool]:
     return np.array(trajectory), bool(truncated)
 
 
-def how_it_ended(trajectory: np.ndarray, truncated: bool) -> str:
+def how_it_ended(dqn, trajectory: np.ndarray, truncated: bool) -> str:
+    """As the script's evaluate() tells it, from the last observation and the script's limits."""
     x, theta = trajectory[-1, 0], trajectory[-1, 2]
     if truncated:
         return "time_limit"
-    return "cart_left_track" if abs(x) > 2.4 else "pole_fell" if abs(theta) > np.radians(12) else "?"
+    return "cart_left_track" if abs(x) > dqn.X_LIMIT else "pole_fell" if abs(theta) > dqn.THETA_LIMIT else "?"
 
 
-def plot(path: Path, runs: dict, seed: int, episode_seed: int) -> None:
+def plot(path: Path, runs: dict, seed: int, episode_seed: int, x_limit: float, theta_limit: float) -> None:
+    """x_limit: where the track ends; theta_limit: the pole angle, in radians, past which the pole is down."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -84,7 +86,7 @@ def plot(path: Path, runs: dict, seed: int, episode_seed: int) -> None:
         label = f"γ = {gamma:g}: {len(trajectory) - 1} steps, {ended.replace('_', ' ')}"
         ax_x.plot(t, trajectory[:, 0], color=COLORS[gamma], label=label)
         ax_theta.plot(t, np.degrees(trajectory[:, 2]), color=COLORS[gamma], lw=1)
-    for ax, limit, name in ((ax_x, 2.4, "track ends"), (ax_theta, 12.0, "pole down")):
+    for ax, limit, name in ((ax_x, x_limit, "track ends"), (ax_theta, np.degrees(theta_limit), "pole down")):
         ax.axhline(limit, color="gray", ls="--", lw=1, label=name if ax is ax_x else None)
         ax.axhline(-limit, color="gray", ls="--", lw=1)
         ax.axhline(0, color="lightgray", lw=0.5)
@@ -115,7 +117,7 @@ def main(argv=None) -> None:
     for gamma in GAMMAS:
         q_network, metrics = trained_agent(dqn, args.seed, gamma, Path(args.out), args.retrain)
         trajectory, truncated = greedy_episode(q_network, episode_seed)
-        ended = how_it_ended(trajectory, truncated)
+        ended = how_it_ended(dqn, trajectory, truncated)
         runs[gamma] = (trajectory, ended)
         ends = " ".join(f"{k}={v}" for k, v in metrics["eval_ends"].items())
         print(
@@ -125,7 +127,7 @@ def main(argv=None) -> None:
             f"max |θ|={np.degrees(np.abs(trajectory[:, 2])).max():.1f}°",
             flush=True,
         )
-    plot(Path(args.figure), runs, args.seed, episode_seed)
+    plot(Path(args.figure), runs, args.seed, episode_seed, dqn.X_LIMIT, dqn.THETA_LIMIT)
     print(f"wrote {args.figure}")
 
 

@@ -81,8 +81,9 @@ def main(argv=None) -> None:
     from flax import nnx
 
     config = dqn.Args()  # the default agent
-    q_network, optimizer = dqn.create_agent(config, 4, 2)
-    graphdef, state = nnx.split((q_network, optimizer))
+    agent = dqn.build_agent(config, nnx.Rngs(config.seed))
+    q_network = agent.q_network
+    graphdef, state = nnx.split(agent)
     q_graphdef, params = nnx.split(q_network)
     act, update = dqn.make_step_fns(config, graphdef, q_graphdef)
 
