@@ -1,11 +1,12 @@
 """PPO (actor-critic, GAE, clipped surrogate) that swings up and balances Pendulum-v1, in JAX + Flax NNX.
 
-The lesson, in the order the algorithm runs: Args → environments → actor (a tfd.Normal) / critic → GAE → losses →
-the update → `--backend jax`, the whole training as one compiled program (a JAX port of Pendulum-v1;
-`make_train(args)` returns a pure `train(key)`) → the default backend's rollout and training loop (gymnasium envs
-stepped from Python) → evaluation. One iteration collects `--num-envs × --num-steps` transitions, computes GAE(λ)
-advantages and runs `--update-epochs` epochs of minibatch steps on the clipped surrogate (actor) and the value
-regression (critic). `--algo` picks a rung of the ladder (`ladder`). Below the `# Plumbing` line: `train_jax`, which
+The lesson, in the order the algorithm runs: Args (and `TrainConfig`, the part of them the compiled code reads) →
+environments → actor (a tfd.Normal) / critic → GAE → losses → the update (`ppo_update`) → `--backend jax`, the whole
+training as one compiled program (a JAX port of Pendulum-v1; `make_train(config)` returns a pure `train(key)`) → the
+default backend's rollout and training loop (gymnasium envs stepped from Python) → evaluation. One iteration collects
+`--num-envs × --num-steps` transitions, computes GAE(λ) advantages and runs `--update-epochs` epochs of minibatch
+steps on the clipped surrogate (actor) and the value regression (critic). `--algo` picks a rung of the ladder
+(`ladder`; the rungs below PPO update with `ladder_update`). Below the `# Plumbing` line: `train_jax`, which
 vmaps `train` over seeds and shards it over devices, then the command line, checks, checkpoints, GIF, plot,
 metrics.json and main.
 
@@ -143,6 +144,51 @@ def derived(args: Args) -> Derived:
     return Derived(rung, batch, minibatches, updates, actor_steps, rung.critic_epochs * minibatches)
 
 
+@dataclass(frozen=True)
+class TrainConfig:
+    """Exactly what the compiled functions read: new_agent, jax_rollout, ppo_update / ladder_update and make_train.
+    train_config fixes it once, outside any trace; the traced code never sees Args nor recomputes the rung."""
+
+    hidden_size: int  # the networks (new_agent)
+    activation: str
+    sigma: str
+    log_std_init: float
+    actor_learning_rate: float  # their optimizers (make_optimizer)
+    critic_learning_rate: float
+    anneal_lr: bool
+    max_grad_norm: float
+    actor_grad_steps: int  # the actor's Adam steps in the whole run: the length of its learning-rate decay
+    critic_grad_steps: int  # the critic's (at least 1: REINFORCE's critic never steps)
+    num_envs: int  # the rollout (jax_rollout)
+    num_steps: int
+    reward_scale: float
+    bootstrap_truncated: bool
+    rung: Rung  # the update (ppo_update, ladder_update)
+    gamma: float
+    gae_lambda: float
+    update_epochs: int
+    num_minibatches: int
+    minibatch_size: int
+    clip_eps: float
+    ent_coef: float
+    norm_adv: bool
+    num_updates: int  # the run (make_train)
+
+
+def train_config(args: Args) -> TrainConfig:
+    """The flags the traces read, copied by name, and the rung and sizes that derived(args) computes from them."""
+    sizes = derived(args)
+    flags = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
+    return TrainConfig(
+        **flags,
+        actor_grad_steps=sizes.num_updates * sizes.actor_steps,
+        critic_grad_steps=max(1, sizes.num_updates * sizes.critic_steps),
+        rung=sizes.rung,
+        num_minibatches=sizes.num_minibatches,
+        num_updates=sizes.num_updates,
+    )
+
+
 # ---------------------------------------------------------------------------------------------- Environments
 def make_envs(n: int) -> gym.vector.VectorEnv:
     """n Pendulum-v1 copies. SAME_STEP autoreset: when an episode ends, step() already returns the
@@ -230,10 +276,12 @@ class Critic(nnx.Module):
         return self.out(nonlinearity(self.fc2(nonlinearity(self.fc1(obs)))))[..., 0]
 
 
-def make_optimizer(model: nnx.Module, learning_rate: float, args: Args, total_grad_steps: int) -> nnx.Optimizer:
+def make_optimizer(
+    model: nnx.Module, learning_rate: float, config: TrainConfig, total_grad_steps: int
+) -> nnx.Optimizer:
     """Adam after an optional global-norm clip, its rate decaying linearly if --anneal-lr; step: .update(model, g)"""
-    schedule = optax.linear_schedule(learning_rate, 0.0, total_grad_steps) if args.anneal_lr else learning_rate
-    clip = [optax.clip_by_global_norm(args.max_grad_norm)] if args.max_grad_norm > 0 else []
+    schedule = optax.linear_schedule(learning_rate, 0.0, total_grad_steps) if config.anneal_lr else learning_rate
+    clip = [optax.clip_by_global_norm(config.max_grad_norm)] if config.max_grad_norm > 0 else []
     return nnx.Optimizer(model, optax.chain(*clip, optax.adam(schedule, eps=1e-5)), wrt=nnx.Param)
 
 
@@ -246,13 +294,13 @@ class Agent(NamedTuple):
     critic_opt: nnx.Optimizer
 
 
-def new_agent(args: Args, sizes: Derived, actor_key, critic_key) -> Agent:
+def new_agent(config: TrainConfig, actor_key, critic_key) -> Agent:
     """The Agent of one seed; each optimizer's schedule spans the run's Adam steps."""
-    actor = Actor(3, 1, args.hidden_size, args.sigma, args.activation, args.log_std_init, rngs=nnx.Rngs(actor_key))
-    critic = Critic(3, args.hidden_size, args.activation, rngs=nnx.Rngs(critic_key))
-    actor_opt = make_optimizer(actor, args.actor_learning_rate, args, sizes.num_updates * sizes.actor_steps)
-    critic_steps = max(1, sizes.num_updates * sizes.critic_steps)
-    return Agent(actor, critic, actor_opt, make_optimizer(critic, args.critic_learning_rate, args, critic_steps))
+    c = config
+    actor = Actor(3, 1, c.hidden_size, c.sigma, c.activation, c.log_std_init, rngs=nnx.Rngs(actor_key))
+    critic = Critic(3, c.hidden_size, c.activation, rngs=nnx.Rngs(critic_key))
+    actor_opt = make_optimizer(actor, c.actor_learning_rate, c, c.actor_grad_steps)
+    return Agent(actor, critic, actor_opt, make_optimizer(critic, c.critic_learning_rate, c, c.critic_grad_steps))
 
 
 # ---------------------------------------------------------------------------------------------- GAE(λ)
@@ -339,8 +387,8 @@ def value_loss_fn(critic: Critic, obs, returns):
 
 
 # ---------------------------------------------------------------------------------------------- The update
-# act and ppo_update take nnx.split's (graphdef, state) and nnx.merge inside the trace; the training loop binds
-# graphdef and Args with functools.partial and compiles each once with jax.jit.
+# act and the updates take nnx.split's (graphdef, state) and nnx.merge inside the trace; the training loops bind
+# graphdef and the TrainConfig with functools.partial and compile each once with jax.jit.
 def act(graphdef, state, obs, key):
     """a ~ π(·|s) for obs (N, obs_dim): the UNCLIPPED a (N, act_dim) (the env clips it), log π(a|s) (N,), next key."""
     key, k = jax.random.split(key)
@@ -359,17 +407,14 @@ class Batch(NamedTuple):
     returns: jax.Array  # (B,) the critic's targets
 
 
-def ppo_update(graphdef, args: Args, state, rollout: Rollout, key):
-    """One iteration of learning in one XLA call: values → Ψ and targets → Adam steps (lax.scan over epochs).
-
-    state: nnx.state of an Agent; rollout: (T, N, …), next_obs the true s_{t+1}.
-    The rung sets Ψ, the targets and the steps: rung.batch_steps actor steps on the whole rollout (Ψ as it is:
-    normalising would subtract the batch mean, itself a baseline), then rung.critic_epochs epochs of minibatches
-    of which the first rung.actor_epochs also step the actor."""
-    sizes, rung = derived(args), ladder(args)
+def rollout_batch(graphdef, config: TrainConfig, state, rollout: Rollout):
+    """The rollout as a Batch, with the rung's Ψ and the critic's targets from the critic before the update; also
+    V(s_t) and the targets, (T, N) each, for explained_var."""
     critic = nnx.merge(graphdef, state).critic
     values = critic(rollout.obs)  # (T, N)
-    psi, targets = signal_and_targets(rung, rollout, values, critic(rollout.next_obs), args.gamma, args.gae_lambda)
+    psi, targets = signal_and_targets(
+        config.rung, rollout, values, critic(rollout.next_obs), config.gamma, config.gae_lambda
+    )
     n = rollout.rewards.size  # B = T·N transitions
     flat = Batch(
         rollout.obs.reshape(n, -1),
@@ -378,51 +423,108 @@ def ppo_update(graphdef, args: Args, state, rollout: Rollout, key):
         psi.reshape(n),
         targets.reshape(n),
     )
+    return flat, values, targets
 
-    def actor_step(actor, actor_opt, mb: Batch, norm_adv: bool):
-        adv = (mb.adv - mb.adv.mean()) / (mb.adv.std() + 1e-8) if norm_adv else mb.adv
-        (pg_loss, aux), grads = nnx.value_and_grad(actor_loss_fn, has_aux=True)(
-            actor, mb.obs, mb.actions, mb.logp, adv, args.clip_eps, args.ent_coef, rung.clip
-        )
-        actor_opt.update(actor, grads)
-        return dict(pg_loss=pg_loss, **aux)
 
-    def batch_step(state, _):  # the actor alone, on the whole rollout
+def shuffled_minibatches(flat: Batch, key, config: TrainConfig) -> Batch:
+    """One epoch's minibatches: the B transitions in a random order, cut into (num_minibatches, minibatch_size, …)
+    (a remainder smaller than a minibatch is dropped)."""
+    perm = jax.random.permutation(key, flat.obs.shape[0])[: config.num_minibatches * config.minibatch_size]
+    shape = (config.num_minibatches, config.minibatch_size)
+    return jax.tree.map(lambda x: x[perm].reshape(*shape, *x.shape[1:]), flat)
+
+
+def actor_step(agent: Agent, mb: Batch, config: TrainConfig, norm_adv: bool) -> dict:
+    """One Adam step of agent.actor on mb: the clipped surrogate (the PPO rung) or −mean(log π · Ψ), Ψ normalised
+    to mean 0, std 1 within mb if norm_adv. Returns the loss and actor_loss_fn's diagnostics."""
+    adv = (mb.adv - mb.adv.mean()) / (mb.adv.std() + 1e-8) if norm_adv else mb.adv
+    (pg_loss, aux), grads = nnx.value_and_grad(actor_loss_fn, has_aux=True)(
+        agent.actor, mb.obs, mb.actions, mb.logp, adv, config.clip_eps, config.ent_coef, config.rung.clip
+    )
+    agent.actor_opt.update(agent.actor, grads)
+    return dict(pg_loss=pg_loss, **aux)
+
+
+def critic_step(agent: Agent, mb: Batch) -> jax.Array:
+    """One Adam step of agent.critic on the squared error to mb's targets; returns that loss."""
+    v_loss, grads = nnx.value_and_grad(value_loss_fn)(agent.critic, mb.obs, mb.returns)
+    agent.critic_opt.update(agent.critic, grads)
+    return v_loss
+
+
+def explained_variance(values, targets):
+    """1 − Var(R̂ − V) / Var(R̂) over the rollout: 1 when V(s_t) predicts its targets, 0 when only their mean."""
+    return 1.0 - jnp.var(targets - values) / (jnp.var(targets) + 1e-8)
+
+
+def ppo_update(graphdef, config: TrainConfig, state, rollout: Rollout, key):
+    """One PPO iteration in one XLA call: V → GAE(λ) advantages and targets → update_epochs epochs, each a fresh
+    shuffle of the rollout into num_minibatches minibatches; every minibatch steps the actor on the clipped surrogate,
+    then the critic. A lax.scan over epochs around a lax.scan over minibatches, as PureJaxRL's _update_epoch and
+    _update_minbatch.
+
+    state: nnx.state of an Agent; rollout: (T, N, …), next_obs the true s_{t+1}. Returns the new state and the
+    statistics, each the mean over all epochs × minibatches."""
+    flat, values, targets = rollout_batch(graphdef, config, state, rollout)
+
+    def _update_minibatch(state, mb: Batch):
         agent = nnx.merge(graphdef, state)
-        stats = actor_step(agent.actor, agent.actor_opt, flat, False)
-        return nnx.state(agent), stats
-
-    def minibatch_step(train_actor: bool, state, mb: Batch):
-        agent = nnx.merge(graphdef, state)
-        stats = actor_step(agent.actor, agent.actor_opt, mb, args.norm_adv) if train_actor else {}
-        v_loss, grads = nnx.value_and_grad(value_loss_fn)(agent.critic, mb.obs, mb.returns)
-        agent.critic_opt.update(agent.critic, grads)
+        stats = actor_step(agent, mb, config, config.norm_adv)
+        v_loss = critic_step(agent, mb)
         return nnx.state(agent), dict(stats, v_loss=v_loss)
 
-    def epoch(train_actor: bool):
-        def run(state, k):
-            perm = jax.random.permutation(k, flat.obs.shape[0])[: sizes.num_minibatches * args.minibatch_size]
-            shape = (sizes.num_minibatches, args.minibatch_size)
-            minibatches = jax.tree.map(lambda x: x[perm].reshape(*shape, *x.shape[1:]), flat)
-            return jax.lax.scan(partial(minibatch_step, train_actor), state, minibatches)
+    def _update_epoch(state, epoch_key):
+        return jax.lax.scan(_update_minibatch, state, shuffled_minibatches(flat, epoch_key, config))
 
-        return run
+    epoch_keys = jax.random.split(key, config.update_epochs)
+    state, stats = jax.lax.scan(_update_epoch, state, epoch_keys)  # each (epochs, minibatches)
+    stats = {name: jnp.mean(value) for name, value in stats.items()}
+    return state, dict(stats, explained_var=explained_variance(values, targets))
 
-    keys = jax.random.split(key, args.update_epochs)
-    state, batch_stats = jax.lax.scan(batch_step, state, length=rung.batch_steps)
-    state, both = jax.lax.scan(epoch(True), state, keys[: rung.actor_epochs])  # (epochs, minibatches) stats
-    state, critic_only = jax.lax.scan(epoch(False), state, keys[rung.actor_epochs : rung.critic_epochs])
+
+def ladder_update(graphdef, config: TrainConfig, state, rollout: Rollout, key):
+    """One iteration of a rung below PPO (config.rung), in one XLA call, from ppo_update's pieces, in three phases:
+    rung.batch_steps actor steps on the whole rollout (REINFORCE: Ψ as it is, since normalising would subtract the
+    batch mean, itself a baseline); rung.actor_epochs epochs of minibatches that step the actor, unclipped, and the
+    critic (A2C: one); critic-only epochs up to rung.critic_epochs. Epoch e shuffles with split(key, update_epochs)[e],
+    as in ppo_update. Without a critic (REINFORCE), v_loss and explained_var are NaN."""
+    rung = config.rung
+    flat, values, targets = rollout_batch(graphdef, config, state, rollout)
+
+    def _actor_on_rollout(state, _):
+        agent = nnx.merge(graphdef, state)
+        stats = actor_step(agent, flat, config, norm_adv=False)
+        return nnx.state(agent), stats
+
+    def _update_epoch(train_actor: bool):
+        def _update_minibatch(state, mb: Batch):
+            agent = nnx.merge(graphdef, state)
+            stats = actor_step(agent, mb, config, config.norm_adv) if train_actor else {}
+            v_loss = critic_step(agent, mb)
+            return nnx.state(agent), dict(stats, v_loss=v_loss)
+
+        return lambda state, k: jax.lax.scan(_update_minibatch, state, shuffled_minibatches(flat, k, config))
+
+    keys = jax.random.split(key, config.update_epochs)
+    state, batch_stats = jax.lax.scan(_actor_on_rollout, state, length=rung.batch_steps)
+    state, both = jax.lax.scan(_update_epoch(True), state, keys[: rung.actor_epochs])  # (epochs, minibatches)
+    state, critic_only = jax.lax.scan(_update_epoch(False), state, keys[rung.actor_epochs : rung.critic_epochs])
     actor_stats = batch_stats if rung.batch_steps else both  # from the phase that stepped the actor
     stats = {name: jnp.mean(actor_stats[name]) for name in batch_stats}
     v_loss = jnp.concatenate([both["v_loss"].reshape(-1), critic_only["v_loss"].reshape(-1)]).mean()  # NaN: none
-    explained_var = 1.0 - jnp.var(targets - values) / (jnp.var(targets) + 1e-8)
-    explained_var = jnp.where(rung.critic_epochs > 0, explained_var, jnp.nan)  # REINFORCE has no critic
+    explained_var = jnp.where(rung.critic_epochs > 0, explained_variance(values, targets), jnp.nan)
     return state, dict(stats, v_loss=v_loss, explained_var=explained_var)
+
+
+def update_for(rung: Rung) -> Callable:
+    """The update of a rung, chosen once, before anything is traced: ppo_update for PPO (the clipped rung),
+    ladder_update for the rungs below it."""
+    return ppo_update if rung.clip else ladder_update
 
 
 # ---------------------------------------------------------------------------------------------- --backend jax
 # The same algorithm as one compiled program, shaped like PureJaxRL: a JAX port of gymnasium 1.4.0's
-# Pendulum-v1, a rollout that is a lax.scan, and make_train(args) → train(key), pure, which train_jax (below the
+# Pendulum-v1, a rollout that is a lax.scan, and make_train(config) → train(key), pure, which train_jax (below the
 # banner) vmaps over seeds and shards across devices.
 GRAVITY, MASS, LENGTH, DT, MAX_SPEED = 10.0, 1.0, 1.0, 0.05, 8.0  # gymnasium's PendulumEnv constants
 
@@ -475,7 +577,7 @@ class Runner(NamedTuple):
     last_ret: jax.Array  # (N,) the return of each env's latest finished episode (NaN before the first)
 
 
-def jax_rollout(actor_def, args: Args, actor_state, runner: Runner) -> tuple[Runner, Rollout]:
+def jax_rollout(actor_def, config: TrainConfig, actor_state, runner: Runner) -> tuple[Runner, Rollout]:
     """num_steps steps of num_envs JAX pendulums under the current policy, as one lax.scan.
 
     Auto-reset inside the scan, like gymnasium's SAME_STEP mode: when an episode ends, the env and the
@@ -491,13 +593,13 @@ def jax_rollout(actor_def, args: Args, actor_state, runner: Runner) -> tuple[Run
         logp = dist.log_prob(action).sum(-1)  # (N,)
         env_next, next_obs, reward, term, trunc = jax.vmap(pendulum_step)(env, action[:, 0])  # the env clips u
         done = term | trunc
-        fresh = jax.vmap(pendulum_reset)(jax.random.split(reset_key, args.num_envs))
+        fresh = jax.vmap(pendulum_reset)(jax.random.split(reset_key, config.num_envs))
         env = jax.tree.map(lambda a, b: jnp.where(done, a, b), fresh, env_next)  # reset where done
         obs_carry = jnp.where(done[:, None], pendulum_obs(fresh), next_obs)
         ep_ret = ep_ret + reward
         last_ret = jnp.where(done, ep_ret, last_ret)
         ep_ret = jnp.where(done, 0.0, ep_ret)
-        if args.bootstrap_truncated:
+        if config.bootstrap_truncated:
             terminated, truncated = term, trunc
         else:  # the original guide's version, as on the gymnasium path: a time limit cuts the bootstrap
             terminated, truncated = done, jnp.zeros_like(done)
@@ -505,7 +607,7 @@ def jax_rollout(actor_def, args: Args, actor_state, runner: Runner) -> tuple[Run
             obs=obs,
             actions=action,
             logp=logp,
-            rewards=reward * args.reward_scale,
+            rewards=reward * config.reward_scale,
             terminated=terminated.astype(jnp.float32),
             truncated=truncated.astype(jnp.float32),
             next_obs=next_obs,
@@ -513,14 +615,14 @@ def jax_rollout(actor_def, args: Args, actor_state, runner: Runner) -> tuple[Run
         return (env, obs_carry, key, ep_ret, last_ret), transition
 
     carry = (runner.env, runner.obs, runner.key, runner.ep_ret, runner.last_ret)
-    (env, obs, key, ep_ret, last_ret), rollout = jax.lax.scan(step, carry, None, length=args.num_steps)
+    (env, obs, key, ep_ret, last_ret), rollout = jax.lax.scan(step, carry, None, length=config.num_steps)
     return runner._replace(env=env, obs=obs, key=key, ep_ret=ep_ret, last_ret=last_ret), rollout
 
 
-def graph_defs(args: Args, sizes: Derived) -> tuple:
+def graph_defs(config: TrainConfig) -> tuple:
     """The graph definitions of the Agent and of its actor alone, the same for every seed; nnx.eval_shape builds
     the modules with shapes, not arrays."""
-    agent = nnx.eval_shape(lambda: new_agent(args, sizes, jax.random.key(0), jax.random.key(0)))
+    agent = nnx.eval_shape(lambda: new_agent(config, jax.random.key(0), jax.random.key(0)))
     return nnx.graphdef(agent), nnx.graphdef(agent.actor)
 
 
@@ -535,28 +637,29 @@ class Train:
         return self.run(self.init(key))
 
 
-def make_train(args: Args, num_updates: int | None = None) -> Train:
+def make_train(config: TrainConfig, num_updates: int | None = None) -> Train:
     """Fix everything static once and return train(key). It runs num_updates iterations (default: the whole
-    budget; the learning-rate schedules always span the whole budget) of rollout → ppo_update."""
-    sizes = derived(args)
-    graphdef, actor_def = graph_defs(args, sizes)
+    budget, config.num_updates; the learning-rate schedules always span the whole budget) of rollout → update."""
+    graphdef, actor_def = graph_defs(config)
+    update = update_for(config.rung)  # ppo_update, or ladder_update for the rungs below PPO
 
     def init(key) -> Runner:  # as on the gymnasium path: key → (key, actor key, critic key)
         key, actor_key, critic_key = jax.random.split(key, 3)
-        agent = new_agent(args, sizes, actor_key, critic_key)
+        agent = new_agent(config, actor_key, critic_key)
         key, env_key = jax.random.split(key)
-        env = jax.vmap(pendulum_reset)(jax.random.split(env_key, args.num_envs))
-        ep_ret, last_ret = jnp.zeros(args.num_envs, jnp.float32), jnp.full(args.num_envs, jnp.nan, jnp.float32)
+        env = jax.vmap(pendulum_reset)(jax.random.split(env_key, config.num_envs))
+        ep_ret, last_ret = jnp.zeros(config.num_envs, jnp.float32), jnp.full(config.num_envs, jnp.nan, jnp.float32)
         return Runner(nnx.state(agent), env, pendulum_obs(env), key, ep_ret, last_ret)
 
     def update_step(runner: Runner, _):
-        runner, rollout = jax_rollout(actor_def, args, runner.state["actor"], runner)
+        runner, rollout = jax_rollout(actor_def, config, runner.state["actor"], runner)
         key, update_key = jax.random.split(runner.key)
-        state, stats = ppo_update(graphdef, args, runner.state, rollout, update_key)
+        state, stats = update(graphdef, config, runner.state, rollout, update_key)
         return runner._replace(state=state, key=key), dict(stats, ret=jnp.nanmean(runner.last_ret))
 
     def run(runner: Runner):
-        return jax.lax.scan(update_step, runner, None, length=sizes.num_updates if num_updates is None else num_updates)
+        length = config.num_updates if num_updates is None else num_updates
+        return jax.lax.scan(update_step, runner, None, length=length)
 
     return Train(init, run)
 
@@ -611,13 +714,14 @@ def print_progress(update: int, num_updates: int, env_steps: int, ret: float, st
 
 
 def train_gymnasium(args: Args, sizes: Derived) -> tuple[Agent, RunningMeanStd | None, TrainLog]:
-    """NumPy envs stepped from a Python loop (collect_rollout), then one compiled ppo_update per rollout. Returns
+    """NumPy envs stepped from a Python loop (collect_rollout), then one compiled update per rollout. Returns
     the trained Agent, the observation statistics (--norm-obs) and the log."""
+    config = train_config(args)  # what the compiled functions read, fixed before they are traced
     key, actor_key, critic_key = jax.random.split(jax.random.key(args.seed), 3)
-    agent = new_agent(args, sizes, actor_key, critic_key)
+    agent = new_agent(config, actor_key, critic_key)
     graphdef, state = nnx.split(agent)  # state["actor"] is the actor's part of the agent's state
     act_fn = jax.jit(partial(act, nnx.graphdef(agent.actor)))
-    update = jax.jit(partial(ppo_update, graphdef, args))
+    update = jax.jit(partial(update_for(config.rung), graphdef, config))
     rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
     envs = RecordEpisodeStatistics(make_envs(args.num_envs))  # info["episode"]["r"]: the return of an ended episode
     obs, _ = envs.reset(seed=[int(s) for s in np.random.default_rng(args.seed).integers(0, 2**31 - 1, args.num_envs)])
@@ -699,12 +803,13 @@ def most_devices(num_seeds: int, at_most: int) -> int:
 
 
 def train_jax(args: Args, sizes: Derived, devices: list) -> tuple[Agent, nnx.State, TrainLog]:
-    """--backend jax: make_train(args), its run vmapped over the seeds and sharded across `devices`: one compiled
-    call for the whole training. The progress lines are printed when it returns, from
+    """--backend jax: make_train(train_config(args)), its run vmapped over the seeds and sharded across `devices`:
+    one compiled call for the whole training. The progress lines are printed when it returns, from
     the statistics it stacked (sps there is the whole run's). Returns the first seed's trained Agent, every seed's
     actor state (leading axis S) and the log."""
-    graphdef, _ = graph_defs(args, sizes)
-    train = make_train(args)
+    config = train_config(args)
+    graphdef, _ = graph_defs(config)
+    train = make_train(config)
     # Each seed's init is compiled and run on its own; the runners are stacked on a leading seed axis S, and
     # device i gets seeds i·S/D … (i+1)·S/D − 1. run, vmapped, then trains them without communication.
     init = jax.jit(train.init)
@@ -936,9 +1041,10 @@ def output_folder(args: Args) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- Outputs
-def seed_summary(x) -> dict:
+def seed_summary(x, bar: float = -200.0) -> dict:
     """Across seeds: mean, IQM (25 % trimmed mean) with a 95 % percentile-bootstrap CI (10,000 resamples
-    of the seeds, fixed bootstrap seed 0; as tools/seeds.py), min, max, and how many reach −200."""
+    of the seeds, fixed bootstrap seed 0; None for one seed, [x, x] when every seed scored x), min, max, std
+    (ddof 0), and how many reach the bar (−200). tools/seeds.py summarises every module's sweeps with it."""
     from scipy import stats  # only here: a one-seed run does not pay for importing scipy
 
     x = np.asarray(x, float)
@@ -948,11 +1054,13 @@ def seed_summary(x) -> dict:
         min=float(x.min()),
         max=float(x.max()),
         std=float(x.std()),
-        solved=int((x >= -200).sum()),
+        solved=int((x >= bar).sum()),
         n=len(x),
         iqm_ci=None,
     )
-    if len(x) >= 2 and not np.all(x == x[0]):
+    if len(x) >= 2 and np.all(x == x[0]):  # every resample has the same IQM: the interval is that one point
+        out["iqm_ci"] = [float(x[0]), float(x[0])]
+    elif len(x) >= 2:
         res = stats.bootstrap(
             (x,),
             lambda v, axis: stats.trim_mean(v, 0.25, axis=axis),
@@ -1082,7 +1190,7 @@ def evaluate(actor: Actor, rms: RunningMeanStd | None, episodes: int, seed0: int
 
 def evaluate_saved(args: Args, t_start: float) -> dict:
     """--load: evaluate (and with --video, watch) a saved policy; writes into <out>/eval/."""
-    agent = new_agent(args, derived(args), *jax.random.split(jax.random.key(args.seed), 3)[1:])
+    agent = new_agent(train_config(args), *jax.random.split(jax.random.key(args.seed), 3)[1:])
     actor, critic = agent.actor, agent.critic
     rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
     stats = load_checkpoint(args.load, {"actor": actor, "critic": critic, **obs_norm_parts(rms)})

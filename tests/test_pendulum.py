@@ -1,17 +1,17 @@
 """Tests for 3_Pendulum/pendulum.py: PPO on Pendulum-v1. Each replaced check names, in its docstring or comment,
 the broken code it catches.
 
-unit: GAE with a termination and a truncation, the true final observation at an autoreset, the clipped loss and
-its zero gradient, the clip fractions (clip_frac where the clip binds, outside_frac), the Normal against closed
-forms, the value-loss shapes, the guide preset and the reinforce rungs' rollout size, the input checks
-(InputError), save_checkpoint / load_checkpoint and normalize_obs; ppo_update on a fixed Rollout (GAE targets,
-KL and clip bands, the clip); the JAX port of Pendulum-v1 against gymnasium step for step, its in-scan autoreset,
-make_train's run with a seed inside the vmap against the same seed alone and train(key) = run(init(key));
-Monte-Carlo returns, the REINFORCE loss, each rung's steps, tools/pg_variance.py's statistics. smoke: the CLI with
-tiny flags, a --load round trip, a GIF, --norm-obs, --preset guide, another seed another run, --backend jax with
-four seeds on two devices (and a --load of its params.npz reproducing seed 0's score), the pg tools, bad input.
-learning: a short fixed-seed run reaches −300 and its critic's loss falls tenfold; four vmapped JAX seeds each
-reach −200.
+unit: GAE with a termination and a truncation, the true final observation at an autoreset, the clipped loss and its
+zero gradient, the clip fractions (clip_frac where the clip binds, outside_frac), the Normal against closed forms,
+the value-loss shapes, the guide preset and the reinforce rungs' rollout size, the input checks (InputError),
+save_checkpoint / load_checkpoint and normalize_obs; train_config's flags and sizes; ppo_update on a fixed Rollout
+(GAE targets, KL and clip bands, the clip); the JAX port of Pendulum-v1 against gymnasium step for step, its in-scan
+autoreset, make_train's run with a seed inside the vmap against the same seed alone and train(key) = run(init(key));
+Monte-Carlo returns, the REINFORCE loss, each rung's steps, tools/pg_variance.py's statistics, seed_summary against
+the saved 20-seed results and tools/seeds.py. smoke: the CLI with tiny flags, a --load round trip, a GIF,
+--norm-obs, --preset guide, another seed another run, --backend jax with four seeds on two devices (and a --load of
+its params.npz reproducing seed 0's score), the pg tools, bad input. learning: a short fixed-seed run reaches −300
+and its critic's loss falls tenfold; four vmapped JAX seeds each reach −200.
 """
 
 from __future__ import annotations
@@ -499,15 +499,31 @@ def test_gymnasium_backend_runs_a_lower_rung(pen, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- ppo_update
+@pytest.mark.unit
+def test_train_config_holds_the_flags_and_the_sizes(pen):
+    """What the compiled functions read, fixed once from Args: every flag of the same name, the rung, and the sizes.
+    4 × 200 = 800 transitions in minibatches of 100 → 8 per epoch; 8,000 steps → 10 updates. Mutations caught: a
+    schedule that spans one update's Adam steps instead of the run's, or a REINFORCE critic schedule of 0 steps."""
+    args = pen.Args(algo="a2c", num_envs=4, num_steps=200, minibatch_size=100, total_timesteps=8000, gamma=0.9)
+    config = pen.train_config(args)
+    flags = {f.name for f in dataclasses.fields(pen.Args)}
+    assert all(getattr(config, f.name) == getattr(args, f.name) for f in dataclasses.fields(config) if f.name in flags)
+    assert config.gamma == 0.9 and config.rung == pen.ladder(args) and not config.rung.clip
+    assert (config.num_minibatches, config.num_updates) == (8, 10)
+    assert (config.actor_grad_steps, config.critic_grad_steps) == (10 * 8, 10 * 80)  # A2C: 1 actor epoch, 10 critic
+    reinforce = pen.train_config(dataclasses.replace(args, algo="reinforce"))
+    assert (reinforce.actor_grad_steps, reinforce.critic_grad_steps) == (10, 1)  # one step per rollout; no critic
+
+
 def _jax_batch(pen, seed=3, **kw):
     """A fixed rollout of 4 JAX pendulums × 200 steps (every episode ends in a truncation), the state it came from,
-    and ppo_update compiled as the training loops compile it."""
-    args = pen.Args(backend="jax", num_envs=4, num_steps=200, minibatch_size=100, **kw)
-    graphdef, actor_def = pen.graph_defs(args, pen.derived(args))
-    runner = pen.make_train(args).init(jax.random.key(seed))
-    _, rollout = jax.jit(partial(pen.jax_rollout, actor_def, args))(runner.state["actor"], runner)
-    update = jax.jit(partial(pen.ppo_update, graphdef, args))
-    return args, graphdef, runner.state, rollout, update
+    and the rung's update (ppo_update or ladder_update) compiled as the training loops compile it."""
+    config = pen.train_config(pen.Args(backend="jax", num_envs=4, num_steps=200, minibatch_size=100, **kw))
+    graphdef, actor_def = pen.graph_defs(config)
+    runner = pen.make_train(config).init(jax.random.key(seed))
+    _, rollout = jax.jit(partial(pen.jax_rollout, actor_def, config))(runner.state["actor"], runner)
+    update = jax.jit(partial(pen.update_for(config.rung), graphdef, config))
+    return config, graphdef, runner.state, rollout, update
 
 
 def _kl_old_new(pen, graphdef, old_state, new_state, rollout):
@@ -525,7 +541,7 @@ def _kl_old_new(pen, graphdef, old_state, new_state, rollout):
 def test_ppo_update_on_a_fixed_rollout(pen):
     from flax import nnx
 
-    args, graphdef, state, rollout, update = _jax_batch(pen)
+    config, graphdef, state, rollout, update = _jax_batch(pen)
     assert isinstance(rollout, pen.Rollout) and rollout.obs.shape == (200, 4, 3) and rollout.logp.shape == (200, 4)
     assert float(rollout.truncated[-1].min()) == 1.0 and float(rollout.truncated[:-1].max()) == 0.0
     new_state, stats = update(state, rollout, jax.random.key(0))
@@ -541,7 +557,7 @@ def test_ppo_update_on_a_fixed_rollout(pen):
     critic = nnx.merge(graphdef, state).critic
     values, next_values = critic(rollout.obs), critic(rollout.next_obs)
     adv, returns = pen.compute_gae(
-        rollout.rewards, values, next_values, rollout.terminated, rollout.truncated, args.gamma, args.gae_lambda
+        rollout.rewards, values, next_values, rollout.terminated, rollout.truncated, config.gamma, config.gae_lambda
     )
     ev = 1.0 - np.var(np.asarray(returns - values)) / np.var(np.asarray(returns))
     assert float(stats["explained_var"]) == pytest.approx(ev, rel=1e-4, abs=1e-5)
@@ -564,9 +580,9 @@ def test_ppo_clip_keeps_the_new_policy_close(pen):
     """With a large actor learning rate, the clipped update moves the policy far less (in KL) than the same
     update with the clip switched off (ε huge). A clip that did nothing would make the two equal. ε enters the
     compiled update as an array (it is only arithmetic there), so both updates are one compiled program."""
-    args, graphdef, state, rollout, _ = _jax_batch(pen, actor_learning_rate=1e-2)
+    config, graphdef, state, rollout, _ = _jax_batch(pen, actor_learning_rate=1e-2)
     update = jax.jit(
-        lambda st, ro, key, eps: pen.ppo_update(graphdef, dataclasses.replace(args, clip_eps=eps), st, ro, key)
+        lambda st, ro, key, eps: pen.ppo_update(graphdef, dataclasses.replace(config, clip_eps=eps), st, ro, key)
     )
     kls = {}
     for eps in (0.2, 1e6):
@@ -622,10 +638,10 @@ def test_jax_env_matches_gymnasium_step_for_step(pen):
 def test_jax_rollout_autoresets_and_keeps_the_true_final_obs(pen):
     """Inside the scan: next_obs is s_{t+1} of the same episode, also at the truncation, while the obs
     carried on is a fresh reset (as gymnasium's SAME_STEP autoreset and true_next_obs)."""
-    args = pen.Args(backend="jax", num_envs=3, num_steps=400, minibatch_size=100)
-    _, actor_def = pen.graph_defs(args, pen.derived(args))
-    runner = pen.make_train(args).init(jax.random.key(0))
-    new_runner, rollout = jax.jit(partial(pen.jax_rollout, actor_def, args))(runner.state["actor"], runner)
+    config = pen.train_config(pen.Args(backend="jax", num_envs=3, num_steps=400, minibatch_size=100))
+    _, actor_def = pen.graph_defs(config)
+    runner = pen.make_train(config).init(jax.random.key(0))
+    new_runner, rollout = jax.jit(partial(pen.jax_rollout, actor_def, config))(runner.state["actor"], runner)
     obs, nxt, trunc = np.asarray(rollout.obs), np.asarray(rollout.next_obs), np.asarray(rollout.truncated)
     assert trunc[199].all() and trunc[399].all() and trunc.sum() == 6 and np.asarray(rollout.terminated).sum() == 0
     inside = np.ones(400, bool)
@@ -647,7 +663,7 @@ def test_a_seed_in_the_vmap_is_the_same_as_that_seed_alone(pen):
     args = pen.Args(
         backend="jax", num_envs=4, num_steps=64, minibatch_size=64, update_epochs=2, total_timesteps=3 * 256
     )
-    train = pen.make_train(args)
+    train = pen.make_train(pen.train_config(args))
     run = jax.jit(jax.vmap(train.run))
     stack = lambda rs: jax.tree.map(lambda *x: jnp.stack(x), *rs)  # noqa: E731
     inits = {s: train.init(jax.random.key(s)) for s in (5, 6, 7)}
@@ -809,10 +825,11 @@ def test_ladder_rungs_take_the_right_steps(pen, algo, actor_steps, critic_steps)
     """Each rung's Adam step counts on a 4 × 200 rollout (8 minibatches of 100, 10 epochs)."""
     from flax import nnx
 
-    args, graphdef, state, rollout, update = _jax_batch(pen, algo=algo)
+    config, graphdef, state, rollout, update = _jax_batch(pen, algo=algo)
     new_state, stats = update(state, rollout, jax.random.key(0))
     new = nnx.merge(graphdef, new_state)
     assert (int(new.actor_opt.step[...]), int(new.critic_opt.step[...])) == (actor_steps, critic_steps)
+    assert (pen.update_for(config.rung) is pen.ppo_update) == (algo == "ppo")  # ladder_update for the rungs below
 
     def moved(network: str) -> bool:  # did the agent's "actor" or "critic" change?
         before = jax.tree.leaves(nnx.state(getattr(nnx.merge(graphdef, state), network), nnx.Param))
@@ -830,14 +847,14 @@ def test_reinforce_step_follows_the_monte_carlo_gradient(pen, algo):
     Ψ = G_t (or G_t − V(s_t)) computed here by hand: Adam's first step is −lr·g/(|g| + ε) ≈ −lr·sign(g)."""
     from flax import nnx
 
-    args, graphdef, state, rollout, update = _jax_batch(pen, algo=algo)
+    config, graphdef, state, rollout, update = _jax_batch(pen, algo=algo)
     new_state, _ = update(state, rollout, jax.random.key(0))
     agent = nnx.merge(graphdef, state)
     actor, critic = agent.actor, agent.critic
     r = np.asarray(rollout.rewards)
     g = np.zeros_like(r)
     for t in reversed(range(r.shape[0])):  # whole 200-step episodes: the return restarts at every truncation
-        g[t] = r[t] + (args.gamma * g[t + 1] if t + 1 < r.shape[0] and not rollout.truncated[t, 0] else 0.0)
+        g[t] = r[t] + (config.gamma * g[t + 1] if t + 1 < r.shape[0] and not rollout.truncated[t, 0] else 0.0)
     psi = g - np.asarray(critic(rollout.obs)) if algo == "reinforce-baseline" else g
     obs, act = rollout.obs.reshape(-1, 3), rollout.actions.reshape(-1, 1)
     grads = nnx.grad(lambda a: pen.reinforce_loss(a(obs).log_prob(act).sum(-1), jnp.asarray(psi.reshape(-1))))(actor)
@@ -850,7 +867,7 @@ def test_reinforce_step_follows_the_monte_carlo_gradient(pen, algo):
         gr, step = np.asarray(gr).ravel(), (np.asarray(new) - np.asarray(old)).ravel()
         big = np.abs(gr) > 1e-3 * np.abs(gr).max()
         np.testing.assert_array_equal(np.sign(step[big]), -np.sign(gr[big]))
-        assert np.abs(step).max() <= args.actor_learning_rate * 1.001  # one Adam step, not several
+        assert np.abs(step).max() <= config.actor_learning_rate * 1.001  # one Adam step, not several
 
 
 # ---------------------------------------------------------------------------------------------- learning
@@ -880,6 +897,28 @@ def test_jax_backend_four_seeds_all_solve(pen, tmp_path):
     m = pen.main(pen.parse_args(["--backend", "jax", "--num-seeds", "4", "--out", str(tmp_path)]))
     assert m["env_steps"] == 100_000 and m["seeds"] == [0, 1, 2, 3]
     assert min(m["eval_return_per_seed"]) >= -200, m["eval_return_per_seed"]
+
+
+@pytest.mark.unit
+def test_seed_summary_is_the_one_the_sweeps_use(pen):
+    """seed_summary is the course's one implementation of the many-seed statistics: tools/seeds.py imports it, and it
+    reproduces the README's 20-seed numbers (benchmarks/results/ppo_seeds.json) from their per-seed scores exactly.
+    Mutations caught: another resample count, confidence level or bootstrap seed; a bar fixed at −200; no interval
+    when every seed scored the same."""
+    from conftest import REPO, load_script
+
+    saved = json.loads((REPO / "benchmarks/results/ppo_seeds.json").read_text())
+    s = pen.seed_summary(list(saved["per_seed"].values()))
+    assert [s["iqm"], s["iqm_ci"], s["solved"], s["n"]] == [saved[k] for k in ("iqm", "iqm_ci95", "solved", "n")]
+    assert (s["mean"], s["min"], s["max"]) == (saved["mean"], saved["min"], saved["max"])
+    assert pen.seed_summary([5.0, 5.0, 5.0])["iqm_ci"] == [5.0, 5.0] and pen.seed_summary([5.0])["iqm_ci"] is None
+    assert pen.seed_summary([480.0, 470.0, 500.0], bar=475.0)["solved"] == 2
+    seeds = load_script("tools/seeds.py")
+    scores = {0: 480.0, 1: 470.0, 2: 500.0, 3: 476.0}
+    summary = seeds.summarise(scores, dict.fromkeys(scores, 1.0), seeds.Headline("eval_return_mean", 475.0))
+    s = pen.seed_summary(list(scores.values()), bar=475.0)
+    assert (summary["iqm"], summary["iqm_ci95"], summary["solved"]) == (s["iqm"], s["iqm_ci"], s["solved"])
+    assert summary["solved"] == 3 and summary["iqm_ci95"][0] < summary["iqm"] < summary["iqm_ci95"][1]
 
 
 @pytest.mark.unit

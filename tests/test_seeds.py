@@ -192,6 +192,22 @@ def test_a_failing_run_stops_the_sweep_but_keeps_the_finished_ones(tmp_path):
 
 
 @pytest.mark.smoke
+def test_python_runs_each_seed_with_that_interpreter(tmp_path):
+    """--python: a peer's seeds run in the peer's own venv, while the sweep itself (and its summary, the lesson's
+    seed_summary) runs here. A wrapper interpreter that logs its calls, then runs this Python, stands in for it."""
+    calls = tmp_path / "calls.txt"
+    wrapper = tmp_path / "python-peer"
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    flags = ("--seeds", "0-1", "--out", str(tmp_path / "runs"), "--metric", "greedy_return", "--bar", "95")
+    r = run_tool("--python", str(wrapper), "1_Q_Learning/Q_Learning.py", *flags, "--", "--episodes", "2")
+    assert r.returncode == 0, r.stderr
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 2 and all("Q_Learning.py" in line for line in lines)
+    assert [line.split("--seed ")[1].split()[0] for line in lines] == ["0", "1"]
+
+
+@pytest.mark.smoke
 def test_unwritable_sweep_folder_is_refused_before_any_run(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -5,6 +5,8 @@ seeds reach the module's success bar.
     python tools/seeds.py 2_Cart_Pole_DQN/cart_pole_dqn.py --seeds 0-19
     python tools/seeds.py 1_Q_Learning/Q_Learning.py --seeds 0-19 -- --env frozenlake --slippery
     python tools/seeds.py 4_GRPO_MNIST/grpo_mnist.py --seeds 0-4 --metric val_pass1 -- --task number --iterations 300
+    python tools/seeds.py --python .venv-peers/bin/python benchmarks/peers/sb3_dqn_cartpole.py --seeds 0-19 \
+        --metric eval_return_mean --bar 475      # a peer runs in its own venv; the summary is the course's
 
 Each seed is one subprocess, `python SCRIPT --seed S --out <sweep>/seed_S [flags after --]`, run one after
 another, so its wall clock is the whole process (imports and compilation included). The sweep folder
@@ -28,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from course import load_script  # noqa: E402
 from results import RESULTS_DIR, fmt, provenance  # noqa: E402
 
 
@@ -49,10 +51,6 @@ HEADLINES = {
     "3_Pendulum": Headline("eval_return_mean", -200.0),
     "4_GRPO_MNIST": Headline("test_pass1", None),
 }
-
-CONFIDENCE = 0.95
-BOOTSTRAP_RESAMPLES = 10_000
-BOOTSTRAP_SEED = 0  # fixed, so the same scores always give the same interval
 
 
 class SweepError(Exception):
@@ -78,47 +76,42 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def seed_summary(x, bar: float = -np.inf) -> dict:
+    """The course's one implementation of the many-seed statistics, 3_Pendulum/pendulum.py's `seed_summary` (the
+    lesson's across_seeds): mean, min, max, the IQM and its 95 % percentile-bootstrap CI (10,000 resamples of the
+    seeds, bootstrap seed 0, so the same scores always give the same interval), and how many reach `bar`.
+    The script is imported by path on first use."""
+    return load_script("3_Pendulum/pendulum.py").seed_summary(x, bar)
+
+
 def iqm(x) -> float:
     """Interquartile mean: the mean of the middle 50 % of the scores (25 % trimmed from each end)."""
-    return float(stats.trim_mean(np.asarray(x, dtype=float), 0.25))
+    return seed_summary(x)["iqm"]
 
 
-def iqm_ci(x, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
-    """Percentile-bootstrap confidence interval of the IQM (resampling seeds); None for fewer than 2 scores."""
-    x = np.asarray(x, dtype=float)
-    if len(x) < 2:
-        return None
-    if np.all(x == x[0]):  # every resample has the same IQM
-        return float(x[0]), float(x[0])
-    res = stats.bootstrap(
-        (x,),
-        lambda s, axis: stats.trim_mean(s, 0.25, axis=axis),
-        confidence_level=confidence,
-        n_resamples=BOOTSTRAP_RESAMPLES,
-        method="percentile",
-        random_state=np.random.default_rng(BOOTSTRAP_SEED),
-    )
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+def iqm_ci(x) -> tuple[float, float] | None:
+    """95 % percentile-bootstrap confidence interval of the IQM (resampling seeds); None for fewer than 2 scores."""
+    ci = seed_summary(x)["iqm_ci"]
+    return None if ci is None else (ci[0], ci[1])
 
 
 def summarise(scores: dict[int, float], seconds: dict[int, float], headline: Headline) -> dict:
     """Everything the table shows, from the per-seed scores and wall clocks of the runs that finished."""
     x = np.array(list(scores.values()), dtype=float)
-    ci = iqm_ci(x)
-    solved = None if headline.bar is None else int(np.sum(x >= headline.bar))
+    across = seed_summary(x, -np.inf if headline.bar is None else headline.bar)  # no bar: solved is None below
     return {
         "metric": headline.metric,
         "bar": headline.bar,
-        "n": len(x),
+        "n": across["n"],
         "per_seed": {str(s): v for s, v in scores.items()},
-        "mean": float(x.mean()),
+        "mean": across["mean"],
         "median": float(np.median(x)),
-        "min": float(x.min()),
-        "max": float(x.max()),
-        "std": float(x.std(ddof=1)) if len(x) > 1 else 0.0,
-        "iqm": iqm(x),
-        "iqm_ci95": list(ci) if ci else None,
-        "solved": solved,
+        "min": across["min"],
+        "max": across["max"],
+        "std": float(x.std(ddof=1)) if len(x) > 1 else 0.0,  # ddof 1 here; the lesson's std is ddof 0
+        "iqm": across["iqm"],
+        "iqm_ci95": across["iqm_ci"],
+        "solved": None if headline.bar is None else across["solved"],
         "seconds_per_seed": {str(s): v for s, v in seconds.items()},
         "median_seconds": float(np.median(list(seconds.values()))),
     }
@@ -136,13 +129,14 @@ def headline_for(script: Path, metric: str | None, bar: float | None) -> Headlin
     return Headline(metric, bar)
 
 
-def run_seed(script: Path, seed: int, out: Path, flags: list[str]) -> tuple[dict, float]:
-    """Run the script for one seed; return (its metrics.json, whole-process seconds). Its output goes to run.log."""
+def run_seed(script: Path, seed: int, out: Path, flags: list[str], python: str = sys.executable) -> tuple[dict, float]:
+    """Run the script for one seed with `python`; return (its metrics.json, whole-process seconds). Its output goes
+    to run.log."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise SweepError(f"seed {seed}: cannot create {out}: {e.strerror or e}") from None
-    cmd = [sys.executable, str(script), *flags, "--seed", str(seed), "--out", str(out)]
+    cmd = [python, str(script), *flags, "--seed", str(seed), "--out", str(out)]
     start = time.perf_counter()
     with open(out / "run.log", "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.PIPE, text=True)
@@ -255,6 +249,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         help="more metrics.json keys to summarise from the same runs, comma-separated; KEY@BAR also counts the seeds "
         "with KEY >= BAR as solved; with --save each is written to <results-dir>/SAVE.KEY.json",
     )
+    p.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the interpreter that runs each seed (default: this one); a peer's own venv, e.g. .venv-peers/bin/python",
+    )
     p.add_argument("--tag", default=None, help="name of this sweep's folder (default: the script flags and the seeds)")
     p.add_argument("--out", default="runs/seeds", help="root folder of all sweeps")
     p.add_argument("--save", default=None, help="also write the summary to <results-dir>/SAVE.json for the READMEs")
@@ -308,7 +307,9 @@ def main(argv: list[str] | None = None) -> dict:
             raise SweepError(f"--save {args.save!r}: use letters, digits, _ and -")
         check_writable(Path(args.results_dir))
     command = " ".join(
-        ["python", "tools/seeds.py", args.script, "--seeds", args.seeds]
+        ["python", "tools/seeds.py"]
+        + (["--python", shlex.quote(args.python)] if args.python != sys.executable else [])
+        + [args.script, "--seeds", args.seeds]
         + (["--metric", args.metric] if args.metric else [])
         + (["--bar", f"{args.bar:g}"] if args.bar is not None else [])
         + (["--also", args.also] if args.also else [])
@@ -324,7 +325,7 @@ def main(argv: list[str] | None = None) -> dict:
     failure = None
     try:
         for seed in seeds:
-            metrics, secs = run_seed(script, seed, folder / f"seed_{seed}", flags)
+            metrics, secs = run_seed(script, seed, folder / f"seed_{seed}", flags, args.python)
             scores[seed], seconds[seed] = score_of(metrics, headline, seed), secs
             for key, values in also.items():
                 values[seed] = score_of(metrics, key, seed)

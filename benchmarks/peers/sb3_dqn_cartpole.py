@@ -3,9 +3,10 @@
 Protocol (the same as 2_Cart_Pole_DQN/cart_pole_dqn.py): 50,000 environment steps, the final parameters
 (no checkpoint picking), then the mean greedy return over 100 episodes whose initial states come from
 gymnasium's vectorised CartPole reset with seed 10000. Writes metrics.json with `eval_return_mean`, so
-tools/seeds.py can sweep it (run from the repository root, in the peers' own venv):
+tools/seeds.py can sweep it (from the repository root, in the course's venv; each seed runs in the peers' own):
 
-    python tools/seeds.py benchmarks/peers/sb3_dqn_cartpole.py --seeds 0-19 --metric eval_return_mean --bar 475
+    python tools/seeds.py --python .venv-peers/bin/python benchmarks/peers/sb3_dqn_cartpole.py \
+        --seeds 0-19 --metric eval_return_mean --bar 475
 
 Hyperparameters: rl-baselines3-zoo, hyperparams/dqn.yml, "CartPole-v1" (marked "Almost Tuned" there).
 """

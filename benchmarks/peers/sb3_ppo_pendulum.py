@@ -2,10 +2,11 @@
 
 Protocol (the same as 3_Pendulum/pendulum.py): 100,000 environment steps, the final parameters, then the
 mean deterministic (mean-action) return over 20 episodes; episode i resets with seed 10000 + i. Writes
-metrics.json with `eval_return_mean`, so tools/seeds.py can sweep it (run from the repository root, in
-the peers' own venv):
+metrics.json with `eval_return_mean`, so tools/seeds.py can sweep it (from the repository root, in the course's venv;
+each seed runs in the peers' own):
 
-    python tools/seeds.py benchmarks/peers/sb3_ppo_pendulum.py --seeds 0-19 --metric eval_return_mean --bar -200
+    python tools/seeds.py --python .venv-peers/bin/python benchmarks/peers/sb3_ppo_pendulum.py \
+        --seeds 0-19 --metric eval_return_mean --bar -200
 
 Hyperparameters: rl-baselines3-zoo, hyperparams/ppo.yml, "Pendulum-v1" (marked "Tuned" there).
 """
