@@ -817,6 +817,38 @@ def first_line(args: Args, schedule: Schedule, devices: int) -> str:
     )
 
 
+def seed_summary(x, bar: float) -> dict:
+    """Across seeds: mean, IQM (25 % trimmed mean) with a 95 % percentile-bootstrap CI (10,000 resamples
+    of the seeds, fixed bootstrap seed 0; None for one seed, [x, x] when every seed scored x), min, max, std
+    (ddof 0), and how many reach the bar (--solve-threshold). The same as module 3's, which tools/seeds.py uses."""
+    from scipy import stats  # only here: a one-seed run does not pay for importing scipy
+
+    x = np.asarray(x, float)
+    out = dict(
+        mean=float(x.mean()),
+        iqm=float(stats.trim_mean(x, 0.25)),
+        min=float(x.min()),
+        max=float(x.max()),
+        std=float(x.std()),
+        solved=int((x >= bar).sum()),
+        n=len(x),
+        iqm_ci=None,
+    )
+    if len(x) >= 2 and np.all(x == x[0]):  # every resample has the same IQM: the interval is that one point
+        out["iqm_ci"] = [float(x[0]), float(x[0])]
+    elif len(x) >= 2:
+        res = stats.bootstrap(
+            (x,),
+            lambda v, axis: stats.trim_mean(v, 0.25, axis=axis),
+            confidence_level=0.95,
+            n_resamples=10_000,
+            method="percentile",
+            random_state=np.random.default_rng(0),
+        )
+        out["iqm_ci"] = [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+    return out
+
+
 def seeds_metrics(args: Args, act, runs: list, first: Evaluation | None) -> dict:
     """What metrics.json adds for --backend jax: the seeds, and unless Ctrl-C stopped the run, every seed's final
     greedy evaluation on the test episodes (the first seed's is `first`, already made) and how many solved it."""
@@ -834,7 +866,6 @@ def seeds_metrics(args: Args, act, runs: list, first: Evaluation | None) -> dict
         params = log["best"]["params"] if args.final_agent == "best" else last_params
         finals.append(evaluate(act, params, args.eval_episodes, args.eval_seed))
     returns = np.array([final.returns.mean() for final in finals])
-    k = len(returns) // 4  # the interquartile mean drops the lowest and the highest quarter
     per_seed = [
         dict(
             seed=seed,
@@ -850,13 +881,7 @@ def seeds_metrics(args: Args, act, runs: list, first: Evaluation | None) -> dict
         metrics,
         eval_return_per_seed=[float(r) for r in returns],
         solved=int((returns >= args.solve_threshold).sum()),
-        across_seeds=dict(
-            n=len(returns),
-            mean=float(returns.mean()),
-            iqm=float(np.sort(returns)[k : len(returns) - k].mean()),
-            min=float(returns.min()),
-            max=float(returns.max()),
-        ),
+        across_seeds=seed_summary(returns, args.solve_threshold),
         per_seed=per_seed,
     )
 
@@ -867,8 +892,9 @@ def print_seeds(args: Args, metrics: dict) -> None:
     print(
         f"per seed (final greedy evaluation, mean over {args.eval_episodes} test episodes): "
         + " ".join(f"{seed}:{r:.1f}" for seed, r in zip(metrics["seeds"], metrics["eval_return_per_seed"]))
-        + f"\nacross {a['n']} seeds: mean={a['mean']:.1f} IQM={a['iqm']:.1f} min={a['min']:.1f} max={a['max']:.1f} "
-        f"solved(>={args.solve_threshold:g})={metrics['solved']}/{a['n']}",
+        + f"\nacross {a['n']} seeds: mean={a['mean']:.1f} IQM={a['iqm']:.1f}"
+        + (f" [95% CI {a['iqm_ci'][0]:.1f}, {a['iqm_ci'][1]:.1f}]" if a["iqm_ci"] else "")
+        + f" min={a['min']:.1f} max={a['max']:.1f} solved(>={args.solve_threshold:g})={metrics['solved']}/{a['n']}",
         flush=True,
     )
 

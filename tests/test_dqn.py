@@ -936,6 +936,9 @@ def test_jax_backend_cli_two_seeds(tmp_path):
     returns = m["eval_return_per_seed"]
     assert len(returns) == 2 and returns[0] != returns[1] and m["eval_return_mean"] == returns[0]
     assert m["solved"] == sum(r >= 475 for r in returns) and m["across_seeds"]["n"] == 2
+    a = m["across_seeds"]  # two seeds: the IQM trims nothing, the bootstrap interval spans the two returns
+    assert a["iqm"] == pytest.approx(np.mean(returns)) and a["iqm_ci"] == pytest.approx(sorted(returns))
+    assert f"IQM={a['iqm']:.1f} [95% CI {a['iqm_ci'][0]:.1f}, {a['iqm_ci'][1]:.1f}]" in proc.stdout
     assert [row["seed"] for row in m["per_seed"]] == [0, 1]
     assert all(row["eval_episodes"] == 100 for row in m["per_seed"])
     assert m["gradient_steps_total"] == dqn.derived(dqn.parse_args(flags)).total_gradient_steps == 4 * 128
@@ -1069,3 +1072,14 @@ def test_sequential_xla_scheduler_is_set_by_the_command_line_and_a_users_setting
     guard = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)][0]
     calls = [ast.unparse(stmt) for stmt in guard.body]
     assert calls == ["use_sequential_xla_scheduler()", "main(parse_args())"]
+
+
+@pytest.mark.unit
+def test_seed_summary_is_module_3s():
+    """The many-seed summary of --backend jax is the one module 3 prints and tools/seeds.py uses: the same IQM, the
+    same bootstrap interval (same resamples, same seed), the solved count against the bar it is given."""
+    ppo = load_script("3_Pendulum/pendulum.py")
+    x = np.random.default_rng(3).normal(400, 80, size=16)
+    assert dqn.seed_summary(x, 475) == ppo.seed_summary(x, 475)
+    assert dqn.seed_summary(x, 475)["solved"] == int((x >= 475).sum())
+    assert dqn.seed_summary([500.0], 475)["iqm_ci"] is None
