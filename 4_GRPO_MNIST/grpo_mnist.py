@@ -12,10 +12,10 @@ frozen unless `--ref-refresh` asks otherwise. `--loss-agg` sets how the per-toke
 `--task number` a supervised warm start (SFT) on a small labelled share of the training prompts comes first; RL
 then learns from the verifier alone. `--objective supervised` trains with cross-entropy instead, the baseline.
 
-Order: Args → prompts (strips) → the policy (and the critic GRPO does without) → sampling → the
-verifier → group advantages → per-token ratio, clip and KL → loss aggregation → the GRPO and SFT losses →
-the compiled updates → evaluation (pass@1, pass@k, greedy) → the training loop. Below the `# Plumbing` banner:
-the command line, checks, the data splits, reading MNIST, checkpoints, the figure, metrics.json and main.
+Order: Args → prompts (strips) → the policy → sampling → the verifier → group advantages → per-token ratio,
+clip and KL → loss aggregation → the GRPO and SFT losses → the compiled updates → evaluation (pass@1, pass@k,
+greedy) → the training loop. Below the `# Plumbing` banner: the command line, checks, the data splits, reading
+MNIST, the critic GRPO does without (only counted), checkpoints and `--load`, the figure, metrics.json and main.
 """
 
 from __future__ import annotations
@@ -132,6 +132,7 @@ class Args:
     eval_samples: int = flag(16, "n, answers sampled per validation / test prompt for pass@1 and pass@k", min=1)
     pass_k: int = flag(8, "k of pass@k (at most --eval-samples)", min=1)
     out: str = flag("runs/grpo_mnist", "folder for metrics.json, the curve PNG and policy.npz")
+    load: str = flag("", "score a saved policy.npz on validation (and test) without training; writes into <out>/eval/")
     compile_cache: str = flag("~/.cache/jax-rl-course", "JAX's persistent compilation cache folder ('' turns it off)")
 
 
@@ -176,7 +177,7 @@ def named(names: tuple[str, str]) -> dict:
     }
 
 
-# ---- The policy: a causal model over answer tokens; the critic exists only to be counted
+# ---- The policy: a causal model over answer tokens
 class Policy(nnx.Module):
     """π_θ(y_t | x, y_<t). encode: each image slot → hidden_size features (one Linear + ReLU, shared by the slots;
     empty slots give zeros). __call__: at position t, the prompt's features, the one-hot tokens before t and a
@@ -203,19 +204,6 @@ class Policy(nnx.Module):
         context = jnp.broadcast_to(prompt[:, None], (S, N, prompt.shape[-1]))
         h = nnx.relu(self.decoder(jnp.concatenate([context, seen.reshape(S, N, -1), position], axis=-1)))
         return self.head(h)
-
-
-class Critic(nnx.Module):
-    """PPO's value network V(x), the policy's widths with one output: never trained, built only to be counted."""
-
-    def __init__(self, n_slots: int, hidden_size: int, decoder_size: int, *, rngs: nnx.Rngs):
-        self.encoder = nnx.Linear(784, hidden_size, **named(("pixels", "features")), rngs=rngs)
-        self.trunk = nnx.Linear(n_slots * hidden_size, decoder_size, **named(("inputs", "hidden")), rngs=rngs)
-        self.out = nnx.Linear(decoder_size, 1, **named(("hidden", "value")), rngs=rngs)
-
-    def __call__(self, images: jax.Array, slots: jax.Array) -> jax.Array:
-        h = (nnx.relu(self.encoder(images)) * slots[..., None]).reshape(images.shape[0], -1)
-        return self.out(nnx.relu(self.trunk(h)))[:, 0]  # (P,)
 
 
 def token_logp(logits: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -432,8 +420,15 @@ def sft_update(policy, optimizer, strips: Strips, key) -> dict:
     return {**aux, "reward": reward}
 
 
+class TrainState(NamedTuple):
+    """The policy and its Adam state; nnx.state of a TrainState names its parts state["policy"], state["optimizer"]."""
+
+    policy: Policy
+    optimizer: nnx.Optimizer
+
+
 def train_block(graphdef, policy_def, config: GRPOConfig, n_slots: int, state, ref_state, step0, x, y, keys):
-    """len(keys) iterations as one lax.scan. state = nnx.state((policy, optimizer)), ref_state = π_ref's state
+    """len(keys) iterations as one lax.scan. state = nnx.state(TrainState), ref_state = π_ref's state
     (policy_def is its graphdef), replaced by the policy's every config.ref_refresh iterations if that is > 0.
     Prompts are drawn from (x, y). The NNX objects are rebuilt inside the traced step (nnx.merge) and split
     back out, so Python and NNX bookkeeping run once, at trace time."""
@@ -454,7 +449,7 @@ def train_block(graphdef, policy_def, config: GRPOConfig, n_slots: int, state, r
         if config.ref_refresh > 0:  # π_ref ← π_θ after every ref_refresh-th iteration
             refresh = (step + 1) % config.ref_refresh == 0
             ref_state = jax.tree.map(lambda new, old: jnp.where(refresh, new, old), nnx.state(policy), ref_state)
-        return (nnx.state((policy, optimizer)), ref_state), metrics
+        return (nnx.state(TrainState(policy, optimizer)), ref_state), metrics
 
     steps = step0 + jnp.arange(len(keys))
     (state, ref_state), metrics = jax.lax.scan(one_iteration, (state, ref_state), (steps, keys))
@@ -577,47 +572,61 @@ def print_progress(row: dict) -> None:
 
 
 # ---- The training loop: SFT warm start, then RL (or more SFT) in blocks, scoring validation after each
+class Phase(NamedTuple):
+    """One stretch of training: its name in the history, its static config, its iterations, its prompt pool."""
+
+    name: str  # "sft", then "rl" (or "supervised", the baseline)
+    config: GRPOConfig
+    steps: int
+    x: jax.Array  # the images its prompts are drawn from, (M, 784)
+    y: jax.Array  # their labels, (M,)
+
+
 def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
     """Returns (policy, reference, history, timings). π_ref is the policy RL starts from: after the SFT warm
     start, or the initial policy without one. The test images are not touched here."""
     n_slots, n, key = slots_for(args), args.eval_samples, jax.random.key(args.seed)
     policy = Policy(n_slots, args.hidden_size, args.decoder_size, rngs=nnx.Rngs(args.seed))
     optimizer = nnx.Optimizer(policy, optax.adam(args.learning_rate), wrt=nnx.Param)
-    graphdef, state = nnx.split((policy, optimizer))
+    graphdef, state = nnx.split(TrainState(policy, optimizer))
     state = place(state, args.rules)  # weights and Adam's moments, split by the rules over the mesh
-    policy_def, ref_state = nnx.graphdef(policy), state[0]  # π_ref: the same arrays, so the same layout
+    policy_def, ref_state = nnx.graphdef(policy), state["policy"]  # π_ref: the same arrays, so the same layout
     x, y = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
     labelled = labelled_count(args, len(y))  # the training images are shuffled: SFT reads the first ones' labels
     rl = GRPOConfig.from_args(args)
     sft = replace(rl, objective="supervised", ref_refresh=0)
-    phases = [("sft", sft, sft_steps_for(args), x[:labelled], y[:labelled])]
+    phases = [Phase("sft", sft, sft_steps_for(args), x[:labelled], y[:labelled])]
     if args.objective == "grpo":
-        phases.append(("rl", rl, args.iterations, x, y))
+        phases.append(Phase("rl", rl, args.iterations, x, y))
     else:  # the baseline: more of the same supervised steps
-        phases.append(("supervised", sft, args.iterations, x[:labelled], y[:labelled]))
+        phases.append(Phase("supervised", sft, args.iterations, x[:labelled], y[:labelled]))
     val, (key, eval_key) = fixed_strips(data.x_val, data.y_val, n_slots), jax.random.split(key)
     score = jax.jit(partial(evaluate, policy_def), static_argnums=4)  # the same eval_key at every score: less noise
     history, t0 = [], time.perf_counter()
+
+    def record(row: dict, state, ref_state) -> None:
+        """Score the policy in `state` on validation; the row joins the history only once it is scored."""
+        row.update(scores(score(state["policy"], ref_state, val, eval_key, n), n, args.pass_k, "val_"))
+        history.append(row)
+        print_progress(row)
+
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops the loop here; what it measured is kept
-        for phase, config, total, x_pool, y_pool in phases:
-            if phase == "rl":
-                ref_state = state[0]  # π_ref: a copy of the policy RL starts from
-            run = jax.jit(partial(train_block, graphdef, policy_def, config, n_slots))
-            done = 0
-            while done < total:
-                row = {"phase": "start", "iteration": 0}  # the first row scores the initial policy
-                if history:
-                    steps, t_block = min(args.eval_every, total - done), time.perf_counter()
-                    key, block_key = jax.random.split(key)
-                    keys = jax.random.split(block_key, steps)
-                    state, ref_state, metrics = run(state, ref_state, done, x_pool, y_pool, keys)
-                    done += steps
-                    row = {"phase": phase, "iteration": done, **{k: float(v) for k, v in metrics.items()}}
-                    row["seconds"] = time.perf_counter() - t_block
-                row.update(scores(score(state[0], ref_state, val, eval_key, n), n, args.pass_k, "val_"))
-                history.append(row)  # a row joins the history once it is scored
-                print_progress(row)
-    policy, _ = nnx.merge(graphdef, state)
+        record({"phase": "start", "iteration": 0}, state, ref_state)  # the initial policy, scored once
+        for phase in phases:
+            if phase.name == "rl":
+                ref_state = state["policy"]  # π_ref: a copy of the policy RL starts from
+            run = jax.jit(partial(train_block, graphdef, policy_def, phase.config, n_slots))
+            iteration = 0  # iterations done in this phase
+            while iteration < phase.steps:
+                block, t_block = min(args.eval_every, phase.steps - iteration), time.perf_counter()
+                key, block_key = jax.random.split(key)
+                keys = jax.random.split(block_key, block)
+                state, ref_state, metrics = run(state, ref_state, iteration, phase.x, phase.y, keys)
+                iteration += block
+                row = {"phase": phase.name, "iteration": iteration, **{k: float(v) for k, v in metrics.items()}}
+                row["seconds"] = time.perf_counter() - t_block
+                record(row, state, ref_state)
+    policy = nnx.merge(graphdef, state).policy
     return policy, nnx.merge(policy_def, ref_state), history, {"train_seconds": time.perf_counter() - t0}
 
 
@@ -722,13 +731,21 @@ def validate(args: Args) -> None:
     if args.dataset != "mnist" and args.data != "full":
         # the bundled digits are MNIST's; another tensorflow-datasets name needs its own files
         raise InputError(f"--dataset {args.dataset} needs --data full (the bundled digits are MNIST)")
+    if args.load and not os.path.isfile(args.load):
+        raise InputError(f"--load: no such file {args.load!r}")
+    folder = output_folder(args)
     try:  # the output folder is checked before any work: a run that cannot save its results does not start
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, ".write_test"), "w"):
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, ".write_test"), "w"):
             pass
-        os.remove(os.path.join(args.out, ".write_test"))
+        os.remove(os.path.join(folder, ".write_test"))
     except OSError as e:
-        raise InputError(f"--out {args.out!r} is not a writable folder ({e.strerror or type(e).__name__})") from None
+        raise InputError(f"--out {folder!r} is not a writable folder ({e.strerror or type(e).__name__})") from None
+
+
+def output_folder(args: Args) -> str:
+    """Where this run writes: --out for training, <out>/eval/ for a --load run (a training run's files stay)."""
+    return os.path.join(args.out, "eval") if args.load else args.out
 
 
 # ---- The splits: train / validation / test images; prompts are built from one split only
@@ -1006,16 +1023,18 @@ def mesh_memory(args: Args, data: Data, mesh: jax.sharding.Mesh) -> dict:
     what XLA's compiled RL block (--eval-every iterations) reserves there (memory_analysis; None if not reported)."""
     sizes, device = (slots_for(args), args.hidden_size, args.decoder_size), mesh.devices.flat[0]
 
-    def trained(model):  # nnx.split of (model, its Adam), the state placed by the rules
-        graphdef, state = nnx.split((model, nnx.Optimizer(model, optax.adam(args.learning_rate), wrt=nnx.Param)))
-        return graphdef, place(state, args.rules)
+    def adam(model):
+        return nnx.Optimizer(model, optax.adam(args.learning_rate), wrt=nnx.Param)
 
     policy = Policy(*sizes, rngs=nnx.Rngs(args.seed))
-    graphdef, state = trained(policy)
-    critic = trained(Critic(*sizes, rngs=nnx.Rngs(args.seed)))[1]
+    graphdef, state = nnx.split(TrainState(policy, adam(policy)))
+    state = place(state, args.rules)  # as train() places it
+    critic = critic_layers(*sizes, rngs=nnx.Rngs(args.seed))
+    critic_state = place(nnx.state((critic, adam(critic))), args.rules)  # the critic and its Adam, never trained
     run = jax.jit(partial(train_block, graphdef, nnx.graphdef(policy), GRPOConfig.from_args(args), sizes[0]))
     keys = jax.random.split(jax.random.key(0), args.eval_every)
-    analysis = run.lower(state, state[0], 0, jnp.asarray(data.x_train), jnp.asarray(data.y_train), keys).compile()
+    x, y = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
+    analysis = run.lower(state, state["policy"], 0, x, y, keys).compile()
     stats = analysis.memory_analysis()
     compiled = None
     if stats is not None:
@@ -1026,13 +1045,24 @@ def mesh_memory(args: Args, data: Data, mesh: jax.sharding.Mesh) -> dict:
         "rules": args.rules,
         "policy_adam_bytes": bytes_on(state, device),
         "policy_adam_bytes_total": sum(a.nbytes for a in jax.tree.leaves(state)),
-        "reference_bytes": bytes_on(state[0], device),
-        "critic_adam_bytes": bytes_on(critic, device),
+        "reference_bytes": bytes_on(state["policy"], device),
+        "critic_adam_bytes": bytes_on(critic_state, device),
         "compiled_block": compiled,
     }
 
 
 # ---- The parameter table: what dropping the critic saves
+def critic_layers(n_slots: int, hidden_size: int, decoder_size: int, *, rngs: nnx.Rngs) -> nnx.Dict:
+    """The layers of PPO's value network V(x) = out(relu(trunk(relu(encoder(images)) · slots))) (P,), the policy's
+    widths with one output. GRPO has no critic: these are never called or trained, only counted (param_table) and
+    laid out on a mesh (mesh_memory)."""
+    return nnx.Dict(
+        encoder=nnx.Linear(784, hidden_size, **named(("pixels", "features")), rngs=rngs),
+        trunk=nnx.Linear(n_slots * hidden_size, decoder_size, **named(("inputs", "hidden")), rngs=rngs),
+        out=nnx.Linear(decoder_size, 1, **named(("hidden", "value")), rngs=rngs),
+    )
+
+
 def count_params(model: nnx.Module) -> int:
     return sum(int(p.size) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
@@ -1045,7 +1075,7 @@ def param_table(args: Args) -> tuple[str, dict]:
     """Policy only (GRPO) vs policy + critic (PPO), counted from the models and scaled to an 8B policy."""
     sizes = (slots_for(args), args.hidden_size, args.decoder_size)
     actor = count_params(Policy(*sizes, rngs=nnx.Rngs(0)))
-    critic = count_params(Critic(*sizes, rngs=nnx.Rngs(0)))
+    critic = count_params(critic_layers(*sizes, rngs=nnx.Rngs(0)))
     scale = LLM_ACTOR_PARAMS / actor  # an 8B policy; its critic shares the encoder and width, with a 1-unit head
     rows = [
         ("policy only (GRPO)", actor),
@@ -1089,7 +1119,7 @@ def fill_pure_dict(template: dict, arrays: dict, prefix: str, path: str) -> dict
             found = "not in the file" if key not in arrays else f"{arrays[key].shape} in the file, {v.shape} here"
             raise InputError(
                 f"{path}: parameter {key} is missing or of the wrong shape ({found}); "
-                f"was it saved with another --hidden-size?"
+                f"was it saved with another --hidden-size, --decoder-size, --task or --max-digits?"
             )
         filled[k] = jnp.asarray(arrays[key])
     return filled
@@ -1113,7 +1143,7 @@ def load_checkpoint(path: str, parts: dict) -> dict:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
     except Exception as e:
-        raise InputError(f"cannot read checkpoint file {path} ({type(e).__name__}: {e})") from None
+        raise InputError(f"cannot read checkpoint file {path} as an .npz of arrays ({type(e).__name__})") from None
     loaded = {}
     for name, part in parts.items():
         if not isinstance(part, nnx.Module):
@@ -1127,6 +1157,20 @@ def load_checkpoint(path: str, parts: dict) -> dict:
     return loaded
 
 
+def plot_scores(ax, history: list[dict], k: int) -> list[int]:
+    """Validation pass@1, pass@k and greedy exact match (%) of every scored row on `ax`, the SFT steps at x ≤ 0 (so
+    RL starts at 0); returns the rows' x values. plot_curve's first panel (tools/grpo_figures.py draws it too)."""
+    sft = max((h["iteration"] for h in history if h["phase"] == "sft"), default=0)
+    steps = [h["iteration"] - (sft if h["phase"] in ("start", "sft") else 0) for h in history]
+    for key, style, text in (
+        ("val_pass1", "o-", "pass@1"),
+        (f"val_pass{k}", "d-", f"pass@{k}"),
+        ("val_greedy", "s-", "greedy"),
+    ):
+        ax.plot(steps, [100 * h[key] for h in history], style, label=f"{text} (validation)")
+    return steps
+
+
 def plot_curve(path: str, history: list[dict], k: int, test: dict, title: str) -> None:
     """Per block of iterations: validation pass@1, pass@k and greedy exact match with the training reward; the clip
     and zero-signal shares (RL only); the answer lengths and the KL to π_ref. Test scores are stars at the end."""
@@ -1135,17 +1179,10 @@ def plot_curve(path: str, history: list[dict], k: int, test: dict, title: str) -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sft = max((h["iteration"] for h in history if h["phase"] == "sft"), default=0)
-    steps = [h["iteration"] - (sft if h["phase"] in ("start", "sft") else 0) for h in history]  # SFT at x <= 0
     rl = [h for h in history if h["phase"] == "rl"]
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
     score_axis, share_axis, length_axis = axes
-    for key, style, text in (
-        ("val_pass1", "o-", "pass@1"),
-        (f"val_pass{k}", "d-", f"pass@{k}"),
-        ("val_greedy", "s-", "greedy"),
-    ):
-        score_axis.plot(steps, [100 * h[key] for h in history], style, label=f"{text} (validation)")
+    steps = plot_scores(score_axis, history, k)
     trained = [h for h in history if "reward" in h]
     score_axis.plot(
         [steps[history.index(h)] for h in trained], [100 * h["reward"] for h in trained], "x--", label="train reward"
@@ -1220,6 +1257,29 @@ def score_test_set(args: Args, policy: Policy, reference: Policy, data: Data) ->
     return scores(raw, args.eval_samples, args.pass_k, "test_")
 
 
+def evaluate_saved(args: Args, data: Data) -> dict:
+    """--load: score a saved policy as a training run scores its final policy (validation with train()'s
+    evaluation key, the test set with score_test_set's, both drawn from --seed), so the run's flags reproduce its
+    final scores; writes <out>/eval/metrics.json. policy.npz holds no π_ref, so no KL to it is reported."""
+    policy = Policy(slots_for(args), args.hidden_size, args.decoder_size, rngs=nnx.Rngs(args.seed))
+    load_checkpoint(args.load, {"policy": policy})
+    nnx.update(policy, place(nnx.state(policy), args.rules))  # laid out on the mesh as train() lays it out
+    print(f"data: {data.source}\nloaded {args.load}", flush=True)
+    _, eval_key = jax.random.split(jax.random.key(args.seed))  # train()'s evaluation key
+    score = jax.jit(partial(evaluate, nnx.graphdef(policy)), static_argnums=4)
+    val = fixed_strips(data.x_val, data.y_val, slots_for(args))
+    state = nnx.state(policy)  # also π_ref's stand-in, here and on test: that KL (0) is dropped below
+    results = scores(score(state, state, val, eval_key, args.eval_samples), args.eval_samples, args.pass_k, "val_")
+    if args.score_test:
+        results.update(**score_test_set(args, policy, policy, data), test_prompts=len(data.y_test))
+    results = {k: v for k, v in results.items() if not k.endswith("_kl_ref")}
+    results.update(loaded=args.load, val_prompts=len(data.y_val), data=data.source, args=asdict(args))
+    with open(os.path.join(output_folder(args), "metrics.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    print_summary(args, results, f"policy loaded from {args.load}, scored with the keys of seed {args.seed}")
+    return results
+
+
 def save_outputs(args: Args, results: dict, policy: Policy, title: str) -> None:
     """metrics.json, learning_curve.png and the policy's checkpoint policy.npz, all in --out."""
     with open(os.path.join(args.out, "metrics.json"), "w") as f:
@@ -1241,7 +1301,8 @@ def print_summary(args: Args, results: dict, label: str) -> None:
         print(
             f"{split + ':':<17}pass@1 {results[f'{split}_pass1']:.4f}  pass@{k} {results[f'{split}_pass{k}']:.4f}  "
             f"greedy {results[f'{split}_greedy']:.4f}  length {results[f'{split}_length']:.2f} "
-            f"(wrong answers {results[f'{split}_wrong_length']:.2f})  KL to π_ref {results[f'{split}_kl_ref']:.3f}"
+            f"(wrong answers {results[f'{split}_wrong_length']:.2f})"
+            + (f"  KL to π_ref {results[f'{split}_kl_ref']:.3f}" if f"{split}_kl_ref" in results else "")
         )
     if "clip_frac" in results:
         binds = "ρ > 1+ε with A > 0, or ρ < 1−ε with A < 0"
@@ -1258,8 +1319,10 @@ def print_summary(args: Args, results: dict, label: str) -> None:
         c = m["compiled_block"]
         text = "not reported by this backend" if c is None else ", ".join(f"{k} {kb(v)}" for k, v in c.items())
         print(f"compiled block:  {text}  (XLA memory_analysis of {args.eval_every} RL iterations, per device)")
-    print(f"train_seconds:   {results['train_seconds']:.1f}  (SFT, RL and validation scoring)")
-    print(f"outputs:         {args.out}/metrics.json, learning_curve.png, policy.npz", flush=True)
+    if "train_seconds" in results:
+        print(f"train_seconds:   {results['train_seconds']:.1f}  (SFT, RL and validation scoring)")
+    files = "metrics.json" if args.load else "metrics.json, learning_curve.png, policy.npz"
+    print(f"outputs:         {output_folder(args)}/{files}", flush=True)
 
 
 def use_compile_cache(folder: str) -> None:
@@ -1290,6 +1353,9 @@ def main(args: Args) -> dict:
     data = load_data(args)
     if not args.score_test:  # the test images are dropped before training: nothing below can read them
         data = data._replace(x_test=None, y_test=None)
+    if args.load:  # score a saved policy, no training
+        with jax.set_mesh(mesh):
+            return evaluate_saved(args, data)
     label = run_label(args)
     param_counts = print_header(args, data, label, mesh)
 

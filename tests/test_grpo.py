@@ -593,8 +593,8 @@ def test_train_block_refreshes_the_reference_after_every_multiple_of_r_only():
     x, y = jnp.asarray(data.x_train[:512]), jnp.asarray(data.y_train[:512])
     policy = g.Policy(1, 8, 16, rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(policy, optax.adam(1e-2), wrt=nnx.Param)
-    graphdef, state = nnx.split((policy, optimizer))
-    policy_def, initial = nnx.graphdef(policy), state[0]
+    graphdef, state = nnx.split(g.TrainState(policy, optimizer))
+    policy_def, initial = nnx.graphdef(policy), state["policy"]
     keys = jax.random.split(jax.random.key(0), 6)
     config = grpo_config(batch_size=8, group_size=4, ref_refresh=4)
     run = jax.jit(partial(g.train_block, graphdef, policy_def, config, 1))
@@ -607,9 +607,9 @@ def test_train_block_refreshes_the_reference_after_every_multiple_of_r_only():
         frozen_state, frozen_ref, _ = frozen(frozen_state, frozen_ref, step0, x, y, keys[step0 : step0 + 2])
     assert same_params(frozen_ref, initial)  # --ref-refresh 0: π_ref never moves
     assert same_params(ref2, initial)  # --ref-refresh 4: no refresh in iterations 1-2 ...
-    assert same_params(ref, after4[0])  # ... π_ref is the policy after iteration 4 ...
-    assert not same_params(ref, after6[0]) and not same_params(ref, after2[0])  # ... not after 6, nor 2
-    assert not same_params(after4[0], initial) and not same_params(after6[0], after4[0])
+    assert same_params(ref, after4["policy"])  # ... π_ref is the policy after iteration 4 ...
+    assert not same_params(ref, after6["policy"]) and not same_params(ref, after2["policy"])  # ... not after 6, nor 2
+    assert not same_params(after4["policy"], initial) and not same_params(after6["policy"], after4["policy"])
 
 
 @pytest.mark.unit
@@ -997,14 +997,24 @@ def fake_figure_run(zero_signal: float, all_right: float) -> dict:
 
 
 @pytest.mark.unit
-def test_the_figures_tool_draws_every_figure_and_splits_the_equal_groups(tmp_path, capsys):
-    """tools/grpo_figures.py's drawing and report on fake runs: the four PNGs are written, and the report splits
-    each zero-signal share into its all-right part (here 0.25 of 0.75). Catches: a figure that needs a metric the
-    script does not log, a run the figures name but RUNS lacks, the all-right split dropped from the report."""
+def test_the_figures_tool_draws_every_figure_and_splits_the_equal_groups(tmp_path, capsys, monkeypatch):
+    """tools/grpo_figures.py's drawing and report on fake runs: the four PNGs are written, the sharpening figure's
+    two panels are the script's own score panel (plot_scores, once per run, k = 8), and the report splits each
+    zero-signal share into its all-right part (here 0.25 of 0.75). Catches: a figure that needs a metric the script
+    does not log, a run the figures name but RUNS lacks, a tool that redraws the script's curve its own way, the
+    all-right split dropped from the report."""
     figures = load_script("tools/grpo_figures.py")
     runs = {name: fake_figure_run(0.75, 0.25) for name in figures.RUNS}
+    drawn, plot_scores = [], g.plot_scores
+
+    def recorded(ax, history, k):
+        drawn.append((history, k))
+        return plot_scores(ax, history, k)
+
+    monkeypatch.setattr(g, "plot_scores", recorded)
     for draw in (figures.sharpening, figures.kl_curves, figures.length_curves, figures.zero_signal):
         draw(runs, tmp_path)
+    assert drawn == [(runs["default"]["history"], 8), (runs["sft_only"]["history"], 8)]
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(
         ["grpo_sharpening.png", "grpo_kl.png", "grpo_loss_agg.png", "grpo_zero_signal.png"]
     )
@@ -1127,9 +1137,26 @@ def without_seconds(metrics: dict) -> dict:
     return out
 
 
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    """The command line's tiny run of a task (SMOKE_FLAGS and TINY_FLAGS on the bundled digits), made once for the
+    tests that read it: cli_run(task) -> (the finished process, its --out folder)."""
+    made = {}
+
+    def run(task: str):
+        if task not in made:
+            folder = tmp_path_factory.mktemp(f"cli_{task}")
+            out = folder / "cli"
+            proc = run_script(SCRIPT, *SMOKE_FLAGS[task], *TINY_FLAGS, "--out", str(out), cwd=folder, timeout=240)
+            made[task] = (proc, out)
+        return made[task]
+
+    return run
+
+
 @pytest.mark.smoke
 @pytest.mark.parametrize("task", ["digit", "number"])
-def test_cli_runs_both_tasks(task, tmp_path):
+def test_cli_runs_both_tasks(task, tmp_path, cli_run):
     """The command line runs each task for 4 iterations on the bundled digits and writes metrics.json (validation
     and test pass@1, pass@2 and greedy; the test set only once, at the end), learning_curve.png and policy.npz
     (key prefix 'policy'); one progress line per score, SFT rows first for --task number, whose run also has the KL
@@ -1137,8 +1164,7 @@ def test_cli_runs_both_tasks(task, tmp_path):
     same flags run again in-process through main() give the same metrics apart from the seconds, and --seed 1
     another run. Catches: a broken CLI, a missing output or metric, test scores in the per-block history,
     randomness that --seed does not drive, a --seed that drives nothing."""
-    out = tmp_path / "cli"
-    r = run_script(SCRIPT, *SMOKE_FLAGS[task], *TINY_FLAGS, "--out", str(out), cwd=tmp_path, timeout=240)
+    r, out = cli_run(task)
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stdout.splitlines() if line.startswith("phase=")]
     phases = ["start", "rl", "rl"] if task == "digit" else ["start", "sft", "rl", "rl"]
@@ -1164,6 +1190,43 @@ def test_cli_runs_both_tasks(task, tmp_path):
     assert without_seconds(json.loads(json.dumps(again))) == without_seconds(metrics)
     other = g.main(g.parse_args([*SMOKE_FLAGS[task], *TINY_FLAGS, "--seed", "1", "--out", str(tmp_path / "other")]))
     assert [row.get("reward") for row in other["history"]] != [row.get("reward") for row in metrics["history"]]
+
+
+@pytest.mark.smoke
+def test_load_scores_the_saved_policy_as_its_run_did(tmp_path, cli_run, capsys):
+    """--load of the tiny --task number run's policy.npz with the run's flags trains nothing and writes
+    <out>/eval/metrics.json: the run's final validation and test scores, exactly (the same policy, the same
+    evaluation keys), and no KL to π_ref (policy.npz holds none); the run's own files stay as they were. A corrupt
+    file, a missing one and a file of another --hidden-size are one 'error: …' line each. Catches: a --load that
+    trains, scores another policy (the initial one) or with other keys, writes over the training run's files, or
+    ends in a traceback on a bad file."""
+    r, out = cli_run("number")
+    assert r.returncode == 0, r.stderr
+    run = json.loads((out / "metrics.json").read_text())
+    before = {name: (out / name).read_bytes() for name in ("metrics.json", "policy.npz", "learning_curve.png")}
+    flags = [*SMOKE_FLAGS["number"], *TINY_FLAGS]
+    capsys.readouterr()
+    loaded = g.main(g.parse_args([*flags, "--load", str(out / "policy.npz"), "--out", str(out)]))
+    printed = capsys.readouterr().out
+    assert "phase=" not in printed and f"loaded {out / 'policy.npz'}" in printed and "test:" in printed
+    assert json.loads((out / "eval" / "metrics.json").read_text()) == json.loads(json.dumps(loaded))
+    scored = [k for k in run if k.startswith(("val_", "test_")) and not k.endswith("_kl_ref")]
+    assert len(scored) == 12  # val and test: pass@1, pass@2, greedy, length, wrong-answer length, prompts
+    assert {k: loaded[k] for k in scored} == {k: run[k] for k in scored}
+    assert not [k for k in loaded if "kl_ref" in k] and "history" not in loaded
+    assert loaded["loaded"] == str(out / "policy.npz")
+    assert {name: (out / name).read_bytes() for name in before} == before  # the training run's files stay
+    assert [p.name for p in (out / "eval").iterdir()] == ["metrics.json"]
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    for path, wider, message in (
+        (tmp_path / "bad.npz", [], "cannot read checkpoint file"),
+        (tmp_path / "gone.npz", [], "--load: no such file"),
+        (out / "policy.npz", ["--hidden-size", "8"], "wrong shape.*--hidden-size"),
+    ):
+        argv = [*flags, *wider, "--load", str(path), "--out", str(tmp_path / "o")]
+        with pytest.raises(SystemExit, match=f"^error: .*{message}") as e:
+            g.main(g.parse_args(argv))
+        assert "\n" not in str(e.value)
 
 
 # ------------------------------------------------------------------ learning: short real runs

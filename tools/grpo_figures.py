@@ -71,19 +71,23 @@ def flags_of(name: str, out: Path) -> list[str]:
     return [*COMMON, *RUNS[name], "--out", str(out / name)]
 
 
+def what_it_trains(args: dict) -> dict:
+    """A run's Args without --out and --load (where it writes, and the flag that skips training: off here)."""
+    return {k: v for k, v in args.items() if k not in ("out", "load")}
+
+
 def run(name: str, out: Path, runs_done: dict[str, dict]) -> dict:
     """metrics.json of the run `name`: reused if a run with the same Args already wrote one (here or under another
     name, e.g. --beta 0 when that is the default), else trained now (its output goes to log.txt beside it)."""
     grpo = load_script(SCRIPT)
-    wanted = asdict(grpo.parse_args(flags_of(name, out)))
-    wanted.pop("out")
+    wanted = what_it_trains(asdict(grpo.parse_args(flags_of(name, out))))
     for metrics in runs_done.values():
-        if {k: v for k, v in metrics["args"].items() if k != "out"} == wanted:
+        if what_it_trains(metrics["args"]) == wanted:
             return metrics
     path = out / name / "metrics.json"
     if path.is_file():
         metrics = json.loads(path.read_text(encoding="utf-8"))
-        if {k: v for k, v in metrics["args"].items() if k != "out"} == wanted:
+        if what_it_trains(metrics["args"]) == wanted:
             return metrics
     (out / name).mkdir(parents=True, exist_ok=True)
     with open(out / name / "log.txt", "w", encoding="utf-8") as log:
@@ -91,12 +95,6 @@ def run(name: str, out: Path, runs_done: dict[str, dict]) -> dict:
     if proc.returncode != 0:
         sys.exit(f"error: {SCRIPT} {' '.join(flags_of(name, out))} failed; see {out / name / 'log.txt'}")
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-def steps(history: list[dict]) -> list[int]:
-    """The x axis: RL iterations, with the SFT (or first supervised) steps at x ≤ 0, as the script's own figure."""
-    sft = max((h["iteration"] for h in history if h["phase"] == "sft"), default=0)
-    return [h["iteration"] - (sft if h["phase"] in ("start", "sft") else 0) for h in history]
 
 
 def rl_part(history: list[dict]) -> list[dict]:
@@ -110,20 +108,14 @@ def k_of(metrics: dict) -> str:
 
 
 def sharpening(m: dict, assets: Path) -> None:
-    k = k_of(m["default"])
+    """Each panel is the validation-score panel of the script's own learning curve (its plot_scores)."""
+    grpo, k = load_script(SCRIPT), int(k_of(m["default"])[len("val_pass") :])
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     for ax, name, title in (
         (axes[0], "default", "SFT warm start, then GRPO (the default)"),
         (axes[1], "sft_only", "SFT alone, as many iterations"),
     ):
-        h = m[name]["history"]
-        x = steps(h)
-        for key, style, text in (
-            ("val_pass1", "o-", "pass@1"),
-            (k, "d-", f"pass@{k[8:]}"),
-            ("val_greedy", "s-", "greedy"),
-        ):
-            ax.plot(x, [100 * r[key] for r in h], style, label=text)
+        grpo.plot_scores(ax, m[name]["history"], k)
         ax.axvline(0, color="grey", lw=0.8, ls=":")
         ax.set(title=title, xlabel="step (warm start at x ≤ 0)")
         ax.grid(alpha=0.3)
