@@ -938,19 +938,15 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def parse_args(argv=None) -> Args:
+    """Args from the command line: one flag per field, whose --help line shows its bounds and default."""
     p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in fields(Args):
-        name = "--" + f.name.replace("_", "-")
+        kind = {"type": type(f.default), "choices": f.metadata["choices"]}
         if isinstance(f.default, bool):
-            p.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
-        else:
-            p.add_argument(
-                name,
-                type=type(f.default),
-                default=f.default,
-                help=f.metadata["help"],
-                choices=f.metadata.get("choices"),
-            )
+            kind = {"action": argparse.BooleanOptionalAction}
+        bounds = bounds_text(f.metadata)
+        text = f.metadata["help"] + (f"; must be {bounds}" if bounds else "")
+        p.add_argument("--" + f.name.replace("_", "-"), default=f.default, help=text, **kind)
     args = Args(**vars(p.parse_args(argv)))
     try:
         check_flags(args)
@@ -1047,54 +1043,62 @@ def output_folder(args: Args) -> str:
     return os.path.join(args.out, "eval") if args.load else args.out
 
 
+LOAD_HINT = "was it saved with another --hidden-size, --layer-norm or --dueling?"  # the flags that change the arrays
+
+
 def save_checkpoint(path: str, parts: dict) -> None:
-    """parts: name -> nnx.Module (its nnx.Param state) or np.ndarray. One .npz, keys 'name/…/leaf', no pickle."""
+    """parts: name -> nnx.Module (its nnx.Param arrays) or array. One flat .npz, no pickle: a module's leaf at path
+    ('hidden1', 'kernel') is stored under 'name/hidden1/kernel' (checkpoint_key), an array under its name."""
     arrays = {}
     for name, part in parts.items():
         if isinstance(part, nnx.Module):
             pure = nnx.to_pure_dict(nnx.state(part, nnx.Param))  # nested dict: {'hidden1': {'kernel': …}, …}
-            for keys, leaf in jax.tree_util.tree_flatten_with_path(pure)[0]:
+            for keys, leaf in jax.tree_util.tree_leaves_with_path(pure):
                 arrays[checkpoint_key(name, keys)] = np.asarray(leaf)
         else:
             arrays[name] = np.asarray(part)
     np.savez(path, **arrays)
 
 
-def load_checkpoint(path: str, parts: dict) -> dict:
-    """Fill every Module in `parts` in place from `path` (nnx.replace_by_pure_dict); return the arrays stored
-    for the non-Module entries. Raises InputError on a missing, corrupt or mismatched file."""
+def load_checkpoint(path: str, parts: dict, hint: str) -> dict:
+    """Fill every Module in `parts` in place from `path` (nnx.replace_by_pure_dict) and return the arrays stored
+    under the other names; their values in `parts` give the expected shapes. A missing, corrupt or mismatched file,
+    or one that holds arrays this run has no place for, is an InputError of one line that ends with `hint`."""
     try:
         with np.load(path, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
-    except Exception as e:  # missing, truncated, not a zip, pickled objects ...
-        raise InputError(f"--load {path!r} is not a readable .npz checkpoint ({type(e).__name__})") from None
+            arrays = dict(f)
+    except Exception as e:  # missing, truncated, not an .npz, pickled objects …
+        raise InputError(f"--load {path}: not a readable .npz checkpoint ({type(e).__name__})") from None
+    used = set()
 
     def stored(key: str, like) -> np.ndarray:  # the array saved under `key`, with the shape of `like`
         if key not in arrays or arrays[key].shape != np.shape(like):
             found = arrays[key].shape if key in arrays else "missing"
-            raise InputError(
-                f"--load {path!r} does not fit this Q-network: {key} expected {np.shape(like)}, "
-                f"found {found} (check --hidden-size)"
-            )
+            raise InputError(f"--load {path}: {key} should have shape {np.shape(like)}, found {found} ({hint})")
+        used.add(key)
         return arrays[key]
 
-    others = {}
+    filled = {}  # every array is checked before any module changes: a refused file changes nothing
+    for name, part in parts.items():
+        if isinstance(part, nnx.Module):
+            filled[name] = jax.tree_util.tree_map_with_path(
+                lambda keys, leaf, name=name: jnp.asarray(stored(checkpoint_key(name, keys), leaf)),
+                nnx.to_pure_dict(nnx.state(part, nnx.Param)),
+            )
+        else:
+            filled[name] = stored(name, part)
+    if set(arrays) - used:
+        raise InputError(f"--load {path}: {min(set(arrays) - used)} has no place in this run ({hint})")
     for name, part in parts.items():
         if isinstance(part, nnx.Module):
             state = nnx.state(part, nnx.Param)
-            pure = jax.tree_util.tree_map_with_path(
-                lambda keys, leaf, name=name: jnp.asarray(stored(checkpoint_key(name, keys), leaf)),
-                nnx.to_pure_dict(state),
-            )
-            nnx.replace_by_pure_dict(state, pure)
+            nnx.replace_by_pure_dict(state, filled[name])
             nnx.update(part, state)
-        else:
-            others[name] = stored(name, part)
-    return others
+    return {name: value for name, value in filled.items() if not isinstance(parts[name], nnx.Module)}
 
 
 def checkpoint_key(name: str, keys) -> str:
-    """'q_network/hidden1/kernel' for the leaf at path ('hidden1', 'kernel') of the part called 'q_network'."""
+    """'q_network/hidden1/kernel': the .npz key of the leaf at path ('hidden1', 'kernel') of the part called name."""
     return f"{name}/{jax.tree_util.keystr(keys, simple=True, separator='/')}"
 
 
@@ -1170,7 +1174,7 @@ def evaluation_metrics(evaluation: Evaluation) -> dict:
 def evaluate_saved(args: Args, act, q_network: QNetwork) -> dict:
     """--load: evaluate (and with --video, watch) a saved agent; writes into <out>/eval/."""
     folder = output_folder(args)
-    load_checkpoint(args.load, {"q_network": q_network})
+    load_checkpoint(args.load, {"q_network": q_network}, LOAD_HINT)
     params = nnx.state(q_network)
     metrics = dict(
         **evaluation_metrics(evaluate(act, params, args.eval_episodes, args.eval_seed)),

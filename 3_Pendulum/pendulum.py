@@ -37,7 +37,7 @@ try:  # Ctrl-C while the libraries load: one line and exit status 130, not a tra
     import jax.numpy as jnp
     import numpy as np
     import optax
-    from flax import nnx, traverse_util
+    from flax import nnx
     from gymnasium.wrappers.utils import RunningMeanStd
     from gymnasium.wrappers.vector import RecordEpisodeStatistics
     from tensorflow_probability.substrates.jax import distributions as tfd  # TFP on JAX: no TensorFlow needed
@@ -100,7 +100,9 @@ class Args:
     out: str = flag("runs/pendulum", "folder for metrics.json, the curve PNG and params.npz")
     load: str = flag("", "evaluate the parameters in this .npz instead of training")
     video: bool = flag(False, "also write one deterministic episode of the final policy to <out>/episode.gif")
-    compile_cache: str = flag("~/.cache/jax-rl-course", "JAX's persistent compilation cache ('' = off)")
+    compile_cache: str = flag(
+        "~/.cache/jax-rl-course", "JAX's persistent compilation cache: later runs skip compiling ('' turns it off)"
+    )
 
 
 class Rung(NamedTuple):
@@ -909,19 +911,15 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def parse_args(argv=None) -> Args:
+    """Args from the command line: one flag per field, whose --help line shows its bounds and default."""
     p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in fields(Args):
-        name = "--" + f.name.replace("_", "-")
+        kind = {"type": type(f.default), "choices": f.metadata["choices"]}
         if isinstance(f.default, bool):
-            p.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
-        else:
-            p.add_argument(
-                name,
-                type=type(f.default),
-                default=f.default,
-                help=f.metadata["help"],
-                choices=f.metadata.get("choices"),
-            )
+            kind = {"action": argparse.BooleanOptionalAction}
+        bounds = bounds_text(f.metadata)
+        text = f.metadata["help"] + (f"; must be {bounds}" if bounds else "")
+        p.add_argument("--" + f.name.replace("_", "-"), default=f.default, help=text, **kind)
     first, _ = p.parse_known_args(argv)
     if first.preset == "guide":  # a preset changes the defaults; explicit flags are parsed on top
         p.set_defaults(**GUIDE_PRESET)
@@ -1073,57 +1071,63 @@ def seed_summary(x, bar: float = -200.0) -> dict:
     return out
 
 
-def flat_params(model: nnx.Module, name: str) -> dict:
-    """The nnx.Param arrays of a module as {'name/fc1/kernel': array, …}: the keys of the .npz."""
-    pure = traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(model, nnx.Param)), sep="/")
-    return {f"{name}/{k}": v for k, v in pure.items()}
-
-
 def save_checkpoint(path: str, parts: dict) -> None:
-    """parts: name -> nnx.Module (its nnx.Param state) or np.ndarray. One .npz, keys 'name/…/leaf', no pickle."""
+    """parts: name -> nnx.Module (its nnx.Param arrays) or array. One flat .npz, no pickle: a module's leaf at path
+    ('hidden1', 'kernel') is stored under 'name/hidden1/kernel' (checkpoint_key), an array under its name."""
     arrays = {}
     for name, part in parts.items():
-        arrays.update(flat_params(part, name) if isinstance(part, nnx.Module) else {name: part})
-    np.savez(path, **{k: np.asarray(v) for k, v in arrays.items()})
+        if isinstance(part, nnx.Module):
+            pure = nnx.to_pure_dict(nnx.state(part, nnx.Param))  # nested dict: {'hidden1': {'kernel': …}, …}
+            for keys, leaf in jax.tree_util.tree_leaves_with_path(pure):
+                arrays[checkpoint_key(name, keys)] = np.asarray(leaf)
+        else:
+            arrays[name] = np.asarray(part)
+    np.savez(path, **arrays)
 
 
-def load_checkpoint(path: str, parts: dict) -> dict:
-    """Fill every Module in `parts` in place from `path` (nnx.replace_by_pure_dict); return the arrays stored
-    for the non-Module entries. Raises InputError on a missing, corrupt or mismatched file.
-
-    The non-Module entries give the expected shapes. Here they are only ever the observation statistics of a
-    --norm-obs run (obs_norm_parts), so a file with them and parts without, or the reverse, names that flag."""
+def load_checkpoint(path: str, parts: dict, hint: str) -> dict:
+    """Fill every Module in `parts` in place from `path` (nnx.replace_by_pure_dict) and return the arrays stored
+    under the other names; their values in `parts` give the expected shapes. A missing, corrupt or mismatched file,
+    or one that holds arrays this run has no place for, is an InputError of one line that ends with `hint`."""
     try:
         with np.load(path, allow_pickle=False) as f:
-            data = dict(f)
-    except Exception as e:  # missing, truncated or not an .npz
-        raise InputError(f"--load {path}: cannot read it as .npz ({type(e).__name__}: {e})") from None
-    norm_obs = "obs_norm/mean" in parts
-    if norm_obs != ("obs_norm/mean" in data):
-        raise InputError(
-            f"--load {path}: saved {'with' if not norm_obs else 'without'} --norm-obs; pass the same flag to load it"
-        )
-    arrays = {}
+            arrays = dict(f)
+    except Exception as e:  # missing, truncated, not an .npz, pickled objects …
+        raise InputError(f"--load {path}: not a readable .npz checkpoint ({type(e).__name__})") from None
+    used = set()
+
+    def stored(key: str, like) -> np.ndarray:  # the array saved under `key`, with the shape of `like`
+        if key not in arrays or arrays[key].shape != np.shape(like):
+            found = arrays[key].shape if key in arrays else "missing"
+            raise InputError(f"--load {path}: {key} should have shape {np.shape(like)}, found {found} ({hint})")
+        used.add(key)
+        return arrays[key]
+
+    filled = {}  # every array is checked before any module changes: a refused file changes nothing
     for name, part in parts.items():
-        expected = flat_params(part, name) if isinstance(part, nnx.Module) else {name: part}
-        for key, leaf in expected.items():
-            if key not in data:
-                raise InputError(
-                    f"--load {path}: missing '{key}' (saved with other --sigma/--hidden-size/--activation?)"
-                )
-            if data[key].shape != np.shape(leaf):
-                raise InputError(
-                    f"--load {path}: '{key}' has shape {data[key].shape}, "
-                    f"expected {np.shape(leaf)} (saved with another --hidden-size?)"
-                )
+        if isinstance(part, nnx.Module):
+            filled[name] = jax.tree_util.tree_map_with_path(
+                lambda keys, leaf, name=name: jnp.asarray(stored(checkpoint_key(name, keys), leaf)),
+                nnx.to_pure_dict(nnx.state(part, nnx.Param)),
+            )
+        else:
+            filled[name] = stored(name, part)
+    if set(arrays) - used:
+        raise InputError(f"--load {path}: {min(set(arrays) - used)} has no place in this run ({hint})")
+    for name, part in parts.items():
         if isinstance(part, nnx.Module):
             state = nnx.state(part, nnx.Param)
-            pure = {k.removeprefix(f"{name}/"): jnp.asarray(data[k]) for k in expected}
-            nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict(pure, sep="/"))
+            nnx.replace_by_pure_dict(state, filled[name])
             nnx.update(part, state)
-        else:
-            arrays[name] = data[name]
-    return arrays
+    return {name: value for name, value in filled.items() if not isinstance(parts[name], nnx.Module)}
+
+
+def checkpoint_key(name: str, keys) -> str:
+    """'q_network/hidden1/kernel': the .npz key of the leaf at path ('hidden1', 'kernel') of the part called name."""
+    return f"{name}/{jax.tree_util.keystr(keys, simple=True, separator='/')}"
+
+
+LOAD_HINT = "was it saved with another --hidden-size, --sigma or --norm-obs?"  # the flags that change the arrays
 
 
 def obs_norm_parts(rms: RunningMeanStd | None) -> dict:
@@ -1193,7 +1197,7 @@ def evaluate_saved(args: Args, t_start: float) -> dict:
     agent = new_agent(train_config(args), *jax.random.split(jax.random.key(args.seed), 3)[1:])
     actor, critic = agent.actor, agent.critic
     rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
-    stats = load_checkpoint(args.load, {"actor": actor, "critic": critic, **obs_norm_parts(rms)})
+    stats = load_checkpoint(args.load, {"actor": actor, "critic": critic, **obs_norm_parts(rms)}, LOAD_HINT)
     if rms is not None:
         rms.mean, rms.var = stats["obs_norm/mean"], stats["obs_norm/var"]
     print(f"loaded {args.load}", flush=True)

@@ -672,19 +672,15 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def parse_args(argv=None) -> Args:
+    """Args from the command line: one flag per field, whose --help line shows its bounds and default."""
     p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in fields(Args):
-        name = "--" + f.name.replace("_", "-")
+        kind = {"type": type(f.default), "choices": f.metadata["choices"]}
         if isinstance(f.default, bool):
-            p.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
-        else:
-            p.add_argument(
-                name,
-                type=type(f.default),
-                default=f.default,
-                help=f.metadata["help"],
-                choices=f.metadata.get("choices"),
-            )
+            kind = {"action": argparse.BooleanOptionalAction}
+        bounds = bounds_text(f.metadata)
+        text = f.metadata["help"] + (f"; must be {bounds}" if bounds else "")
+        p.add_argument("--" + f.name.replace("_", "-"), default=f.default, help=text, **kind)
     args = Args(**vars(p.parse_args(argv)))
     try:
         check_flags(args)

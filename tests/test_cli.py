@@ -22,8 +22,9 @@ def test_help_lists_the_flags(script, capsys):
     with pytest.raises(SystemExit) as exit_:
         load_script(script).parse_args(["--help"])
     assert exit_.value.code == 0
-    shown = capsys.readouterr().out
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps the help lines
     assert "--seed" in shown and "--out" in shown
+    assert "must be >= 0 (default: 0)" in shown  # --seed's bound (flag(min=0)) and default
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -144,3 +145,41 @@ def test_main_reports_input_errors_and_nothing_else_exits(script):
     assert set(exits) <= {"reports_input_errors", "run", "OneLineParser", "error"}, (script, exits)
     main = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"][0]
     assert [ast.unparse(d) for d in main.decorator_list] == ["reports_input_errors"], script
+
+
+def _definitions(script: str, names: tuple[str, ...]) -> dict[str, str]:
+    """The source text of each top-level definition of `names` in `script`."""
+    import ast
+
+    source = (REPO / script).read_text()
+    lines = source.splitlines(keepends=True)
+    return {
+        node.name: "".join(lines[node.lineno - 1 : node.end_lineno])
+        for node in ast.parse(source).body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names
+    }
+
+
+CHECKPOINT_CODE = ("save_checkpoint", "load_checkpoint", "checkpoint_key")
+
+
+def test_one_checkpoint_format_and_code_in_dqn_ppo_and_grpo():
+    """DQN, PPO and GRPO save and load the same way (one flat .npz of nnx.Param arrays, no pickle): the code is
+    the same text in all three; each passes its own hint naming the flags that change the arrays."""
+    scripts = [s for s in SCRIPTS if s[0] in "234"]
+    blocks = {script: _definitions(script, CHECKPOINT_CODE) for script in scripts}
+    for script, block in blocks.items():
+        assert sorted(block) == sorted(CHECKPOINT_CODE), (script, sorted(block))
+        assert block == blocks[scripts[0]], f"{script}: the checkpoint code differs from {scripts[0]}'s"
+        assert load_script(script).LOAD_HINT.endswith("?")
+
+
+def test_one_compile_cache_helper_and_flag_in_every_jax_script():
+    """Every script that compiles keeps its programs with the same use_compile_cache and the same --compile-cache."""
+    from dataclasses import fields
+
+    scripts = [s for s in SCRIPTS if not s.startswith("1_")]
+    helpers = {script: _definitions(script, ("use_compile_cache",)) for script in scripts}
+    assert all(h == helpers[scripts[0]] and h for h in helpers.values()), helpers
+    flags = {s: {f.name: f for f in fields(load_script(s).Args)}["compile_cache"] for s in scripts}
+    assert len({(f.default, f.metadata["help"]) for f in flags.values()}) == 1

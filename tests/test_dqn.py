@@ -363,7 +363,7 @@ def test_checkpoint_round_trip_is_exact(tmp_path):
     dqn.save_checkpoint(str(path), {"q_network": dqn.nnx.merge(agent.q_graphdef, params), "step": np.array(7)})
     fresh = dqn.nnx.merge(agent.q_graphdef, _agent(seed=4).state["q_network"])
     assert not _leaves_equal(dqn.nnx.state(fresh), params)
-    others = dqn.load_checkpoint(str(path), {"q_network": fresh, "step": np.array(0)})  # fills `fresh` in place
+    others = dqn.load_checkpoint(str(path), {"q_network": fresh, "step": np.array(0)}, "hint")  # fills `fresh`
     assert _leaves_equal(dqn.nnx.state(fresh), params) and list(others) == ["step"] and int(others["step"]) == 7
     with np.load(path, allow_pickle=False) as f:  # plain arrays, no pickle
         assert sorted(f.files) == sorted(
@@ -424,18 +424,27 @@ def test_load_rejects_a_corrupt_or_mismatched_checkpoint(tmp_path):
     agent = _agent()
     params = agent.state["q_network"]
     parts = {"q_network": dqn.nnx.merge(agent.q_graphdef, params)}
+    before = [np.array(leaf) for leaf in jax.tree.leaves(dqn.nnx.state(parts["q_network"]))]  # a copy, not a view
     with pytest.raises(dqn.InputError, match="not a readable .npz"):
-        dqn.load_checkpoint(str(corrupt), parts)
+        dqn.load_checkpoint(str(corrupt), parts, dqn.LOAD_HINT)
     other = tmp_path / "other.npz"
     small = _agent(hidden_size=8)
     dqn.save_checkpoint(str(other), {"q_network": dqn.nnx.merge(small.q_graphdef, small.state["q_network"])})
-    with pytest.raises(dqn.InputError, match="--hidden-size"):
-        dqn.load_checkpoint(str(other), parts)
+    with pytest.raises(
+        dqn.InputError, match=r"q_network/\w+/kernel should have shape \(16, 2\), found \(8, 2\).*--hidden-"
+    ):
+        dqn.load_checkpoint(str(other), parts, dqn.LOAD_HINT)
     old_format = tmp_path / "old.npz"  # keys without the part's name, as written before save_checkpoint
     np.savez(old_format, **{"hidden1/kernel": np.zeros((4, 16), np.float32)})
     with pytest.raises(dqn.InputError, match="missing"):
-        dqn.load_checkpoint(str(old_format), parts)
-    assert _leaves_equal(dqn.nnx.state(parts["q_network"]), params)  # a refused file changes nothing
+        dqn.load_checkpoint(str(old_format), parts, dqn.LOAD_HINT)
+    extra = tmp_path / "extra.npz"  # every array fits, plus one this run has no place for: refused, not ignored
+    right = {"q_network": dqn.nnx.merge(agent.q_graphdef, _agent(seed=5).state["q_network"]), "step": np.array(1)}
+    dqn.save_checkpoint(str(extra), right)
+    with pytest.raises(dqn.InputError, match="step has no place in this run"):
+        dqn.load_checkpoint(str(extra), parts, dqn.LOAD_HINT)
+    after = jax.tree.leaves(dqn.nnx.state(parts["q_network"]))
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))  # a refused file changes nothing
 
 
 class RecordingBuffer(dqn.ReplayBuffer):

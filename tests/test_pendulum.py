@@ -366,11 +366,13 @@ def test_load_with_other_architecture_is_one_line_error(pen, tmp_path):
             "critic": pen.Critic(3, 64, "tanh", rngs=nnx.Rngs(1)),
         },
     )
-    with pytest.raises(SystemExit, match="error: --load .*missing 'actor/sigma_head"):
+    with pytest.raises(SystemExit, match="error: --load .*actor/sigma_head/bias should .* found missing .*--sigma"):
         pen.main(pen.parse_args(["--load", path, "--sigma", "state", "--out", str(tmp_path / "e")]))
-    with pytest.raises(SystemExit, match="error: --load .*shape.*--hidden-size"):
+    with pytest.raises(
+        SystemExit, match=r"error: --load .*fc1/bias should have shape \(32,\), found \(64,\).*--hidden-"
+    ):
         pen.main(pen.parse_args(["--load", path, "--hidden-size", "32", "--out", str(tmp_path / "e")]))
-    with pytest.raises(SystemExit, match="error: --load .*saved without --norm-obs; pass the same flag"):
+    with pytest.raises(SystemExit, match="error: --load .*obs_norm/mean should .* found missing .*--norm-obs"):
         pen.main(pen.parse_args(["--load", path, "--norm-obs", "--out", str(tmp_path / "e")]))
 
 
@@ -395,17 +397,19 @@ def test_checkpoint_round_trip_fills_modules_and_returns_the_arrays(pen, tmp_pat
     actor2 = pen.Actor(3, 1, 16, "state", "relu", 0.0, rngs=nnx.Rngs(5))
     critic2 = pen.Critic(3, 16, "relu", rngs=nnx.Rngs(6))
     fresh = RunningMeanStd(shape=(3,))
-    arrays = pen.load_checkpoint(path, {"actor": actor2, "critic": critic2, **pen.obs_norm_parts(fresh)})
+    arrays = pen.load_checkpoint(path, {"actor": actor2, "critic": critic2, **pen.obs_norm_parts(fresh)}, "hint")
     for a, b in ((actor, actor2), (critic, critic2)):
         for x, y in zip(jax.tree.leaves(nnx.state(a, nnx.Param)), jax.tree.leaves(nnx.state(b, nnx.Param))):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     np.testing.assert_array_equal(arrays["obs_norm/mean"], rms.mean)
     np.testing.assert_array_equal(arrays["obs_norm/var"], rms.var)
-    with pytest.raises(pen.InputError, match="saved with --norm-obs"):
-        pen.load_checkpoint(path, {"actor": actor2, "critic": critic2})
-    with pytest.raises(pen.InputError, match="missing 'actor/log_std'"):
+    with pytest.raises(pen.InputError, match="obs_norm/mean has no place in this run .*--norm-obs"):
+        pen.load_checkpoint(path, {"actor": actor2, "critic": critic2}, pen.LOAD_HINT)
+    with pytest.raises(pen.InputError, match="actor/log_std should .* found missing"):
         pen.load_checkpoint(
-            path, {"actor": pen.Actor(3, 1, 16, "param", "relu", 0.0, rngs=nnx.Rngs(0)), **pen.obs_norm_parts(fresh)}
+            path,
+            {"actor": pen.Actor(3, 1, 16, "param", "relu", 0.0, rngs=nnx.Rngs(0)), **pen.obs_norm_parts(fresh)},
+            pen.LOAD_HINT,
         )
 
 

@@ -43,7 +43,7 @@ def trained_agent(dqn, seed: int, gamma: float, out: Path, retrain: bool):
         with open(folder / "train.log", "w") as log, contextlib.redirect_stdout(log):  # its progress lines
             dqn.main(dqn.Args(seed=seed, gamma=gamma, out=str(folder)))
     q_network = dqn.build_agent(dqn.Args(seed=seed, gamma=gamma), nnx.Rngs(0)).q_network  # the script's shapes
-    dqn.load_checkpoint(str(checkpoint), {"q_network": q_network})
+    dqn.load_checkpoint(str(checkpoint), {"q_network": q_network}, dqn.LOAD_HINT)
     metrics = json.loads((folder / "metrics.json").read_text())
     return q_network, metrics
 

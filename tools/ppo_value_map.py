@@ -73,7 +73,7 @@ def load_agent(pendulum, run: Path):
     critic = pendulum.Critic(3, saved["hidden_size"], saved["activation"], rngs=nnx.Rngs(1))
     rms = pendulum.RunningMeanStd(shape=(3,)) if saved.get("norm_obs") else None
     parts = {"actor": actor, "critic": critic, **pendulum.obs_norm_parts(rms)}
-    stats = pendulum.load_checkpoint(str(run / "params.npz"), parts)
+    stats = pendulum.load_checkpoint(str(run / "params.npz"), parts, pendulum.LOAD_HINT)
     if rms is not None:
         rms.mean, rms.var = stats["obs_norm/mean"], stats["obs_norm/var"]
     return actor, critic, saved, rms
