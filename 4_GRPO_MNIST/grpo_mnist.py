@@ -133,7 +133,9 @@ class Args:
     pass_k: int = flag(8, "k of pass@k (at most --eval-samples)", min=1)
     out: str = flag("runs/grpo_mnist", "folder for metrics.json, the curve PNG and policy.npz")
     load: str = flag("", "score a saved policy.npz on validation (and test) without training; writes into <out>/eval/")
-    compile_cache: str = flag("~/.cache/jax-rl-course", "JAX's persistent compilation cache folder ('' turns it off)")
+    compile_cache: str = flag(
+        "~/.cache/jax-rl-course", "JAX's persistent compilation cache: later runs skip compiling ('' turns it off)"
+    )
 
 
 # ---- Prompts: a strip of 1..N images; the target is its digits, then EOS
@@ -1092,65 +1094,63 @@ def param_table(args: Args) -> tuple[str, dict]:
 
 
 # ---- Checkpoints and the figure
-def flatten_dict(tree: dict, prefix: str) -> dict[str, np.ndarray]:
-    """{'fc1': {'kernel': a}} under prefix 'actor' -> {'actor/fc1/kernel': a}."""
-    flat = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            flat.update(flatten_dict(v, f"{prefix}/{k}"))
-        else:
-            flat[f"{prefix}/{k}"] = np.asarray(v)
-    return flat
-
-
-def fill_pure_dict(template: dict, arrays: dict, prefix: str, path: str) -> dict:
-    """`template` (a pure dict) with each leaf replaced by arrays['prefix/…/leaf'], checked for presence and shape."""
-    filled = {}
-    for k, v in template.items():
-        key = f"{prefix}/{k}"
-        if isinstance(v, dict):
-            filled[k] = fill_pure_dict(v, arrays, key, path)
-            continue
-        if key not in arrays or arrays[key].shape != v.shape:
-            found = "not in the file" if key not in arrays else f"{arrays[key].shape} in the file, {v.shape} here"
-            raise InputError(
-                f"{path}: parameter {key} is missing or of the wrong shape ({found}); "
-                f"was it saved with another --hidden-size, --decoder-size, --task or --max-digits?"
-            )
-        filled[k] = jnp.asarray(arrays[key])
-    return filled
+LOAD_HINT = "was it saved with another --hidden-size, --decoder-size, --task or --max-digits?"  # what shapes the arrays
 
 
 def save_checkpoint(path: str, parts: dict) -> None:
-    """parts: name -> nnx.Module (its nnx.Param state) or np.ndarray. One .npz, keys 'name/…/leaf', no pickle."""
+    """parts: name -> nnx.Module (its nnx.Param arrays) or array. One flat .npz, no pickle: a module's leaf at path
+    ('hidden1', 'kernel') is stored under 'name/hidden1/kernel' (checkpoint_key), an array under its name."""
     arrays = {}
     for name, part in parts.items():
         if isinstance(part, nnx.Module):
-            arrays.update(flatten_dict(nnx.to_pure_dict(nnx.state(part, nnx.Param)), name))
+            pure = nnx.to_pure_dict(nnx.state(part, nnx.Param))  # nested dict: {'hidden1': {'kernel': …}, …}
+            for keys, leaf in jax.tree_util.tree_leaves_with_path(pure):
+                arrays[checkpoint_key(name, keys)] = np.asarray(leaf)
         else:
             arrays[name] = np.asarray(part)
     np.savez(path, **arrays)
 
 
-def load_checkpoint(path: str, parts: dict) -> dict:
-    """Fill every Module in `parts` in place from `path` (nnx.replace_by_pure_dict); return the arrays stored
-    for the non-Module entries. Raises InputError on a missing, corrupt or mismatched file."""
+def load_checkpoint(path: str, parts: dict, hint: str) -> dict:
+    """Fill every Module in `parts` in place from `path` (nnx.replace_by_pure_dict) and return the arrays stored
+    under the other names; their values in `parts` give the expected shapes. A missing, corrupt or mismatched file,
+    or one that holds arrays this run has no place for, is an InputError of one line that ends with `hint`."""
     try:
         with np.load(path, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
-    except Exception as e:
-        raise InputError(f"cannot read checkpoint file {path} as an .npz of arrays ({type(e).__name__})") from None
-    loaded = {}
+            arrays = dict(f)
+    except Exception as e:  # missing, truncated, not an .npz, pickled objects …
+        raise InputError(f"--load {path}: not a readable .npz checkpoint ({type(e).__name__})") from None
+    used = set()
+
+    def stored(key: str, like) -> np.ndarray:  # the array saved under `key`, with the shape of `like`
+        if key not in arrays or arrays[key].shape != np.shape(like):
+            found = arrays[key].shape if key in arrays else "missing"
+            raise InputError(f"--load {path}: {key} should have shape {np.shape(like)}, found {found} ({hint})")
+        used.add(key)
+        return arrays[key]
+
+    filled = {}  # every array is checked before any module changes: a refused file changes nothing
     for name, part in parts.items():
-        if not isinstance(part, nnx.Module):
-            if name not in arrays:
-                raise InputError(f"{path}: array {name} is missing")
-            loaded[name] = arrays[name]
-            continue
-        state = nnx.state(part, nnx.Param)
-        nnx.replace_by_pure_dict(state, fill_pure_dict(nnx.to_pure_dict(state), arrays, name, path))
-        nnx.update(part, state)
-    return loaded
+        if isinstance(part, nnx.Module):
+            filled[name] = jax.tree_util.tree_map_with_path(
+                lambda keys, leaf, name=name: jnp.asarray(stored(checkpoint_key(name, keys), leaf)),
+                nnx.to_pure_dict(nnx.state(part, nnx.Param)),
+            )
+        else:
+            filled[name] = stored(name, part)
+    if set(arrays) - used:
+        raise InputError(f"--load {path}: {min(set(arrays) - used)} has no place in this run ({hint})")
+    for name, part in parts.items():
+        if isinstance(part, nnx.Module):
+            state = nnx.state(part, nnx.Param)
+            nnx.replace_by_pure_dict(state, filled[name])
+            nnx.update(part, state)
+    return {name: value for name, value in filled.items() if not isinstance(parts[name], nnx.Module)}
+
+
+def checkpoint_key(name: str, keys) -> str:
+    """'q_network/hidden1/kernel': the .npz key of the leaf at path ('hidden1', 'kernel') of the part called name."""
+    return f"{name}/{jax.tree_util.keystr(keys, simple=True, separator='/')}"
 
 
 def plot_scores(ax, history: list[dict], k: int) -> list[int]:
@@ -1258,7 +1258,7 @@ def evaluate_saved(args: Args, data: Data) -> dict:
     evaluation key, the test set with score_test_set's, both drawn from --seed), so the run's flags reproduce its
     final scores; writes <out>/eval/metrics.json. policy.npz holds no π_ref, so no KL to it is reported."""
     policy = Policy(slots_for(args), args.hidden_size, args.decoder_size, rngs=nnx.Rngs(args.seed))
-    load_checkpoint(args.load, {"policy": policy})
+    load_checkpoint(args.load, {"policy": policy}, LOAD_HINT)
     nnx.update(policy, place(nnx.state(policy), args.rules))  # laid out on the mesh as train() lays it out
     print(f"data: {data.source}\nloaded {args.load}", flush=True)
     _, eval_key = jax.random.split(jax.random.key(args.seed))  # train()'s evaluation key

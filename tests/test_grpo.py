@@ -1070,19 +1070,19 @@ def test_checkpoint_round_trips_and_bad_file_is_an_error(tmp_path):
             "step",
         ]
     loaded = g.Policy(2, 8, 16, rngs=nnx.Rngs(0))  # other weights, filled in place
-    arrays = g.load_checkpoint(path, {"policy": loaded, "step": None})
+    arrays = g.load_checkpoint(path, {"policy": loaded, "step": np.array(0)}, g.LOAD_HINT)
     prompt, tokens = jnp.ones((2, 16)), jnp.array([[1, 2], [3, EOS]])
     np.testing.assert_array_equal(policy(prompt, tokens), loaded(prompt, tokens))
     assert int(arrays["step"]) == 7
-    with pytest.raises(g.InputError, match="wrong shape.*--hidden-size"):
-        g.load_checkpoint(path, {"policy": g.Policy(2, 32, 16, rngs=nnx.Rngs(0))})
-    with pytest.raises(g.InputError, match="critic/decoder/.* missing"):
-        g.load_checkpoint(path, {"critic": g.Policy(2, 8, 16, rngs=nnx.Rngs(0))})
+    with pytest.raises(g.InputError, match=r"should have shape .* found .*--hidden-size"):
+        g.load_checkpoint(path, {"policy": g.Policy(2, 32, 16, rngs=nnx.Rngs(0))}, g.LOAD_HINT)
+    with pytest.raises(g.InputError, match="critic/decoder/.* found missing"):
+        g.load_checkpoint(path, {"critic": g.Policy(2, 8, 16, rngs=nnx.Rngs(0))}, g.LOAD_HINT)
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
-    with pytest.raises(g.InputError, match="cannot read"):
-        g.load_checkpoint(str(tmp_path / "bad.npz"), {"policy": loaded})
-    with pytest.raises(g.InputError, match="cannot read"):
-        g.load_checkpoint(str(tmp_path / "gone.npz"), {"policy": loaded})
+    with pytest.raises(g.InputError, match="not a readable .npz"):
+        g.load_checkpoint(str(tmp_path / "bad.npz"), {"policy": loaded}, g.LOAD_HINT)
+    with pytest.raises(g.InputError, match="not a readable .npz"):
+        g.load_checkpoint(str(tmp_path / "gone.npz"), {"policy": loaded}, g.LOAD_HINT)
 
 
 @pytest.mark.unit
@@ -1219,9 +1219,9 @@ def test_load_scores_the_saved_policy_as_its_run_did(tmp_path, cli_run, capsys):
     assert [p.name for p in (out / "eval").iterdir()] == ["metrics.json"]
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     for path, wider, message in (
-        (tmp_path / "bad.npz", [], "cannot read checkpoint file"),
+        (tmp_path / "bad.npz", [], "not a readable .npz checkpoint"),
         (tmp_path / "gone.npz", [], "--load: no such file"),
-        (out / "policy.npz", ["--hidden-size", "8"], "wrong shape.*--hidden-size"),
+        (out / "policy.npz", ["--hidden-size", "8"], "should have shape.*--hidden-size"),
     ):
         argv = [*flags, *wider, "--load", str(path), "--out", str(tmp_path / "o")]
         with pytest.raises(SystemExit, match=f"^error: .*{message}") as e:
