@@ -738,7 +738,7 @@ def train_seeds(args: Args, devices: list) -> list[tuple[nnx.State, dict]]:
     runners = jax.tree.map(
         lambda *x: jnp.stack(x), *[init(jax.random.key(s)) for s in range(args.seed, args.seed + args.num_seeds)]
     )
-    mesh = jax.sharding.Mesh(np.array(devices), ("seed",), axis_types=(jax.sharding.AxisType.Auto,))
+    mesh = jax.make_mesh((len(devices),), ("seed",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
     by_seed = jax.sharding.PartitionSpec("seed")
     runners = jax.device_put(runners, jax.sharding.NamedSharding(mesh, by_seed))
     print(first_line(args, train.schedule, len(devices)), flush=True)

@@ -174,8 +174,10 @@ NORMAL_INIT = nnx.initializers.normal(0.02)  # N(0, 0.02²), the usual init of a
 
 
 def with_axes(names: tuple[str, ...], init=NORMAL_INIT):
-    """An initializer whose Variable carries logical axis names (metadata `out_sharding`)."""
-    return nnx.with_partitioning(init, names)
+    """An initializer whose Variable carries logical axis names (metadata `out_sharding`). We place the arrays
+    ourselves (out_shardings, device_put), so NNX's eager sharding, which would want a mesh and rules naming every
+    logical axis at construction, is off."""
+    return nnx.with_partitioning(init, names, eager_sharding=False)
 
 
 def batch_layout(weight, names: tuple[str, ...], rules):
@@ -268,16 +270,12 @@ def make_model_and_optimizer(config: ModelConfig) -> TrainState:
 
 def init_state(config: ModelConfig) -> nnx.State:
     """The TrainState's state as a pure pytree, for a jitted init."""
-    # We place the arrays ourselves (out_shardings, device_put), so switch off NNX's eager sharding,
-    # which would otherwise want a mesh, and rules naming every logical axis, at construction.
-    with nnx.use_eager_sharding(False):
-        return nnx.state(make_model_and_optimizer(config))
+    return nnx.state(make_model_and_optimizer(config))
 
 
 def abstract_state(config: ModelConfig):
     """graphdef + the state's shapes, dtypes and logical-axis metadata, without computing any value."""
-    with nnx.use_eager_sharding(False):
-        return nnx.split(nnx.eval_shape(lambda: make_model_and_optimizer(config)))
+    return nnx.split(nnx.eval_shape(lambda: make_model_and_optimizer(config)))
 
 
 def mesh_specs(tree, rules, mesh_axes=MESH_AXES):

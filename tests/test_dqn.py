@@ -1092,3 +1092,38 @@ def test_seed_summary_is_module_3s():
     assert dqn.seed_summary(x, 475) == ppo.seed_summary(x, 475)
     assert dqn.seed_summary(x, 475)["solved"] == int((x >= 475).sum())
     assert dqn.seed_summary([500.0], 475)["iqm_ci"] is None
+
+
+@pytest.mark.smoke
+def test_dqn_jax_time_counts_the_flops_and_prints_every_row(tmp_path):
+    """tools/dqn_jax_time.py: its FLOP count of one Adam step against hand arithmetic, then a tiny run (2 seeds,
+    2,000 env steps: 4 training calls of 128 Adam steps per seed) that prints every row of its table. The default
+    4-128-128-2 network, batch 64: one forward is 64 · 2 · (4·128 + 128·128 + 128·2) = 2,195,456 FLOP; a Double DQN
+    step is forward + backward (2×) + the target network on s' + the online network on s' = 5 × that. Without Double
+    DQN, hidden 8, batch 2, dueling (a fifth Linear 8 → 1): 4 × 2 · 2 · (32 + 64 + 16 + 8) = 1,920. Mutations caught:
+    the backward pass counted once (4 ×, 3 ×), the online forward on s' counted without Double DQN, the dueling
+    layer left out, a row of the table dropped."""
+    tool = load_script("tools/dqn_jax_time.py")
+    default = tool.update_flops(dqn.Args(), dqn.OBS_DIM, dqn.N_ACTIONS)
+    assert default["forward"] == 2_195_456 and default["total"] == 5 * 2_195_456
+    small = dqn.Args(double_dqn=False, dueling=True, hidden_size=8, batch_size=2)
+    assert tool.update_flops(small, 4, 2)["total"] == 1_920
+    proc = run_script("tools/dqn_jax_time.py", "--num-seeds", "2", "--total-timesteps", "2000", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "= 10.98 MFLOP" in out and "512 Adam steps × 10.98 MFLOP = 5.6 GFLOP; 2 seed(s): 11.2 GFLOP" in out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [row[0].strip().split(":")[0].split(" (")[0] for row in rows[1:]] == [
+        "compiling the run",
+        "the run",
+        "its updates alone",
+        "the rest",
+        "the run with its training calls off",
+        "its validation alone",
+        "one seed's training call, 1 device",
+    ]
+    seconds = {row[0].strip().split(":")[0]: float(row[1]) for row in rows[1:]}
+    assert seconds["the run"] > 0 and seconds["its updates alone"] > 0
+    assert float(out.split("run / floor = ")[1].split(";")[0]) > 0
+    bad = run_script("tools/dqn_jax_time.py", "--total-timesteps", "1008", cwd=tmp_path)  # no training call yet
+    assert bad.returncode == 1 and bad.stderr.startswith("error: ") and len(bad.stderr.strip().splitlines()) == 1

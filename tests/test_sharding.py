@@ -190,8 +190,7 @@ def test_a_linear_without_with_partitioning_is_replicated_by_every_rule_set():
     from jax.sharding import PartitionSpec as P
 
     plain = nnx.Linear(64, 256, use_bias=False, rngs=nnx.Rngs(0))
-    with nnx.use_eager_sharding(False):  # as the script builds its model: names stored, nothing placed yet
-        named = nnx.Linear(64, 256, use_bias=False, kernel_init=sm.with_axes(("embed", "mlp")), rngs=nnx.Rngs(0))
+    named = nnx.Linear(64, 256, use_bias=False, kernel_init=sm.with_axes(("embed", "mlp")), rngs=nnx.Rngs(0))
     sizes = {"data": 4, "model": 2}
     for rules in sm.RULE_SETS.values():
         assert nnx.to_pure_dict(sm.mesh_specs(nnx.state(plain), rules))["kernel"] == P()
