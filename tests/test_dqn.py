@@ -836,7 +836,7 @@ def test_jax_validation_plays_the_python_loops_validation_episodes(tiny):
     assert _leaves_equal(kept.params, other) and int(kept.step) == 0
 
 
-@pytest.mark.unit
+@pytest.mark.integration
 def test_a_seed_in_the_vmap_is_the_same_as_that_seed_alone(tiny):
     """Seeds 5, 6, 7 vmapped in one call: seed 6 ends with the same θ, Adam state, buffer and logs as train(key 6)
     alone, up to float rounding (XLA's batched kernels may round differently). Mutations caught: seeds that mix
@@ -1094,7 +1094,7 @@ def test_seed_summary_is_module_3s():
     assert dqn.seed_summary([500.0], 475)["iqm_ci"] is None
 
 
-@pytest.mark.smoke
+@pytest.mark.integration
 def test_dqn_jax_time_counts_the_flops_and_prints_every_row(tmp_path):
     """tools/dqn_jax_time.py: its FLOP count of one Adam step against hand arithmetic, then a tiny run (2 seeds,
     2,000 env steps: 4 training calls of 128 Adam steps per seed) that prints every row of its table. The default
