@@ -851,7 +851,8 @@ def seed_summary(x, bar: float) -> dict:
 
 def seeds_metrics(args: Args, act, runs: list, first: Evaluation | None) -> dict:
     """What metrics.json adds for --backend jax: the seeds, and unless Ctrl-C stopped the run, every seed's final
-    greedy evaluation on the test episodes (the first seed's is `first`, already made) and how many solved it."""
+    greedy evaluation on the test episodes (the first seed's is `first`, already made), how many solved it and, for
+    several seeds, their summary (seed_summary)."""
     _, log = runs[0]
     metrics = dict(
         backend="jax",
@@ -877,13 +878,14 @@ def seeds_metrics(args: Args, act, runs: list, first: Evaluation | None) -> dict
         )
         for seed, final, (_, log) in zip(metrics["seeds"], finals, runs)
     ]
-    return dict(
-        metrics,
+    metrics.update(
         eval_return_per_seed=[float(r) for r in returns],
         solved=int((returns >= args.solve_threshold).sum()),
-        across_seeds=seed_summary(returns, args.solve_threshold),
         per_seed=per_seed,
     )
+    if len(returns) > 1:  # one seed has no spread to summarise (and does not pay for importing scipy)
+        metrics["across_seeds"] = seed_summary(returns, args.solve_threshold)
+    return metrics
 
 
 def print_seeds(args: Args, metrics: dict) -> None:
