@@ -102,21 +102,26 @@ PRESET_LINES = (
 )
 
 
-def _shared_block(script: str) -> dict[str, str]:
-    """The source text of each shared CLI definition in `script` (3_Pendulum's --preset lines left out)."""
+def _definitions(script: str, names: tuple[str, ...]) -> dict[str, str]:
+    """The source text of each top-level definition of `names` in `script`."""
     import ast
 
     source = (REPO / script).read_text()
     lines = source.splitlines(keepends=True)
-    found = {}
-    for node in ast.parse(source).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in SHARED_BLOCK:
-            text = "".join(lines[node.lineno - 1 : node.end_lineno])
-            if script.startswith("3_Pendulum") and node.name == "parse_args":
-                for line in PRESET_LINES:
-                    assert line in text, f"{script}: parse_args lost its preset line {line!r}"
-                    text = text.replace(line, "")
-            found[node.name] = text
+    return {
+        node.name: "".join(lines[node.lineno - 1 : node.end_lineno])
+        for node in ast.parse(source).body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names
+    }
+
+
+def _shared_block(script: str) -> dict[str, str]:
+    """The source text of each shared CLI definition in `script` (3_Pendulum's --preset lines left out)."""
+    found = _definitions(script, SHARED_BLOCK)
+    if script.startswith("3_Pendulum") and "parse_args" in found:
+        for line in PRESET_LINES:
+            assert line in found["parse_args"], f"{script}: parse_args lost its preset line {line!r}"
+            found["parse_args"] = found["parse_args"].replace(line, "")
     return found
 
 
@@ -145,19 +150,6 @@ def test_main_reports_input_errors_and_nothing_else_exits(script):
     assert set(exits) <= {"reports_input_errors", "run", "OneLineParser", "error"}, (script, exits)
     main = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"][0]
     assert [ast.unparse(d) for d in main.decorator_list] == ["reports_input_errors"], script
-
-
-def _definitions(script: str, names: tuple[str, ...]) -> dict[str, str]:
-    """The source text of each top-level definition of `names` in `script`."""
-    import ast
-
-    source = (REPO / script).read_text()
-    lines = source.splitlines(keepends=True)
-    return {
-        node.name: "".join(lines[node.lineno - 1 : node.end_lineno])
-        for node in ast.parse(source).body
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names
-    }
 
 
 CHECKPOINT_CODE = ("save_checkpoint", "load_checkpoint", "checkpoint_key")
