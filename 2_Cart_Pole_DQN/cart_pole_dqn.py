@@ -727,13 +727,23 @@ def most_devices(num_seeds: int, at_most: int) -> int:
     return max(k for k in range(1, at_most + 1) if num_seeds % k == 0)
 
 
+def over_seeds(fn: Callable, seeds_per_device: int) -> Callable:
+    """fn of one seed, applied to one device's seeds, stacked on a leading axis: jax.vmap(fn), except for a single
+    seed, which runs unbatched (the axis dropped, then put back). vmap over an axis of size 1 would give every
+    matrix product a batch axis of size 1, and XLA's CPU backend sends batched products to a slower kernel than
+    plain 2-D ones."""
+    if seeds_per_device > 1:
+        return jax.vmap(fn)
+    return lambda seeds: jax.tree.map(lambda x: x[None], fn(jax.tree.map(lambda x: x[0], seeds)))
+
+
 def train_seeds(args: Args, devices: list) -> list[tuple[nnx.State, dict]]:
-    """--backend jax: make_train(args), its run vmapped over the seeds and sharded across `devices`: one compiled
-    call trains every seed. The progress lines are printed when it returns (for several seeds, their means).
+    """--backend jax: make_train(args), its run vmapped over the seeds (over_seeds) and sharded across `devices`: one
+    compiled call trains every seed. The progress lines are printed when it returns (for several seeds, their means).
     Returns each seed's last parameters and log, as train() returns them."""
     train = make_train(args)
     # Each seed's init is compiled once and run on its own; the runners are stacked on a leading seed axis S, and
-    # device i gets seeds i·S/D … (i+1)·S/D − 1. run, vmapped, then trains them without communication.
+    # device i gets seeds i·S/D … (i+1)·S/D − 1. run, over each device's seeds, then trains them without communication.
     init = jax.jit(train.init)
     runners = jax.tree.map(
         lambda *x: jnp.stack(x), *[init(jax.random.key(s)) for s in range(args.seed, args.seed + args.num_seeds)]
@@ -743,9 +753,10 @@ def train_seeds(args: Args, devices: list) -> list[tuple[nnx.State, dict]]:
     runners = jax.device_put(runners, jax.sharding.NamedSharding(mesh, by_seed))
     print(first_line(args, train.schedule, len(devices)), flush=True)
     t_train = time.perf_counter()
+    seeds_of_a_device = over_seeds(train.run, args.num_seeds // len(devices))
     # check_vma=False: the seeds never communicate, so shard_map need not track which values differ across devices
     # (it would reject the constant NaN that a lax.cond branch returns where the other returns a per-seed value)
-    per_device = jax.shard_map(jax.vmap(train.run), mesh=mesh, in_specs=by_seed, out_specs=by_seed, check_vma=False)
+    per_device = jax.shard_map(seeds_of_a_device, mesh=mesh, in_specs=by_seed, out_specs=by_seed, check_vma=False)
     run = jax.jit(per_device).lower(runners).compile()
     compile_seconds = time.perf_counter() - t_train
     out, interrupted = run(runners), False  # dispatched: XLA runs every step in this one call
@@ -809,8 +820,9 @@ def mean_or_nan(values: list) -> float:
 
 def first_line(args: Args, schedule: Schedule, devices: int) -> str:
     """What a --backend jax run is about to do, printed before it starts."""
+    split = f" vmapped, split across {devices} device(s)" if args.num_seeds > devices else ", one per device (no vmap)"
     return (
-        f"DQN on a JAX port of {ENV_ID}: {args.num_seeds} seed(s) vmapped, split across {devices} device(s); "
+        f"DQN on a JAX port of {ENV_ID}: {args.num_seeds} seed(s){split}; "
         f"per seed {len(schedule.epsilon)} steps × {args.num_envs} envs, {int(schedule.train.sum())} training calls "
         f"× {args.gradient_steps} Adam steps, {int(schedule.evaluate.sum())} periodic evaluations"
         + ("; progress lines: the mean over the seeds" if args.num_seeds > 1 else "")

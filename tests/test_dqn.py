@@ -851,6 +851,21 @@ def test_a_seed_in_the_vmap_is_the_same_as_that_seed_alone(tiny):
     assert not np.allclose(np.asarray(together.buffer.data.obs)[0], np.asarray(together.buffer.data.obs)[1])
 
 
+@pytest.mark.integration
+def test_a_device_with_one_seed_runs_it_unbatched(capsys):
+    """train_seeds with one seed on one device returns exactly what jax.jit(train)(key) returns: no vmap, whose
+    batch axis of size 1 would send every matrix product to XLA's batched kernel, which rounds differently. The
+    network and minibatch have their default sizes, where the two kernels differ. Mutation caught: vmap for one
+    seed."""
+    args = dqn.Args(**{**JAX_TINY, "hidden_size": 128, "batch_size": 64, "seed": 6})
+    ((last_params, log),) = dqn.train_seeds(args, jax.devices()[:1])
+    alone, steps = jax.jit(dqn.make_train(args))(jax.random.key(6))
+    assert _leaves_equal(last_params, alone.state["q_network"])
+    assert _leaves_equal(log["best"]["params"], alone.best.params)
+    assert [row["eval_return"] for row in log["curve"]] == [round(float(r), 2) for r in steps.eval_return if r == r]
+    assert "1 seed(s), one per device (no vmap);" in capsys.readouterr().out
+
+
 # ----------------------------------------------------------------------------- smoke
 
 
@@ -936,12 +951,15 @@ def test_jax_backend_cli_two_seeds(tmp_path):
     proc = run_script(SCRIPT, *flags, "--out", str(out), cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert proc.stdout.startswith("DQN on a JAX port of CartPole-v1: 2 seed(s) vmapped")
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("DQN on a JAX port of CartPole-v1: 2 seed(s)")
     progress = [line for line in proc.stdout.splitlines() if line.startswith("step=")]
     assert len(progress) == 1 and progress[0].startswith("step=2000 ") and "eval_return=" in progress[0]
     assert "per seed (final greedy evaluation" in proc.stdout and "across 2 seeds:" in proc.stdout
     m = json.loads((out / "metrics.json").read_text())
     assert m["backend"] == "jax" and m["seeds"] == [0, 1] and m["devices"] in (1, 2) and m["env_steps"] == 2000
+    # one device per core, at most two: both seeds vmapped on one device, or one seed per device, unbatched
+    assert ("2 seed(s), one per device (no vmap);" in first) == (m["devices"] == 2)
     returns = m["eval_return_per_seed"]
     assert len(returns) == 2 and returns[0] != returns[1] and m["eval_return_mean"] == returns[0]
     assert m["solved"] == sum(r >= 475 for r in returns) and m["across_seeds"]["n"] == 2
@@ -1102,19 +1120,27 @@ def test_dqn_jax_time_counts_the_flops_and_prints_every_row(tmp_path):
     2,000 env steps: 4 training calls of 128 Adam steps per seed) that prints every row of its table. The default
     4-128-128-2 network, batch 64: one forward is 64 · 2 · (4·128 + 128·128 + 128·2) = 2,195,456 FLOP; a Double DQN
     step is forward + backward (2×) + the target network on s' + the online network on s' = 5 × that. Without Double
-    DQN, hidden 8, batch 2, dueling (a fifth Linear 8 → 1): 4 × 2 · 2 · (32 + 64 + 16 + 8) = 1,920. Mutations caught:
-    the backward pass counted once (4 ×, 3 ×), the online forward on s' counted without Double DQN, the dueling
-    layer left out, a row of the table dropped."""
+    DQN, hidden 8, batch 2, dueling (a fifth Linear 8 → 1): 4 × 2 · 2 · (32 + 64 + 16 + 8) = 1,920. Then its
+    whole-process table: a row per command whose parts add up to the warm run. Mutations caught: the backward pass
+    counted once (4 ×, 3 ×), the online forward on s' counted without Double DQN, the dueling layer left out, a row
+    of a table dropped, a part of the whole process counted twice or left out."""
     tool = load_script("tools/dqn_jax_time.py")
     default = tool.update_flops(dqn.Args(), dqn.OBS_DIM, dqn.N_ACTIONS)
     assert default["forward"] == 2_195_456 and default["total"] == 5 * 2_195_456
     small = dqn.Args(double_dqn=False, dueling=True, hidden_size=8, batch_size=2)
     assert tool.update_flops(small, 4, 2)["total"] == 1_920
-    proc = run_script("tools/dqn_jax_time.py", "--num-seeds", "2", "--total-timesteps", "2000", cwd=tmp_path)
+    flags = ["--num-seeds", "2", "--total-timesteps", "2000", "--rounds", "1"]
+    proc = run_script("tools/dqn_jax_time.py", *flags, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
+    out, whole = proc.stdout.split("\nwhole process, ")
     assert "= 10.98 MFLOP" in out and "512 Adam steps × 10.98 MFLOP = 5.6 GFLOP; 2 seed(s): 11.2 GFLOP" in out
-    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+
+    def table(text):
+        lines = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+        return [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines]
+
+    rows = table(out)
+    one_per_device = "2 seed(s) one per device" in out  # 2 devices: each seed runs unbatched, and vmapped for contrast
     assert [row[0].strip().split(":")[0].split(" (")[0] for row in rows[1:]] == [
         "compiling the run",
         "the run",
@@ -1123,9 +1149,19 @@ def test_dqn_jax_time_counts_the_flops_and_prints_every_row(tmp_path):
         "the run with its training calls off",
         "its validation alone",
         "one seed's training call, 1 device",
-    ]
+    ] + ["the run vmapped over a seed axis of size 1"] * one_per_device
     seconds = {row[0].strip().split(":")[0]: float(row[1]) for row in rows[1:]}
     assert seconds["the run"] > 0 and seconds["its updates alone"] > 0
     assert float(out.split("run / floor = ")[1].split(";")[0]) > 0
-    bad = run_script("tools/dqn_jax_time.py", "--total-timesteps", "1008", cwd=tmp_path)  # no training call yet
-    assert bad.returncode == 1 and bad.stderr.startswith("error: ") and len(bad.stderr.strip().splitlines()) == 1
+    header, *commands = table(whole)
+    assert header == ["command", "cold", "warm", "warm runs", "compiling", "the run", "the rest"]
+    names = ["--backend jax --num-seeds 2", "gymnasium (the default, one seed)", "its libraries alone: python -c"]
+    assert [row[0].split(" 'import")[0] for row in commands] == names
+    for _, cold, warm, warm_runs, *parts in commands[:2]:
+        assert float(cold) > 0 and warm_runs == warm and float(parts[1]) > 0
+        assert abs(sum(map(float, parts)) - float(warm)) <= 0.2  # four numbers, each rounded to 0.1 s
+    _, _, warm, _, *parts = commands[2]
+    assert parts == ["—", "—", warm] and 0 < float(warm) < float(commands[0][2])
+    for bad_flags in (["--total-timesteps", "1008"], ["--rounds", "0"]):  # no training call yet; no warm run
+        bad = run_script("tools/dqn_jax_time.py", *bad_flags, cwd=tmp_path)
+        assert bad.returncode == 1 and bad.stderr.startswith("error: ") and len(bad.stderr.strip().splitlines()) == 1

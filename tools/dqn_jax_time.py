@@ -13,8 +13,9 @@
 2. Measured, in one process, each program compiled without the persistent cache (unless --compile-cache names
    one), on the devices that the script's train_seeds uses (--host-devices, as the script takes it):
    a. the run: the script's own train_seeds, its compile seconds and run seconds, as the script prints them;
-   b. its updates alone: the script's own compiled update (make_step_fns, the one the run calls), vmapped over the
-      seeds and split across the same devices, the same number of training calls of gradient_steps Adam steps
+   b. its updates alone: the script's own compiled update (make_step_fns, the one the run calls), over the seeds
+      as the run does it (over_seeds: vmapped, or unbatched for one seed per device) and split across the same
+      devices, the same number of training calls of gradient_steps Adam steps
       each on fixed random minibatches, θ⁻ ← θ after each call (the default run syncs once per training call).
       Nothing else runs, so this is the floor of the run on this machine;
    c. the rest, run − updates: the environments, the replay buffer, ε-greedy and the validation episodes; and,
@@ -22,13 +23,24 @@
       one, whose validation episodes end early: a lower bound of the rest), and the validation alone, estimated
       as the run's number of evaluations times one at the run's last θ (earlier, less trained θ end sooner);
    d. for reference, one seed's training call alone on one device, as the gymnasium backend calls it: its GFLOP/s,
-      and the time all the Adam steps of the run would take at that rate on every device.
+      and the time all the Adam steps of the run would take at that rate on every device;
+   e. with one seed per device, also the same run vmapped over a seed axis of size 1, which over_seeds avoids:
+      every matrix product then has a batch axis, and XLA's CPU backend runs batched products on a slower kernel.
+3. Measured as a learner runs it, whole process (`python 2_Cart_Pole_DQN/cart_pole_dqn.py …`, from start to exit):
+   the same --backend jax run; for reference, the default gymnasium backend (one seed); and Python's start, the
+   script's libraries and the exit alone (`python -c 'import …'`). Each runs once with an empty --compile-cache
+   (cold), then --rounds more times from that cache (warm); the rounds alternate between the commands. The warm
+   run of median length is split by its metrics.json: compiling, the run (train_seconds − compiling), and the
+   rest: Python's start, the imports, building the agent, the final test episodes, the summaries, the files and
+   the exit.
 
 Timings need a quiet machine: another process on the same cores slows every row (the load average is printed at
-the start and at the end). Each program runs once, after its compilation: a cold start, as a user's first run.
+the start and at the end). The whole processes of 3 run first, before this process starts JAX; then each program
+of 2 runs once, after its compilation: a cold start, as a user's first run.
 
     python tools/dqn_jax_time.py                                 # 16 seeds × 50,000 env steps, a few minutes
-    python tools/dqn_jax_time.py --num-seeds 2 --total-timesteps 2000
+    python tools/dqn_jax_time.py --num-seeds 1                   # one seed, as the script runs by default
+    python tools/dqn_jax_time.py --num-seeds 2 --total-timesteps 2000 --rounds 1
 
 The course script is imported by path; the script itself imports nothing from here.
 """
@@ -38,8 +50,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,6 +65,8 @@ from course import REPO, load_script  # noqa: E402
 
 SCRIPT = "2_Cart_Pole_DQN/cart_pole_dqn.py"
 REFERENCE_CALLS = 8  # d: training calls of one seed, timed after one that compiles
+# 3: the libraries the script imports at its top, and pyplot, which its plot imports
+IMPORTS = "import gymnasium, jax, jax.numpy, numpy, optax, flax.nnx, matplotlib.pyplot"
 
 
 def update_flops(args, obs_dim: int, n_actions: int) -> dict:
@@ -70,7 +87,10 @@ def parse(argv=None):
         "--host-devices", type=int, default=-1, help="CPU devices the seeds are split across, as the script's flag"
     )
     p.add_argument("--compile-cache", default="", help="JAX's persistent compilation cache ('' none: a cold start)")
+    p.add_argument("--rounds", type=int, default=3, help="warm whole-process runs of each command (the median)")
     a = p.parse_args(argv)
+    if a.rounds < 1:
+        p.exit(1, "error: --rounds must be >= 1\n")
     dqn = load_script(SCRIPT)
     args = dqn.Args(
         backend="jax",
@@ -90,14 +110,16 @@ def parse(argv=None):
     if dqn.derived(args).n_train_calls < 1:
         first = (args.learning_starts // args.train_frequency + 1) * args.train_frequency
         p.exit(1, f"error: --total-timesteps {args.total_timesteps} makes no training call; the first is at {first}\n")
-    return p, args
+    return p, args, a.rounds
 
 
 def main(argv=None) -> None:
-    p, args = parse(argv)
+    p, args, rounds = parse(argv)
     os.chdir(REPO)
     dqn = load_script(SCRIPT)
     load_at_start = os.getloadavg()[0]
+    # 3 first, while this process has not started JAX: its whole-process runs have the machine to themselves
+    whole = whole_processes(whole_process_commands(args), rounds)
     dqn.use_sequential_xla_scheduler()  # as the script's command line does, before JAX starts its backend
     import jax
     import jax.numpy as jnp
@@ -138,15 +160,16 @@ def main(argv=None) -> None:
     log = runs[0][1]
     compile_s, run_s = log["compile_seconds"], log["train_seconds"] - log["compile_seconds"]
 
-    # the same devices and seed axis for the measurements below: fn(one seed's inputs), vmapped, split by seed
+    # the same devices and seed axis for the measurements below: fn(one seed's inputs), over the seeds as the run
     mesh = jax.sharding.Mesh(np.array(devices), ("seed",), axis_types=(jax.sharding.AxisType.Auto,))
     by_seed = jax.sharding.PartitionSpec("seed")
 
-    def per_seed(fn, inputs):
-        """Compile jit(shard_map(vmap(fn))) for `inputs` (stacked on a leading seed axis), run it once: (out, compile
-        seconds, run seconds)."""
+    def per_seed(fn, inputs, vmapped=False):
+        """Compile jit(shard_map(over_seeds(fn))) for `inputs` (stacked on a leading seed axis), run it once: (out,
+        compile seconds, run seconds). vmapped: jax.vmap(fn) even for one seed per device."""
         inputs = jax.device_put(inputs, jax.sharding.NamedSharding(mesh, by_seed))
-        sharded = jax.shard_map(jax.vmap(fn), mesh=mesh, in_specs=by_seed, out_specs=by_seed, check_vma=False)
+        seeds_of_a_device = jax.vmap(fn) if vmapped else dqn.over_seeds(fn, args.num_seeds // len(devices))
+        sharded = jax.shard_map(seeds_of_a_device, mesh=mesh, in_specs=by_seed, out_specs=by_seed, check_vma=False)
         t = time.perf_counter()
         compiled = jax.jit(sharded).lower(inputs).compile()
         t_compile = time.perf_counter() - t
@@ -210,12 +233,18 @@ def main(argv=None) -> None:
     reference_flop = REFERENCE_CALLS * args.gradient_steps * flops["total"]
     reference_rate = reference_flop / reference_s
 
+    # 2e. one seed per device: the same run vmapped over a seed axis of size 1, which over_seeds avoids
+    one_per_device = s == len(devices)
+    if one_per_device:
+        _, _, vmapped_s = per_seed(train.run, runners, vmapped=True)
+
     def row(part, seconds, share=True, flop=None):
         share_text = f"{100 * seconds / run_s:.0f} %" if share else "—"
         rate = f"{flop / seconds / 1e9:.1f}" if flop else "—"
         return f"| {part} | {seconds:.2f} | {share_text} | {rate} |"
 
     d = len(devices)
+    how = "vmapped" if s > d else "one per device"
     rest_s = run_s - updates_s
     lines = [
         f"{s} seed(s) × {args.total_timesteps:,} env steps on {d} device(s); each program compiled "
@@ -225,12 +254,13 @@ def main(argv=None) -> None:
         "| part | seconds | share of the run | GFLOP/s (Adam steps) |",
         "| --- | --- | --- | --- |",
         row("compiling the run (train_seeds)", compile_s, share=False),
-        row(f"the run: {s} seed(s) vmapped, {n_calls} training calls each", run_s, flop=total),
+        row(f"the run: {s} seed(s) {how}, {n_calls} training calls each", run_s, flop=total),
         row(f"its updates alone: {s} × {steps:,} Adam steps (the floor)", updates_s, flop=total),
         row("the rest: run − updates", rest_s),
         row("the run with its training calls off (untrained θ)", off_s),
         row(f"its validation alone: {n_evals} × one at the last θ", validation_s),
         row(f"one seed's training call, 1 device ({REFERENCE_CALLS} calls)", reference_s, False, reference_flop),
+        *([row("the run vmapped over a seed axis of size 1", vmapped_s, flop=total)] if one_per_device else []),
         "",
         f"run / floor = {run_s / updates_s:.2f}; compile + run = {compile_s + run_s:.1f} s "
         f"(compiling is {100 * compile_s / (compile_s + run_s):.0f} % of it); train_seeds from call to return "
@@ -243,6 +273,65 @@ def main(argv=None) -> None:
         f"({os.cpu_count()} cores)",
     ]
     print("\n".join(lines), flush=True)
+
+    # 3. whole processes, measured first
+    print(
+        f"\nwhole process, start to exit, of {SCRIPT} with the flags below: cold = its first run, from an empty "
+        f"compilation cache; warm = the median of {rounds} runs from that cache (the rounds alternate between the "
+        "commands), the one of median length split by its metrics.json",
+        "",
+        "| command | cold | warm | warm runs | compiling | the run | the rest |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+        sep="\n",
+    )
+    for name, (cold, warm) in whole.items():
+        seconds, m = sorted(warm, key=lambda run: run[0])[(len(warm) - 1) // 2]  # the median run (the lower of two)
+        if m is None:  # no training: the whole process is start, imports and exit
+            parts = f"— | — | {seconds:.1f}"
+        else:
+            compile_s = m.get("compile_seconds", 0.0)  # the gymnasium backend compiles inside its loop: in the run
+            parts = f"{compile_s:.1f} | {m['train_seconds'] - compile_s:.1f} | {seconds - m['train_seconds']:.1f}"
+        print(
+            f"| {name} | {cold[0][0]:.1f} | {seconds:.1f} | {' '.join(f'{w:.1f}' for w, _ in warm)} | {parts} |",
+            flush=True,
+        )
+
+
+def whole_process_commands(args) -> dict:
+    """name -> the arguments after `python`: the --backend jax run, the gymnasium backend, the imports alone."""
+    jax_flags = ["--backend", "jax", "--num-seeds", str(args.num_seeds), "--host-devices", str(args.host_devices)]
+    return {
+        f"--backend jax --num-seeds {args.num_seeds}": [
+            SCRIPT,
+            *jax_flags,
+            "--total-timesteps",
+            str(args.total_timesteps),
+        ],
+        "gymnasium (the default, one seed)": [SCRIPT, "--total-timesteps", str(args.total_timesteps)],
+        "its libraries alone: python -c 'import …'": ["-c", IMPORTS],
+    }
+
+
+def whole_processes(commands: dict, rounds: int) -> dict:
+    """Run each command (the arguments after `python`) once cold and `rounds` times warm, alternating between the
+    commands round by round; a run of the script gets its own --compile-cache and --out. Returns {name: (cold,
+    warm)}, each a list of (seconds, its metrics.json or None) per run."""
+    runs = {name: ([], []) for name in commands}
+    with tempfile.TemporaryDirectory(prefix="dqn_jax_time_") as tmp:
+        for i in range(rounds + 1):
+            for k, (name, argv) in enumerate(commands.items()):
+                folder = Path(tmp, str(k))
+                if argv[0] == SCRIPT:
+                    argv = [*argv, "--compile-cache", str(folder / "cache"), "--out", str(folder / "run")]
+                start = time.perf_counter()
+                proc = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True)
+                seconds = time.perf_counter() - start
+                if proc.returncode != 0:
+                    last = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
+                    sys.exit(f"error: {' '.join(argv)} exited {proc.returncode}: {last[0]}")
+                metrics = json.loads((folder / "run" / "metrics.json").read_text()) if argv[0] == SCRIPT else None
+                runs[name][0 if i == 0 else 1].append((seconds, metrics))
+    return runs
 
 
 if __name__ == "__main__":
