@@ -729,9 +729,9 @@ def most_devices(num_seeds: int, at_most: int) -> int:
 
 def over_seeds(fn: Callable, seeds_per_device: int) -> Callable:
     """fn of one seed, applied to one device's seeds, stacked on a leading axis: jax.vmap(fn), except for a single
-    seed, which runs unbatched (the axis dropped, then put back). vmap over an axis of size 1 would give every
-    matrix product a batch axis of size 1, and XLA's CPU backend sends batched products to a slower kernel than
-    plain 2-D ones."""
+    seed, which runs unbatched (the axis dropped, then put back). Even an axis of size 1 changes the program that
+    XLA compiles: on CPU some weight gradients then come out transposed in memory, and Adam's elementwise update,
+    which reads them against that order, runs slower."""
     if seeds_per_device > 1:
         return jax.vmap(fn)
     return lambda seeds: jax.tree.map(lambda x: x[None], fn(jax.tree.map(lambda x: x[0], seeds)))

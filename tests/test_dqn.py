@@ -854,9 +854,8 @@ def test_a_seed_in_the_vmap_is_the_same_as_that_seed_alone(tiny):
 @pytest.mark.integration
 def test_a_device_with_one_seed_runs_it_unbatched(capsys):
     """train_seeds with one seed on one device returns exactly what jax.jit(train)(key) returns: no vmap, whose
-    batch axis of size 1 would send every matrix product to XLA's batched kernel, which rounds differently. The
-    network and minibatch have their default sizes, where the two kernels differ. Mutation caught: vmap for one
-    seed."""
+    batch axis of size 1 would change the program XLA compiles, and with it the rounding. The network and minibatch
+    have their default sizes, where the two programs round differently. Mutation caught: vmap for one seed."""
     args = dqn.Args(**{**JAX_TINY, "hidden_size": 128, "batch_size": 64, "seed": 6})
     ((last_params, log),) = dqn.train_seeds(args, jax.devices()[:1])
     alone, steps = jax.jit(dqn.make_train(args))(jax.random.key(6))

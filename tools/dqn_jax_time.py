@@ -25,7 +25,8 @@
    d. for reference, one seed's training call alone on one device, as the gymnasium backend calls it: its GFLOP/s,
       and the time all the Adam steps of the run would take at that rate on every device;
    e. with one seed per device, also the same run vmapped over a seed axis of size 1, which over_seeds avoids:
-      every matrix product then has a batch axis, and XLA's CPU backend runs batched products on a slower kernel.
+      XLA compiles another program for it, in which some weight gradients come out transposed in memory and
+      Adam's elementwise update reads them against that order.
 3. Measured as a learner runs it, whole process (`python 2_Cart_Pole_DQN/cart_pole_dqn.py …`, from start to exit):
    the same --backend jax run; for reference, the default gymnasium backend (one seed); and Python's start, the
    script's libraries and the exit alone (`python -c 'import …'`). Each runs once with an empty --compile-cache
