@@ -804,16 +804,26 @@ def most_devices(num_seeds: int, at_most: int) -> int:
     return max(k for k in range(1, at_most + 1) if num_seeds % k == 0)
 
 
+def over_seeds(fn: Callable, seeds_per_device: int) -> Callable:
+    """fn of one seed, applied to one device's seeds, stacked on a leading axis: jax.vmap(fn), except for a single
+    seed, which runs unbatched (the axis dropped, then put back). Even an axis of size 1 changes the program that
+    XLA compiles: on CPU some weight gradients then come out transposed in memory, and Adam's elementwise update,
+    which reads them against that order, runs slower."""
+    if seeds_per_device > 1:
+        return jax.vmap(fn)
+    return lambda seeds: jax.tree.map(lambda x: x[None], fn(jax.tree.map(lambda x: x[0], seeds)))
+
+
 def train_jax(args: Args, sizes: Derived, devices: list) -> tuple[Agent, nnx.State, TrainLog]:
-    """--backend jax: make_train(train_config(args)), its run vmapped over the seeds and sharded across `devices`:
-    one compiled call for the whole training. The progress lines are printed when it returns, from
+    """--backend jax: make_train(train_config(args)), its run vmapped over the seeds (over_seeds) and sharded across
+    `devices`: one compiled call for the whole training. The progress lines are printed when it returns, from
     the statistics it stacked (sps there is the whole run's). Returns the first seed's trained Agent, every seed's
     actor state (leading axis S) and the log."""
     config = train_config(args)
     graphdef, _ = graph_defs(config)
     train = make_train(config)
     # Each seed's init is compiled and run on its own; the runners are stacked on a leading seed axis S, and
-    # device i gets seeds i·S/D … (i+1)·S/D − 1. run, vmapped, then trains them without communication.
+    # device i gets seeds i·S/D … (i+1)·S/D − 1. run, over each device's seeds, then trains them without communication.
     init = jax.jit(train.init)
     runners = jax.tree.map(
         lambda *x: jnp.stack(x), *[init(jax.random.key(s)) for s in range(args.seed, args.seed + args.num_seeds)]
@@ -823,7 +833,8 @@ def train_jax(args: Args, sizes: Derived, devices: list) -> tuple[Agent, nnx.Sta
     runners = jax.device_put(runners, jax.sharding.NamedSharding(mesh, by_seed))
     print(first_line(args, sizes, len(devices)), flush=True)
     t_train = time.perf_counter()
-    per_device = jax.shard_map(jax.vmap(train.run), mesh=mesh, in_specs=by_seed, out_specs=by_seed)
+    seeds_of_a_device = over_seeds(train.run, args.num_seeds // len(devices))
+    per_device = jax.shard_map(seeds_of_a_device, mesh=mesh, in_specs=by_seed, out_specs=by_seed)
     run = jax.jit(per_device).lower(runners).compile()
     compile_seconds = round(time.perf_counter() - t_train, 2)
     out, interrupted = run(runners), False  # dispatched: XLA runs every update in this one call
@@ -859,9 +870,12 @@ def first_line(args: Args, sizes: Derived, devices: int = 0) -> str:
     chosen = args.algo.startswith("reinforce") and (args.num_envs, args.num_steps) == tuple(WHOLE_EPISODES.values())
     episodes = f", whole episodes (the {args.algo} default: 10 envs × 200 steps)" if chosen else ""
     if args.backend == "jax":
+        split = (
+            f" vmapped, split across {devices} device(s)" if args.num_seeds > devices else ", one per device (no vmap)"
+        )
         return (
-            f"{args.algo} on a JAX port of {ENV_ID}: {args.num_seeds} seed(s) vmapped, split across {devices} "
-            f"device(s), {sizes.num_updates} updates × {sizes.batch_size} steps ({args.num_envs} envs × "
+            f"{args.algo} on a JAX port of {ENV_ID}: {args.num_seeds} seed(s){split}, "
+            f"{sizes.num_updates} updates × {sizes.batch_size} steps ({args.num_envs} envs × "
             f"{args.num_steps}) per seed, {steps}{episodes}"
         )
     return (

@@ -166,6 +166,13 @@ def test_one_checkpoint_format_and_code_in_dqn_ppo_and_grpo():
         assert load_script(script).LOAD_HINT.endswith("?")
 
 
+def test_one_over_seeds_in_dqn_and_ppo():
+    """The two compiled RL runs put their seeds on the devices the same way: over_seeds is the same text in both."""
+    scripts = [s for s in SCRIPTS if s[0] in "23"]
+    blocks = {script: _definitions(script, ("over_seeds",)) for script in scripts}
+    assert all(block and block == blocks[scripts[0]] for block in blocks.values()), blocks
+
+
 def test_one_compile_cache_helper_and_flag_in_every_jax_script():
     """Every script that compiles keeps its programs with the same use_compile_cache and the same --compile-cache."""
     from dataclasses import fields

@@ -685,6 +685,19 @@ def test_a_seed_in_the_vmap_is_the_same_as_that_seed_alone(pen):
 
 
 @pytest.mark.integration
+def test_a_device_with_one_seed_runs_it_unbatched(pen, capsys):
+    """train_jax with one seed on one device returns exactly what jax.jit(train)(key) returns: no vmap, whose batch
+    axis of size 1 would change the program XLA compiles, and with it the rounding. Mutation caught: vmap for one
+    seed."""
+    args = pen.Args(backend="jax", num_envs=4, num_steps=64, total_timesteps=3 * 256, seed=6)
+    _, actor_states, _ = pen.train_jax(args, pen.derived(args), jax.devices()[:1])
+    alone, _ = jax.jit(pen.make_train(pen.train_config(args)))(jax.random.key(6))
+    one = [np.asarray(x)[0] for x in jax.tree.leaves(actor_states)]
+    assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(one, jax.tree.leaves(alone.state["actor"])))
+    assert "1 seed(s), one per device (no vmap)," in capsys.readouterr().out
+
+
+@pytest.mark.integration
 def test_jax_backend_cli_many_seeds_metrics(tmp_path):
     """Four seeds vmapped and sharded over two CPU devices (seeds 4, 5 on one, 6, 7 on the other); a seed on
     the second device matches that seed trained alone, on one device, up to float rounding."""
@@ -724,7 +737,7 @@ def test_jax_backend_cli_many_seeds_metrics(tmp_path):
         SCRIPT, "--backend", "jax", "--seed", "6", *TINY, "--out", str(tmp_path / "alone"), cwd=tmp_path, timeout=180
     )
     assert q.returncode == 0, q.stderr
-    assert "1 seed(s) vmapped, split across 1 device(s)" in q.stdout
+    assert "1 seed(s), one per device (no vmap)," in q.stdout
     alone = json.loads((tmp_path / "alone" / "metrics.json").read_text())
     assert alone["devices"] == 1
     assert alone["eval_return_mean"] == pytest.approx(m["eval_return_per_seed"][2], abs=0.05)  # seed 6 alone
