@@ -29,11 +29,11 @@
       Adam's elementwise update reads them against that order.
 3. Measured as a learner runs it, whole process (`python 2_Cart_Pole_DQN/cart_pole_dqn.py …`, from start to exit):
    the same --backend jax run; for reference, the default gymnasium backend (one seed); and Python's start, the
-   script's libraries and the exit alone (`python -c 'import …'`). Each runs once with an empty --compile-cache
-   (cold), then --rounds more times from that cache (warm); the rounds alternate between the commands. The warm
-   run of median length is split by its metrics.json: compiling, the run (train_seconds − compiling), and the
-   rest: Python's start, the imports, building the agent, the final test episodes, the summaries, the files and
-   the exit.
+   script's libraries and the exit alone (`python -c 'import …'`). Each runs in a HOME of its own, as
+   tools/time_tests.py runs them: once with the compilation cache empty (cold), then --rounds more times from that
+   cache (warm); the rounds alternate between the commands. The warm run of median length is split by its
+   metrics.json: compiling, the run (train_seconds − compiling), and the rest: Python's start, the imports,
+   building the agent, the final test episodes, the summaries, the files and the exit.
 
 Timings need a quiet machine: another process on the same cores slows every row (the load average is printed at
 the start and at the end). The whole processes of 3 run first, before this process starts JAX; then each program
@@ -53,7 +53,6 @@ import contextlib
 import io
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,6 +62,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from course import REPO, load_script  # noqa: E402
+from time_tests import timed  # noqa: E402
 
 SCRIPT = "2_Cart_Pole_DQN/cart_pole_dqn.py"
 REFERENCE_CALLS = 8  # d: training calls of one seed, timed after one that compiles
@@ -315,22 +315,16 @@ def whole_process_commands(args) -> dict:
 
 def whole_processes(commands: dict, rounds: int) -> dict:
     """Run each command (the arguments after `python`) once cold and `rounds` times warm, alternating between the
-    commands round by round; a run of the script gets its own --compile-cache and --out. Returns {name: (cold,
-    warm)}, each a list of (seconds, its metrics.json or None) per run."""
+    commands round by round. Each command keeps its own HOME (tools/time_tests.py's `timed`), so the script's
+    compilation cache starts empty there and is warm from the second run on. Returns {name: (cold, warm)}, each a
+    list of (seconds, its metrics.json or None) per run."""
     runs = {name: ([], []) for name in commands}
     with tempfile.TemporaryDirectory(prefix="dqn_jax_time_") as tmp:
         for i in range(rounds + 1):
             for k, (name, argv) in enumerate(commands.items()):
-                folder = Path(tmp, str(k))
-                if argv[0] == SCRIPT:
-                    argv = [*argv, "--compile-cache", str(folder / "cache"), "--out", str(folder / "run")]
-                start = time.perf_counter()
-                proc = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True)
-                seconds = time.perf_counter() - start
-                if proc.returncode != 0:
-                    last = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
-                    sys.exit(f"error: {' '.join(argv)} exited {proc.returncode}: {last[0]}")
-                metrics = json.loads((folder / "run" / "metrics.json").read_text()) if argv[0] == SCRIPT else None
+                home = Path(tmp, str(k))
+                seconds = timed(argv, home, home / "run")
+                metrics = json.loads((home / "run" / "metrics.json").read_text()) if argv[0] == SCRIPT else None
                 runs[name][0 if i == 0 else 1].append((seconds, metrics))
     return runs
 

@@ -57,10 +57,10 @@ def folder_bytes(folder: Path) -> int:
 
 
 def timed(argv: list[str], home: Path, out: Path) -> float:
-    """Seconds of one whole-process run of `python argv` with HOME=home; a module run writes into `out`."""
+    """Seconds of one whole-process run of `python argv` with HOME=home; a script's run writes into `out`."""
     matplotlib_cache = Path(os.environ.get("MPLCONFIGDIR", Path.home() / ".cache" / "matplotlib"))
     env = {**os.environ, "HOME": str(home), "MPLCONFIGDIR": str(matplotlib_cache)}
-    extra = [] if argv[0] == "-m" else ["--out", str(out)]
+    extra = [] if argv[0] in ("-m", "-c") else ["--out", str(out)]
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, *argv, *extra], cwd=REPO, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
