@@ -91,7 +91,20 @@ def script_words(script: Path) -> frozenset[str]:
     variables, attributes, imports, keyword arguments, and identifier-like string constants (dict keys,
     flag choices, metrics.json keys). Comments and docstrings do not count: a name mentioned only there is
     not code."""
-    tree = ast.parse(script.read_text(encoding="utf-8"))
+    return code_words(script.read_text(encoding="utf-8"))
+
+
+def snippet_words(readme: Path) -> frozenset[str]:
+    """The names that the ```python blocks of a README define or use (the top README's JAX primer)."""
+    text = readme.read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python[ \t]*\n(.*?)^```", text, re.M | re.S)
+    return frozenset().union(*(code_words(block) for block in blocks))
+
+
+@cache
+def code_words(source: str) -> frozenset[str]:
+    """script_words of a piece of Python source."""
+    tree = ast.parse(source)
     docstrings = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
@@ -294,6 +307,8 @@ def check_code_names(readme: Path, root: Path = REPO) -> list[str]:
     problems = []
     scripts = module_scripts(readme, root)
     words = frozenset().union(*(script_words(s) for s in scripts)) if scripts else frozenset()
+    if readme.parent == root:  # the top README may also name what its own snippets (the JAX primer) use
+        words |= snippet_words(readme)
     flags = frozenset().union(*(script_flags(s) for s in scripts)) if scripts else frozenset()
     prose, _ = split_markdown(readme.read_text(encoding="utf-8"))
     for line in prose:
@@ -478,6 +493,20 @@ def test_a_renamed_function_fails(broken_repo):
     script.write_text(script.read_text().replace("compute_target", "td_target"))
     script_words.cache_clear()
     assert any("compute_target" in p for p in check_code_names(module / "README.md", root))
+
+
+def test_the_top_readme_may_name_what_its_snippets_use(broken_repo):
+    """Catches: a name in the top README's prose that neither a script nor one of its own ```python blocks uses;
+    and a module README borrowing names from its code blocks."""
+    root, module = broken_repo
+    top = root / "README.md"
+    top.write_text("# Top\n\n`compute_target` and `in_axes`.\n", encoding="utf-8")
+    assert [p.split("`")[1] for p in check_code_names(top, root)] == ["in_axes"]
+    top.write_text(top.read_text() + "\n```python\njax.vmap(f, in_axes=0)\n```\n", encoding="utf-8")
+    assert check_code_names(top, root) == []
+    readme = module / "README.md"
+    readme.write_text(readme.read_text() + "\n`in_axes`\n\n```python\njax.vmap(f, in_axes=0)\n```\n")
+    assert any("in_axes" in p for p in check_code_names(readme, root))
 
 
 def test_a_missing_twin_fails(broken_repo):
