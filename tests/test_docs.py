@@ -570,6 +570,9 @@ RETIRED_TERMS = {
     "效能量測頁": "基準測試頁 (the benchmarks page)",
     "提交": "commit (not translated)",
     "數字任務": "個位數任務 (`--task digit`) or 多位數任務 (`--task number`): 數字 is both digit and number",
+    "優化器": "最佳化器 (optimizer)",
+    "純函數": "純函式 (a pure function in code; 函數 is a function in math)",
+    "會打滑": "易滑 (slippery FrozenLake)",
 }
 RETIRED_PATTERNS = [
     (
@@ -652,6 +655,13 @@ GLOSSARY_REQUIRED = {
     "arguments": "引數",
     "temporaries": "暫存記憶體",
     "pytree": "pytree",
+    "tracing": "追蹤",
+    "pure function": "純函式",
+    "static argument": "靜態引數",
+    "PRNG key": "PRNG 金鑰",
+    "carry": "carry",
+    "optimizer": "最佳化器",
+    "slippery": "易滑",
 }
 
 
