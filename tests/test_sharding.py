@@ -707,3 +707,20 @@ def test_mesh_bytes_tables_read_every_run():
     assert lines[13].split() == ["fsdp", "n/a", "3.00e-08"]  # the check: n/a on one device
     assert "1: n/a, 8: True" in lines[14]
     assert lines[-1].split() == ["fsdp", "0.00e+00", "3.00e-07"]  # step 1 of two separate runs
+
+
+@pytest.mark.unit
+def test_mesh_answers_changes_match_the_script_and_the_fallback_moves_only_pos_embed(capsys):
+    """tools/mesh_answers.py measures the exercises' answers on changed copies of the script: each change it makes
+    (and the README shows as a diff) must match the script exactly once, or the answers went stale. Exercise 1's
+    answer: the fallback ('embed', 'model') in tp changes pos_embed's spec only."""
+    tool = load_script("tools/mesh_answers.py")
+    source = (REPO / SCRIPT).read_text()
+    for change, (piece, replacement) in tool.CHANGES.items():
+        assert source.count(piece) == 1, change
+        assert tool.changed_source(change) == source.replace(piece, replacement)
+    assert set(tool.CATCHING_TEST) <= set(tool.CHANGES)
+    tool.fallback()
+    out = capsys.readouterr().out
+    assert "weights whose spec changes: pos_embed\n" in out
+    assert "pos_embed               ('length', 'embed')         P(None, None)           P(None, 'model')" in out
