@@ -102,6 +102,11 @@ class Args:
     mlp: int = flag(256, "hidden width of the MLP (logical axis 'mlp')", min=1)
     learning_rate: float = flag(1e-2, "Adam learning rate", gt=0)
     tolerance: float = flag(1e-5, "largest |sharded - single device| allowed in the check", gt=0)
+    donate: bool = flag(
+        True,
+        "donate the training state to the compiled step, which writes the new state into its buffers; "
+        "--no-donate: every step holds the old and the new state at once",
+    )
     hbm_gb: float = flag(80.0, "memory of one chip, in GB, for the 8B example", gt=0)
     memory_count: str = flag(
         "mixed",
@@ -381,7 +386,7 @@ def train_step(graphdef, config: StepConfig, state, tokens):
     return nnx.state(train_state), loss, grads
 
 
-def compile_step(graphdef, shardings, activation_rules=None):
+def compile_step(graphdef, shardings, activation_rules=None, donate: bool = True):
     """train_step compiled once for one layout: step(state, tokens) -> (state, loss, grads)."""
     # The model part of the state's shardings is the layout for the gradients.
     # out_shardings pins the updated state to the layout the rules chose, step after step.
@@ -391,7 +396,7 @@ def compile_step(graphdef, shardings, activation_rules=None):
     return jax.jit(
         partial(train_step, graphdef, config),
         out_shardings=(shardings, None, config.grad_shardings),
-        donate_argnames="state",
+        donate_argnames="state" if donate else (),
     )
 
 
@@ -600,7 +605,9 @@ def train_single_device(args: Args, config: ModelConfig, graphdef, abstract, bat
     shardings = state_shardings(abstract, mesh, rules)
     state = init_sharded(config, shardings)
     init = to_host(state)
-    run = train(args, compile_step(graphdef, shardings), state, batches, mesh, rules, "single_device")
+    run = train(
+        args, compile_step(graphdef, shardings, donate=args.donate), state, batches, mesh, rules, "single_device"
+    )
     return Reference(init, run.losses, run.after_step1, run.before_last, to_host(run.state))
 
 
@@ -685,7 +692,7 @@ def run_rule_set(args: Args, name: str, mesh, graphdef, abstract, batches, refer
     if args.visualize and jax.process_index() == 0:
         show_layout(graphdef, state)
     explicit = args.axis_types == "explicit"
-    step = compile_step(graphdef, shardings, activation_rules=rules)
+    step = compile_step(graphdef, shardings, activation_rules=rules, donate=args.donate)
     if explicit:
         show_types("before the first step", graphdef, state, place_batch(batches[0], mesh, rules), rules)
     run = train(args, step, state, batches, mesh, rules, name)

@@ -314,6 +314,9 @@ def test_the_step_donates_the_state_and_host_copies_leave_it_donatable():
     assert all(x.is_deleted() for x in jax.tree.leaves(state))
     assert not any(x.is_deleted() for x in jax.tree.leaves(new))
     assert sm.max_abs_diff(before, sm.to_host(sm.init_sharded(config, shardings))) == 0  # the copy kept its values
+    kept = sm.compile_step(graphdef, shardings, donate=False)  # --no-donate: the step leaves its input alone
+    newer, _, _ = kept(new, sm.place_batch(sm.make_batches(sm.Args(steps=2))[1], mesh, rules))
+    assert not any(x.is_deleted() for x in jax.tree.leaves(new))
 
 
 @pytest.mark.unit

@@ -5,7 +5,7 @@
     python tools/mesh_answers.py fsdp-8b       # exercise 4: the 8B model under fsdp on meshes of 1 to 16 devices
     python tools/mesh_answers.py skip-layout   # exercise 5: TinyLM without batch_layout for position, or for table
     python tools/mesh_answers.py bugs          # the bug table: rules as a dict, a plain nnx.Linear, names missing,
-                                               # the 8B model counted in bf16 only
+                                               # the 8B model counted in bf16 only, a step that donates nothing
 
 A change to the script is made on a copy in a temporary folder, never in the repository. The tool prints the change
 as a diff, what the changed script printed, and, for sgd and skip-layout, whether the test named for it fails on a
@@ -218,6 +218,17 @@ def bugs() -> None:
     for count, (widths, _) in sm.MEMORY_COUNTS.items():
         total = sm.big_model_memory(sm.RULE_SETS["dp"], sizes, widths).total_gb
         print(f"  --memory-count {count:<6} {sum(widths):>2} B/param: {total:7.2f} GB per device, fits={total <= 80}")
+    print("the compiled step under fsdp on a 4x2 mesh, bytes per device (sharding_mesh.py --rules fsdp --steps 2):")
+    for donate in ("--donate", "--no-donate"):
+        with tempfile.TemporaryDirectory() as tmp:
+            flags = ["--rules", "fsdp", "--steps", "2", "--no-visualize", donate, "--out", tmp]
+            proc = subprocess.run(
+                [sys.executable, str(REPO / SCRIPT), *flags], cwd=REPO, capture_output=True, text=True
+            )
+        if proc.returncode != 0:
+            raise SystemExit(f"error: sharding_mesh.py {donate} failed: {exception_line(proc.stderr)}")
+        line = next(x for x in proc.stdout.splitlines() if x.startswith("  compiled step per device"))
+        print(f"  {donate:<12} {line.split(': ', 1)[1].replace(' (XLA memory_analysis)', '')}")
 
 
 ANSWERS = {"fallback": fallback, "sgd": sgd, "fsdp-8b": fsdp_8b, "skip-layout": skip_layout, "bugs": bugs}
