@@ -1,6 +1,7 @@
 """Measure the answers to 5_Sharding_Mesh's exercises and the costs in its bug table.
 
     python tools/mesh_answers.py fallback      # exercise 1: ("embed", "model") after ("mlp", "model") in tp
+    python tools/mesh_answers.py meshes        # exercise 2: every rule set on an 8x1 and a 1x8 mesh
     python tools/mesh_answers.py sgd           # exercise 3: optax.sgd in place of optax.adam
     python tools/mesh_answers.py fsdp-8b       # exercise 4: the 8B model under fsdp on meshes of 1 to 16 devices
     python tools/mesh_answers.py skip-layout   # exercise 5: TinyLM without batch_layout for position, or for table
@@ -15,6 +16,7 @@ copy of the repository with that change (it must). The others compute with the s
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -135,6 +137,29 @@ def fallback() -> None:
     print(f"weights whose spec changes: {', '.join(changed) or 'none'}")
 
 
+def meshes() -> None:
+    """Exercise 2: the state bytes per device of every rule set on an 8x1 and a 1x8 mesh, from the script's runs."""
+    columns = {}
+    for mesh in ("8x1", "1x8"):
+        with tempfile.TemporaryDirectory() as tmp:
+            flags = ["--host-devices", "8", "--mesh", mesh, "--no-visualize", "--out", tmp]
+            proc = subprocess.run(
+                [sys.executable, str(REPO / SCRIPT), *flags], cwd=REPO, capture_output=True, text=True
+            )
+            if proc.returncode != 0:
+                raise SystemExit(f"error: sharding_mesh.py --mesh {mesh} failed: {exception_line(proc.stderr)}")
+            columns[mesh] = json.loads((Path(tmp) / "metrics.json").read_text())
+    print(f"python {SCRIPT} --host-devices 8 --mesh DATAxMODEL --no-visualize: state bytes per device, and the check")
+    print(f"{'rule set':<10}" + "".join(f"{mesh:>14}{'vs dp':>7}" for mesh in columns))
+    for name in columns["8x1"]["rules"]:
+        cells = [
+            (m["bytes_per_device"][name], m["bytes_per_device"][name] / m["bytes_per_device"]["dp"])
+            for m in columns.values()
+        ]
+        print(f"{name:<10}" + "".join(f"{b:>14,}{r:>7.2f}" for b, r in cells))
+    print("check passed: " + ", ".join(f"{mesh}: {m['check_passed']}" for mesh, m in columns.items()))
+
+
 def sgd() -> None:
     """Exercise 3: the bytes per device and the compiled step with plain SGD (no Adam moments)."""
     show_change("sgd")
@@ -231,7 +256,14 @@ def bugs() -> None:
         print(f"  {donate:<12} {line.split(': ', 1)[1].replace(' (XLA memory_analysis)', '')}")
 
 
-ANSWERS = {"fallback": fallback, "sgd": sgd, "fsdp-8b": fsdp_8b, "skip-layout": skip_layout, "bugs": bugs}
+ANSWERS = {
+    "fallback": fallback,
+    "meshes": meshes,
+    "sgd": sgd,
+    "fsdp-8b": fsdp_8b,
+    "skip-layout": skip_layout,
+    "bugs": bugs,
+}
 
 
 def main(argv=None) -> None:
