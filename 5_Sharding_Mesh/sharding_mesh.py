@@ -954,12 +954,12 @@ LLAMA_8B = (
     ("final_norm", (4096,), ("norm",), 1),
     ("unembed", (4096, 128256), ("embed", "vocab"), 1),
 )
-# Bytes per trained parameter of (weight, gradient, fp32 master weight, Adam m + v), by --memory-count. Mixed-precision
-# Adam computes with bf16 weights and gradients but updates an fp32 master copy with fp32 moments: 2 + 2 + 4 + 8 = 16
-# (fp32 throughout, 4 + 4 + 0 + 8, is 16 too). Counting it all in bf16 gives 8, half of what such a run keeps.
+# Bytes and dtypes per trained parameter of (weight, gradient, fp32 master weight, Adam m + v), by --memory-count.
+# Mixed-precision Adam computes with bf16 weights and gradients but updates an fp32 master copy with fp32 moments:
+# 2 + 2 + 4 + 8 = 16 (fp32 throughout, 4 + 4 + 0 + 8, is 16 too). All in bf16 gives 8, half of what such a run keeps.
 MEMORY_COUNTS = {
-    "mixed": ((2, 2, 4, 8), "mixed-precision Adam: bf16 weight and gradient, fp32 master weight, m and v"),
-    "bf16": ((2, 2, 0, 4), "everything in bf16, no fp32 master weight: too few for mixed-precision Adam"),
+    "mixed": ((2, 2, 4, 8), ("bf16", "bf16", "fp32", "fp32")),
+    "bf16": ((2, 2, 0, 4), ("bf16", "bf16", "no", "bf16")),
 }
 
 
@@ -985,11 +985,13 @@ def report_8b(hbm_gb: float, count: str = "mixed") -> dict:
     """Print and return the 8B example's memory per device on a 4x2 mesh for every rule set, counted as `count`."""
     mesh_sizes = {"data": 4, "model": 2}
     n_params = sum(math.prod(shape) * k for _, shape, _, k in LLAMA_8B)
-    widths, meaning = MEMORY_COUNTS[count]
+    widths, dtypes = MEMORY_COUNTS[count]
+    parts = " + ".join(
+        f"{t} {part} {w}" for t, part, w in zip(dtypes, ("weight", "gradient", "master", "adam"), widths)
+    )
     log(
         f"\n=== 8B example ({n_params:,} parameters) on a 4x2 mesh, GB per device; fits = total <= {hbm_gb:g} GB "
-        f"(activations not counted)\n  bytes per parameter (--memory-count {count}): weight {widths[0]} + gradient "
-        f"{widths[1]} + master {widths[2]} + adam {widths[3]} = {sum(widths)}\n  ({meaning})"
+        f"(activations not counted)\n  bytes per parameter (--memory-count {count}): {parts} = {sum(widths)}"
     )
     table: dict = {}
     for name in RULE_SETS:
@@ -1049,8 +1051,7 @@ def save_results(args: Args, metrics: dict, curves: dict[str, list[float]]) -> N
 
 
 def print_summary(args: Args, results: dict[str, RuleSetResult], metrics: dict, ok: bool, mesh) -> None:
-    log("\n=== summary: bytes per device of the state (measured from its shards) and of the compiled step (XLA's")
-    log("memory_analysis), the final loss and the check's largest difference")
+    log("\n=== summary per device: bytes of the state (from its shards) and of the compiled step (memory_analysis)")
     columns = ("state", "arguments", "outputs", "aliased", "temporaries", "peak", "final_loss", "max_abs_diff")
     log(f"{'rules':<7}" + "".join(f"{c:>13}" for c in columns))
     for name, r in results.items():

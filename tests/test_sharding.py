@@ -267,10 +267,14 @@ def test_report_8b_flags_what_fits_and_prints_its_count(capsys):
     assert big["rule_sets"]["dp"]["total_gb"] == pytest.approx(128.48, abs=0.01)
     assert list(big["rule_sets"]["fsdp"]) == ["params_gb", "grads_gb", "master_gb", "adam_gb", "total_gb", "fits"]
     out = capsys.readouterr().out
-    assert "bytes per parameter (--memory-count mixed): weight 2 + gradient 2 + master 4 + adam 8 = 16" in out
+    parts = "bf16 weight 2 + bf16 gradient 2 + fp32 master 4 + fp32 adam 8 = 16"
+    assert f"  bytes per parameter (--memory-count mixed): {parts}\n" in out
     miscount = sm.report_8b(80.0, "bf16")
     assert miscount["bytes_per_param"] == 8 and miscount["rule_sets"]["dp"]["fits"] is True
-    assert "(--memory-count bf16): weight 2 + gradient 2 + master 0 + adam 4 = 8" in capsys.readouterr().out
+    assert (
+        "(--memory-count bf16): bf16 weight 2 + bf16 gradient 2 + no master 0 + bf16 adam 4 = 8\n"
+        in capsys.readouterr().out
+    )
 
 
 # ---------------------------------------------------------------- unit: shardings of the whole state
@@ -703,13 +707,11 @@ def test_mesh_bytes_tables_read_every_run():
         _fake_metrics(8, (4, 2), {"dp": 800, "fsdp": 200}, 3e-8),
     ]
     lines = tool.tables(runs).splitlines()
-    assert lines[0].startswith("bytes per device on 8 (4x2) devices")
-    assert lines[3].split() == ["fsdp", "50", "50", "100", "200", "0.25"]  # params grads adam total, vs dp
-    assert "1 (1x1)" in lines[6] and "8 (4x2)" in lines[6]
-    assert lines[8].split() == ["fsdp", "800", "200"]  # the total on each mesh
-    assert lines[13].split() == ["fsdp", "n/a", "3.00e-08"]  # the check: n/a on one device
-    assert "1: n/a, 8: True" in lines[14]
-    assert lines[-1].split() == ["fsdp", "0.00e+00", "3.00e-07"]  # step 1 of two separate runs
+    assert lines[0].startswith("total bytes per device")
+    assert "1 (1x1)" in lines[1] and "8 (4x2)" in lines[1] and lines[1].endswith("vs dp")
+    assert lines[3].split() == ["fsdp", "800", "200", "0.25"]  # the total on each mesh, vs dp on the largest
+    assert lines[-2].split() == ["fsdp", "n/a", "[0.00e+00]", "3.00e-08", "[3.00e-07]"]  # n/a on one device
+    assert "1: n/a, 8: True" in lines[-1]
 
 
 @pytest.mark.unit
