@@ -1190,16 +1190,25 @@ def test_a_measured_table_typed_outside_history_fails(tmp_path):
 LESSON_LINES, LESSON_WORDS = 400, 3000
 
 
-def prose_words(readme: Path) -> int:
-    """English words a learner reads as prose: outside code fences, table rows, marker, <sub> and image lines, and
-    outside the exercises' answers (<details> … </details>), which a learner opens after trying."""
-    fence, answer, count = False, False, 0
+def lesson_lines(readme: Path) -> list[str]:
+    """The README's lines without the exercises' answers (<details> … </details>), which a learner opens after
+    trying and which do not count toward the lesson budget."""
+    kept, answer = [], False
     for line in readme.read_text(encoding="utf-8").splitlines():
         if "<details>" in line:
             answer = True
         if answer:
             answer = "</details>" not in line
             continue
+        kept.append(line)
+    return kept
+
+
+def prose_words(readme: Path) -> int:
+    """English words a learner reads as prose: outside code fences, table rows, marker, <sub> and image lines, and
+    outside the exercises' answers (<details> … </details>), which a learner opens after trying."""
+    fence, count = False, 0
+    for line in lesson_lines(readme):
         if FENCE.match(line):
             fence = not fence
             continue
@@ -1213,8 +1222,16 @@ def prose_words(readme: Path) -> int:
 def test_module_readmes_keep_the_lesson_budget(readme):
     """A module README is a lesson: about 400 lines and 3,000 prose words, References included; sweeps, timings and
     what was tried go to the benchmarks page. The Chinese twin mirrors it heading by heading (checked above)."""
-    lines = len(readme.read_text(encoding="utf-8").splitlines())
+    lines = len(lesson_lines(readme))
     assert lines <= LESSON_LINES and prose_words(readme) <= LESSON_WORDS, (lines, prose_words(readme))
+
+
+def test_answers_do_not_count_toward_the_budget(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "# T\n\n1. Try.\n\n<details><summary>Answer</summary>\n\nMany words here.\n\n</details>\n\nTwo more.\n"
+    )
+    assert len(lesson_lines(readme)) == 6 and prose_words(readme) == 4  # T, Try, Two, more
 
 
 # ----------------------------------------------------------------------------- lessons that stand on their own
