@@ -22,7 +22,10 @@ The ratios π/π_old range over about e^±0.6, so many tokens lie outside 1 ± �
 advantages themselves: the course's `group_advantages` against Tunix's estimators on the same rewards.
 
     python3 -m venv /work/venv_tunix && /work/venv_tunix/bin/pip install -r benchmarks/peers/requirements_tunix.txt
-    python tools/capture.py tunix_grpo_loss -- /work/venv_tunix/bin/python benchmarks/peers/tunix_grpo_loss.py
+    python tools/capture.py tunix_grpo_loss -- python benchmarks/peers/tunix_grpo_loss.py \
+        --tunix-python /work/venv_tunix/bin/python
+
+Run with a Python that has no Tunix (the course's), it starts itself again under --tunix-python.
 
 `cases()` and `course_side()` need no Tunix: tests/test_grpo.py checks the results file against them.
 """
@@ -211,8 +214,23 @@ def tunix_advantages() -> dict[str, np.ndarray]:
     return {name: np.asarray(function_registry.get_advantage_estimator(name)(flat, G)) for name in ("grpo", "drgrpo")}
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    """Run both sides here if this Python has Tunix; else start this file again under --tunix-python."""
+    import argparse
+    import importlib.util
+    import os
     from importlib import metadata
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tunix-python", default="", help="a Python with google-tunix (used when this one has none)")
+    a = p.parse_args(argv)
+    if importlib.util.find_spec("tunix") is None:
+        if not a.tunix_python:
+            p.exit(1, "error: this Python has no google-tunix; pass --tunix-python PATH (requirements_tunix.txt)\n")
+        if not os.access(a.tunix_python, os.X_OK):
+            p.exit(1, f"error: --tunix-python {a.tunix_python!r} is not an executable\n")
+        sys.stdout.flush()
+        os.execv(a.tunix_python, [a.tunix_python, __file__])  # the same process: its output is this command's
 
     t = tensors()
     answer = masks(t)["ragged"] > 0
