@@ -43,6 +43,7 @@ LADDER = [
 PREREQUISITES = {
     "ppo_ladder": LADDER,
     "ppo_value_map": ["python 3_Pendulum/pendulum.py"],
+    "dqn_video": ["python 2_Cart_Pole_DQN/cart_pole_dqn.py --out runs/capture/dqn"],  # the q_network.npz it loads
 }
 
 
