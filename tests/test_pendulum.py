@@ -3,13 +3,13 @@ the broken code it catches.
 
 unit: GAE with a termination and a truncation, the true final observation at an autoreset, the clipped loss and its
 zero gradient, the clip fractions (clip_frac where the clip binds, outside_frac), the Normal against closed forms,
-the value-loss shapes, the guide preset and the reinforce rungs' rollout size, the input checks (InputError),
+the value-loss shapes, the untuned preset (and its retired name) and the reinforce rungs' rollout size, the input checks (InputError),
 save_checkpoint / load_checkpoint and normalize_obs; train_config's flags and sizes; ppo_update on a fixed Rollout
 (GAE targets, KL and clip bands, the clip); the JAX port of Pendulum-v1 against gymnasium step for step, its in-scan
 autoreset, make_train's run with a seed inside the vmap against the same seed alone and train(key) = run(init(key));
 Monte-Carlo returns, the REINFORCE loss, each rung's steps, tools/pg_variance.py's statistics, seed_summary against
 the saved 20-seed results and tools/seeds.py. smoke: the CLI with tiny flags, a --load round trip, a GIF,
---norm-obs, --preset guide, another seed another run, --backend jax with four seeds on two devices (and a --load of
+--norm-obs, --preset untuned, another seed another run, --backend jax with four seeds on two devices (and a --load of
 its params.npz reproducing seed 0's score), the pg tools, bad input. learning: a short fixed-seed run reaches −300
 and its critic's loss falls tenfold; four vmapped JAX seeds each reach −200.
 """
@@ -218,25 +218,36 @@ def test_value_loss_shapes(pen):
 
 
 @pytest.mark.unit
-def test_guide_preset_sets_defaults_and_explicit_flags_win(pen, tmp_path):
-    """The original guide's table, written out here: 1 env × 2,048 steps, K = 10, minibatch 64, γ 0.99, λ 0.95,
-    ε 0.2, Adam 3e-4 / 1e-3 without decay, entropy bonus, gradient clip, observation or reward scaling, σ(s) by a
-    softplus head, ReLU, 64 units, and a time limit treated as termination. Mutations caught: a preset that forgets
-    or changes one of them (e.g. bootstrap_truncated, or ε), or that overrides a flag given explicitly."""
-    guide = dict(num_envs=1, num_steps=2048, update_epochs=10, minibatch_size=64, gamma=0.99, gae_lambda=0.95)
-    guide.update(clip_eps=0.2, actor_learning_rate=3e-4, critic_learning_rate=1e-3, anneal_lr=False, ent_coef=0.0)
-    guide.update(max_grad_norm=0.0, norm_obs=False, reward_scale=1.0, bootstrap_truncated=False, sigma="state")
-    guide.update(activation="relu", hidden_size=64)
-    a = pen.parse_args(["--preset", "guide"])
-    assert {name: getattr(a, name) for name in guide} == guide
-    b = pen.parse_args(["--preset", "guide", "--gamma", "0.9", "--bootstrap-truncated"])
+def test_untuned_preset_sets_defaults_and_explicit_flags_win(pen, tmp_path):
+    """The untuned preset, written out here: 1 env × 2,048 steps, K = 10, minibatch 64, γ 0.99, λ 0.95, ε 0.2,
+    Adam 3e-4 / 1e-3 without decay, no entropy bonus, gradient clip, observation or reward scaling, σ(s) by a softplus
+    head, ReLU, 64 units, and a time limit treated as termination. Mutations caught: a preset that forgets or
+    changes one of them (e.g. bootstrap_truncated, or ε), or that overrides a flag given explicitly."""
+    untuned = dict(num_envs=1, num_steps=2048, update_epochs=10, minibatch_size=64, gamma=0.99, gae_lambda=0.95)
+    untuned.update(clip_eps=0.2, actor_learning_rate=3e-4, critic_learning_rate=1e-3, anneal_lr=False, ent_coef=0.0)
+    untuned.update(max_grad_norm=0.0, norm_obs=False, reward_scale=1.0, bootstrap_truncated=False, sigma="state")
+    untuned.update(activation="relu", hidden_size=64)
+    a = pen.parse_args(["--preset", "untuned"])
+    assert {name: getattr(a, name) for name in untuned} == untuned
+    b = pen.parse_args(["--preset", "untuned", "--gamma", "0.9", "--bootstrap-truncated"])
     assert b.gamma == 0.9 and b.num_steps == 2048 and b.bootstrap_truncated is True
     c = pen.parse_args([])
     assert c.gamma == 0.99 and c.sigma == "param" and c.total_timesteps == 100_000 and c.bootstrap_truncated
     pen.validate(dataclasses.replace(a, out=str(tmp_path)))  # the parsed preset is valid ...
-    pen.validate(pen.Args(preset="guide", out=str(tmp_path), **pen.GUIDE_PRESET))  # ... and so is the same in Python
+    pen.validate(pen.Args(preset="untuned", out=str(tmp_path), **pen.UNTUNED_PRESET))  # ... and so is it in Python
     with pytest.raises(pen.InputError, match="applied by parse_args"):  # but not a preset that was never applied
-        pen.validate(pen.Args(preset="guide"))
+        pen.validate(pen.Args(preset="untuned"))
+
+
+@pytest.mark.unit
+def test_the_retired_preset_name_is_refused_in_one_line_that_names_untuned(pen, capsys):
+    """The preset's earlier name is refused before any work, in one line that lists `untuned`. Mutation caught:
+    keeping the old name as a choice (it would parse), or an error that does not name the preset to use."""
+    with pytest.raises(SystemExit) as e:
+        pen.parse_args(["--preset", "guide"])
+    message = str(e.value)
+    assert message.startswith("error: ") and "\n" not in message, message
+    assert "--preset" in message and "guide" in message and "untuned" in message, message
 
 
 @pytest.mark.unit
@@ -462,13 +473,13 @@ def test_norm_obs_run_saves_its_statistics_and_loads_back(pen, tmp_path):
 
 
 @pytest.mark.smoke
-def test_guide_preset_tiny_run(pen, tmp_path):
+def test_untuned_preset_tiny_run(pen, tmp_path):
     m = pen.main(
         pen.parse_args(
-            ["--preset", "guide", "--total-timesteps", "2048", "--eval-episodes", "2", "--out", str(tmp_path)]
+            ["--preset", "untuned", "--total-timesteps", "2048", "--eval-episodes", "2", "--out", str(tmp_path)]
         )
     )
-    assert m["env_steps"] == 2048 and m["preset"] == "guide"  # one rollout of 1 env × 2,048 steps
+    assert m["env_steps"] == 2048 and m["preset"] == "untuned"  # one rollout of 1 env × 2,048 steps
     assert "actor/sigma_head/kernel" in np.load(tmp_path / "params.npz", allow_pickle=False).files  # the σ(s) head
     # 10 epochs × 32 minibatches moved the policy, by a KL in the usual PPO range (mutation caught: an actor that
     # never steps gives 0; a clip that does nothing, with its 320 steps, more than 0.05)
