@@ -1157,6 +1157,7 @@ def save_video(path: str, actor: Actor, rms: RunningMeanStd | None, seed: int) -
 
     graphdef, state = nnx.split(actor)
     mean_action = jax.jit(lambda state, obs: nnx.merge(graphdef, state)(obs).loc)
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # frames as arrays need no window, nor a display
     env = gym.make(ENV_ID, render_mode="rgb_array")
     obs, _ = env.reset(seed=seed)
     frames, total, done, t = [], 0.0, False, 0

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import load_script, run_script
+from conftest import REPO, load_script, run_script
 
 SCRIPT = "3_Pendulum/pendulum.py"
 RANDOM_RETURN = -1182.0  # uniform-random actions on the 20 evaluation seeds, measured (README)
@@ -196,6 +196,50 @@ def test_policy_normal_matches_the_hand_formula(pen):
     loss, aux = pen.actor_loss_fn(actor, obs, jnp.asarray(x), jnp.zeros(16), jnp.ones(16), 0.2, 0.0, clip=False)
     np.testing.assert_allclose(loss, -hand_logp(x).mean(), rtol=1e-6, atol=1e-4)
     np.testing.assert_allclose(aux["entropy"], hand_entropy, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.unit
+def test_rollout_keeps_the_unclipped_action_and_its_log_prob(pen):
+    """The env runs clip(a, ±2), but the rollout keeps the a the Normal drew and log π(a|s) of that a: the ratio and
+    the gradient must score the sampled action. With σ = e² most samples leave [−2, 2]. Mutations caught: storing
+    np.clip(a) in Rollout.actions, or a log-prob of the clipped action (in act or in collect_rollout)."""
+    from flax import nnx
+
+    args = pen.Args(num_envs=2, num_steps=16)
+    actor = pen.Actor(3, 1, 16, "param", "tanh", 2.0, rngs=nnx.Rngs(0))
+    act_fn = jax.jit(partial(pen.act, nnx.graphdef(actor)))
+    envs = pen.RecordEpisodeStatistics(pen.make_envs(2))
+    obs, _ = envs.reset(seed=[0, 1])
+    rollout, *_ = pen.collect_rollout(envs, act_fn, nnx.state(actor), obs, jax.random.key(0), None, args, 0)
+    envs.close()
+    a = rollout.actions.reshape(-1, 1)
+    outside = np.abs(a[:, 0]) > pen.MAX_TORQUE
+    assert outside.mean() > 0.5, outside.mean()  # the unclipped samples are kept
+    dist = actor(jnp.asarray(rollout.obs.reshape(-1, 3)))
+    np.testing.assert_allclose(rollout.logp.reshape(-1), dist.log_prob(a).sum(-1), rtol=1e-5, atol=1e-5)
+    clipped = np.asarray(dist.log_prob(np.clip(a, -2.0, 2.0)).sum(-1))
+    assert np.all(np.abs(clipped - rollout.logp.reshape(-1))[outside] > 1e-3)  # clip(a) would score another action
+
+
+@pytest.mark.unit
+def test_the_reading_tables_first_entropies_are_the_fresh_actors(pen):
+    """The reading table's healthy `entropy` starts at H = ½ + ½ log 2π + log σ of a fresh actor: 1.42 with
+    --sigma param (σ = e⁰ = 1) and 1.05 with --sigma state (σ = softplus(≈0) + 1e-5 ≈ 0.69, the head's gain is 0.01),
+    in both languages. Mutations caught: a README that gives 1.42 for both, a σ head through exp instead of softplus,
+    a log_std_init other than 0."""
+    from flax import nnx
+
+    obs = jnp.asarray(np.random.default_rng(0).normal(size=(64, 3)), jnp.float32)
+    first = {}
+    for sigma in ("param", "state"):
+        actor = pen.Actor(3, 1, 64, sigma, "tanh", pen.Args().log_std_init, rngs=nnx.Rngs(0))
+        h = np.asarray(actor(obs).entropy().sum(-1))
+        assert np.ptp(h) < 0.05, (sigma, np.ptp(h))  # nearly the same σ in every state
+        first[sigma] = f"{h.mean():.2f}"
+    assert first == {"param": "1.42", "state": "1.05"}, first
+    for name in ("README.md", "README_ch.md"):
+        row = next(ln for ln in (REPO / "3_Pendulum" / name).read_text().splitlines() if ln.startswith("| `entropy`"))
+        assert first["param"] in row and first["state"] in row and "--sigma state" in row, (name, row)
 
 
 @pytest.mark.unit

@@ -43,6 +43,12 @@ LADDER = [
 PREREQUISITES = {
     "ppo_ladder": LADDER,
     "ppo_value_map": ["python 3_Pendulum/pendulum.py"],
+    "ppo_video": ["python 3_Pendulum/pendulum.py"],
+    "ppo_ex5_value_maps": [
+        "python 3_Pendulum/pendulum.py",
+        "python 3_Pendulum/pendulum.py --no-bootstrap-truncated --out runs/ex5/no_bootstrap",
+        "python 3_Pendulum/pendulum.py --algo a2c --out runs/ex5/a2c",
+    ],
 }
 
 
