@@ -3,15 +3,16 @@ the broken code it catches.
 
 unit: GAE with a termination and a truncation, the true final observation at an autoreset, the clipped loss and its
 zero gradient, the clip fractions (clip_frac where the clip binds, outside_frac), the Normal against closed forms,
-the value-loss shapes, the untuned preset (and its retired name) and the reinforce rungs' rollout size, the input checks (InputError),
-save_checkpoint / load_checkpoint and normalize_obs; train_config's flags and sizes; ppo_update on a fixed Rollout
-(GAE targets, KL and clip bands, the clip); the JAX port of Pendulum-v1 against gymnasium step for step, its in-scan
-autoreset, make_train's run with a seed inside the vmap against the same seed alone and train(key) = run(init(key));
-Monte-Carlo returns, the REINFORCE loss, each rung's steps, tools/pg_variance.py's statistics, seed_summary against
-the saved 20-seed results and tools/seeds.py. smoke: the CLI with tiny flags, a --load round trip, a GIF,
---norm-obs, --preset untuned, another seed another run, --backend jax with four seeds on two devices (and a --load of
-its params.npz reproducing seed 0's score), the pg tools, bad input. learning: a short fixed-seed run reaches −300
-and its critic's loss falls tenfold; four vmapped JAX seeds each reach −200.
+the unclipped action and its log-prob in the rollout, the fresh actors' entropies that the README quotes, the
+value-loss shapes, the untuned preset (and its retired name) and the reinforce rungs' rollout size, the input checks
+(InputError), save_checkpoint / load_checkpoint and normalize_obs; train_config's flags and sizes; ppo_update on a
+fixed Rollout (GAE targets, KL and clip bands, the clip); the JAX port of Pendulum-v1 against gymnasium step for
+step, its in-scan autoreset, make_train's run with a seed inside the vmap against the same seed alone and
+train(key) = run(init(key)); Monte-Carlo returns, the REINFORCE loss, each rung's steps, tools/pg_variance.py's
+statistics, seed_summary against the saved 20-seed results and tools/seeds.py. smoke: the CLI with tiny flags, a
+--load round trip, a GIF, --norm-obs, --preset untuned, another seed another run, --backend jax with four seeds on
+two devices (and a --load of its params.npz reproducing seed 0's score), the pg tools, bad input. learning: a short
+fixed-seed run reaches −300 and its critic's loss falls tenfold; four vmapped JAX seeds each reach −200.
 """
 
 from __future__ import annotations
