@@ -11,8 +11,9 @@ step, its in-scan autoreset, make_train's run with a seed inside the vmap agains
 train(key) = run(init(key)); Monte-Carlo returns, the REINFORCE loss, each rung's steps, tools/pg_variance.py's
 statistics, seed_summary against the saved 20-seed results and tools/seeds.py. smoke: the CLI with tiny flags, a
 --load round trip, a GIF, --norm-obs, --preset untuned, another seed another run, --backend jax with four seeds on
-two devices (and a --load of its params.npz reproducing seed 0's score), the pg tools, bad input. learning: a short
-fixed-seed run reaches −300 and its critic's loss falls tenfold; four vmapped JAX seeds each reach −200.
+two devices (and a --load of its params.npz reproducing seed 0's score), bad input. integration: the pg tools,
+tools/ppo_compare.py and tools/ppo_value_map.py over two runs. learning: a short fixed-seed run reaches −300 and its
+critic's loss falls tenfold; four vmapped JAX seeds each reach −200.
 """
 
 from __future__ import annotations
@@ -843,6 +844,31 @@ def test_pg_tools_write_their_tables_and_figures(tmp_path):
     assert [row.split("|")[4].strip() for row in rows] == ["-1000 [-1100, -900]", "-160 [-170, -150]"]  # IQM [CI]
     bad = run_script("tools/pg_variance.py", "--batches", "1", "--out", str(tmp_path / "x"), cwd=tmp_path)
     assert bad.returncode != 0 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr
+
+
+@pytest.mark.integration
+def test_compare_and_value_map_tools_read_each_run(tmp_path):
+    """tools/ppo_compare.py (two tiny runs that differ in --sigma) prints one row per run from that run's own
+    metrics.json and draws the field it is asked for; tools/ppo_value_map.py over both runs prints one row each and
+    draws one figure. Mutations caught: a row read from another run's file, a first/last entropy swapped, a value
+    map that reads only the first run."""
+    tiny = " ".join(TINY)
+    argv = ["--out", str(tmp_path / "cmp"), "--plot", "entropy", "--", tiny, f"{tiny} --sigma state"]
+    p = run_script("tools/ppo_compare.py", *argv, cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr
+    rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| `")]
+    assert len(rows) == 2 and "--sigma state" in rows[1] and "--sigma state" not in rows[0], rows
+    for i, row in enumerate(rows):
+        m = json.loads((tmp_path / "cmp" / f"run_{i}" / "metrics.json").read_text())
+        first, last = m["history"][0]["entropy"], m["history"][-1]["entropy"]
+        assert f"| {m['eval_return_mean']:.1f} | {first:.2f} → {last:.2f} |" in row, (row, first, last)
+    assert (tmp_path / "cmp" / "entropy.png").stat().st_size > 0
+    two = [str(tmp_path / "cmp" / "run_0"), str(tmp_path / "cmp" / "run_1")]
+    v = run_script("tools/ppo_value_map.py", *two, "--grid", "11", "--out", str(tmp_path / "maps"), cwd=tmp_path)
+    assert v.returncode == 0, v.stderr
+    runs = [ln.split("|")[1].strip() for ln in v.stdout.splitlines() if ln.startswith("| /")]
+    assert runs == two, v.stdout
+    assert (tmp_path / "maps" / "value_map.png").stat().st_size > 0
 
 
 @pytest.mark.unit
