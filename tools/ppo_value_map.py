@@ -164,7 +164,7 @@ def read_run(pendulum, run: Path, grid: int, th, thdot, obs) -> dict:
         v_max=float(value.max()),
         share_of_states_above_1_5=float(np.mean(np.abs(torque) > 1.5)),
         swing_up_return=traj[2],
-        swing_up_steps_to_upright=int(np.argmax(np.abs(traj[0]) < 0.1)),
+        swing_up_steps_to_upright=int(np.argmax(up)) if (up := np.abs(traj[0]) < 0.1).any() else None,
     )
     return dict(value=value, torque=torque, traj=traj, title=title, summary=summary)
 
@@ -182,9 +182,10 @@ def main(argv=None) -> dict | list[dict]:
         print(f"V(s) / reward scale, hanging down at rest: {summary['v_down_at_rest']:.1f}")
         print(f"V(s) / reward scale over the grid: {summary['v_min']:.1f} … {summary['v_max']:.1f}")
         print(f"share of grid states with |μ(s)| > 1.5: {summary['share_of_states_above_1_5']:.2f}")
+        upright = summary["swing_up_steps_to_upright"]
         print(
             f"swing-up episode: return {summary['swing_up_return']:.1f}, "
-            f"|θ| < 0.1 first at step {summary['swing_up_steps_to_upright']}"
+            f"|θ| < 0.1 first at step {'never' if upright is None else upright}"
         )
         print(f"figure: {out}")
         return summary
@@ -194,10 +195,11 @@ def main(argv=None) -> dict | list[dict]:
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for run, r in zip(a.runs, rows):
         s, ret = r["summary"], r["title"].rsplit(" ", 1)[-1]
+        upright = "never" if s["swing_up_steps_to_upright"] is None else s["swing_up_steps_to_upright"]
         print(
             f"| {run} | {ret} | {s['v_upright_at_rest']:.1f} | {s['v_down_at_rest']:.1f} | "
             f"{s['v_min']:.1f} … {s['v_max']:.1f} | {s['share_of_states_above_1_5']:.2f} | "
-            f"{s['swing_up_return']:.1f} | {s['swing_up_steps_to_upright']} |"
+            f"{s['swing_up_return']:.1f} | {upright} |"
         )
     print(f"figure: {out}")
     return [r["summary"] for r in rows]
