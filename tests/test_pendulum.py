@@ -822,6 +822,10 @@ def test_pg_tools_write_their_tables_and_figures(tmp_path):
     assert p.returncode == 0, p.stderr
     res = json.loads((tmp_path / "var" / "pg_variance.json").read_text())["results"][0]
     assert res["batches"] == 4 and len(res["rows"]) == 3 and [s["seed"] for s in res["seeds"]] == [0, 1]
+    # E Ψ and E Ψ² of each estimator: every reward is negative, so REINFORCE's G_t is; and E Ψ² >= (E Ψ)². Mutations
+    # caught: the two moments swapped, or a G_t with the wrong sign.
+    assert res["rows"]["G_t (REINFORCE)"]["psi_mean"] < 0
+    assert all(row["psi_sq_mean"] >= row["psi_mean"] ** 2 for row in res["rows"].values())
     assert (tmp_path / "var" / "pg_variance.png").stat().st_size > 0
     for algo, scores in (("reinforce", [-1100.0, -900.0]), ("ppo", [-150.0, -170.0])):  # two 2-seed runs' files
         (tmp_path / algo).mkdir()
@@ -886,7 +890,7 @@ def test_pg_variance_statistics_hand_computed():
     assert tool.snr_stats(np.array([[1.0, 0.0], [3.0, 2.0]])) == pytest.approx((4.0, 3.0, 0.75))
     # across seeds: two seeds whose SNRs are 0.1 and 0.4 (and so on) give the mean 0.25 and the range [0.1, 0.4], the
     # figure's bar and whiskers. Mutations caught: one seed's value as the mean, or the range of a single seed.
-    stats = dict(total_variance=1.0, mean_sq_norm=2.0, cos_to_reinforce_mean=1.0)
+    stats = dict(total_variance=1.0, mean_sq_norm=2.0, cos_to_reinforce_mean=1.0, psi_mean=-1.0, psi_sq_mean=3.0)
     seeds = [dict(rows={n: dict(stats, snr=snr) for n in tool.ESTIMATORS}) for snr in (0.1, 0.4)]
     row = tool.across_seeds(seeds)[tool.ESTIMATORS[2]]
     assert row["snr"] == pytest.approx(0.25) and row["snr_range"] == pytest.approx([0.1, 0.4])
