@@ -1220,8 +1220,9 @@ def prose_words(readme: Path) -> int:
 
 @pytest.mark.parametrize("readme", [p for p in MODULE_READMES if p.name == "README.md"], ids=lambda p: p.parent.name)
 def test_module_readmes_keep_the_lesson_budget(readme):
-    """A module README is a lesson: about 400 lines and 3,000 prose words, References included; sweeps, timings and
-    what was tried go to the benchmarks page. The Chinese twin mirrors it heading by heading (checked above)."""
+    """A module README is a lesson: about 400 lines and 3,000 prose words, References included, the exercises' answers
+    (<details> … </details>) not counted; sweeps, timings and what was tried go to the benchmarks page. The Chinese
+    twin mirrors it heading by heading (checked above)."""
     lines = len(lesson_lines(readme))
     assert lines <= LESSON_LINES and prose_words(readme) <= LESSON_WORDS, (lines, prose_words(readme))
 

@@ -44,6 +44,12 @@ PREREQUISITES = {
     "ppo_ladder": LADDER,
     "ppo_value_map": ["python 3_Pendulum/pendulum.py"],
     "dqn_video": ["python 2_Cart_Pole_DQN/cart_pole_dqn.py --out runs/capture/dqn"],  # the q_network.npz it loads
+    "ppo_video": ["python 3_Pendulum/pendulum.py"],
+    "ppo_ex5_value_maps": [
+        "python 3_Pendulum/pendulum.py",
+        "python 3_Pendulum/pendulum.py --no-bootstrap-truncated --out runs/ex5/no_bootstrap",
+        "python 3_Pendulum/pendulum.py --algo a2c --out runs/ex5/a2c",
+    ],
 }
 
 
