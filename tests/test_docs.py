@@ -867,6 +867,9 @@ def test_every_results_file_is_quoted_and_records_its_command():
     for readme in RESULTS.markdown_files():
         text = readme.read_text(encoding="utf-8")
         quoted |= {m[2] for m in RESULTS.BLOCK.finditer(text)} | {m[2] for m in RESULTS.INLINE.finditer(text)}
+        for image in shown_images(readme):  # a figure quotes the results file it was drawn with
+            source = FIGURES.read_stamp(image)
+            quoted |= {Path(source["results"]).stem} if source else set()
     for path in sorted(RESULTS.RESULTS_DIR.glob("*.*")):
         data = RESULTS.load(path.stem)
         header = data["provenance"] if isinstance(data, dict) else data[0]
