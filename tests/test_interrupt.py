@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -656,9 +657,10 @@ def test_a_signal_swallowed_by_a_library_callback_still_stops_the_run(tmp_path, 
     ql = load_script("1_Q_Learning/Q_Learning.py")
     real, calls = ql.run_episode, []
 
-    def callback(phase, info):  # the handler runs here, in the collector's callback
+    def callback(phase, info):
         gc.callbacks.remove(callback)
         os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)  # the handler runs here, in the collector's callback: the signal cuts the sleep short
 
     def run_episode(*args):
         calls.append(None)
@@ -672,4 +674,4 @@ def test_a_signal_swallowed_by_a_library_callback_still_stops_the_run(tmp_path, 
     assert exit_status(ql.main, ql.parse_args(["--episodes", "100000", "--evals", "100", "--out", str(out)])) == 130
     line = capsys.readouterr().err
     assert line.startswith("interrupted at episode ") and line.count("\n") == 1, line
-    assert 10 <= json.loads((out / "metrics.json").read_text())["interrupted"]["at"] < 100_000
+    assert json.loads((out / "metrics.json").read_text())["interrupted"]["at"] < 100_000
