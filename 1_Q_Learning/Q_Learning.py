@@ -565,6 +565,8 @@ class Outputs:
 
     def commit(self, metrics: dict) -> None:
         """Write metrics.json, then put the set in place of the folder's previous one; signals wait until it is."""
+        if Outputs.signals and not Outputs.holding:  # one came, and no code stopped for it (a library swallowed it)
+            raise KeyboardInterrupt
         with Outputs.held():
 
             def dump(path: str) -> None:
@@ -919,12 +921,13 @@ def main(args: Args) -> dict:
     print_header(args, reference)
 
     q, log = train(env, model, reference, args, rng)
-    stopped = len(log.returns) < n_episodes(args)  # Ctrl-C ended training early: nothing more is evaluated
-    if stopped and not log.returns:
+    early = len(log.returns) < n_episodes(args)  # a stop (Ctrl-C, SIGTERM) ended training early
+    if early and not log.returns:
         raise KeyboardInterrupt  # before the first episode ended: nothing measured, nothing to write
+    stopped = early or bool(Outputs.signals)  # or came at its very end: nothing more is evaluated
     # A stop from here on keeps the training: its numbers (`interrupted` says where it stopped) and the two figures.
     trained = {**collect_metrics(args, reference, log, None, wall_start), "args": asdict(args)}
-    missing = ["the rest of training", "the final evaluation"] if stopped else ["the final evaluation"]
+    missing = ["the rest of training"] * early + ["the final evaluation"]
     out.keep(trained, "training" if stopped else "the final evaluation", missing)
     title = f"Q-learning on {env_name(args)}, seed {args.seed}"
     out.write("learning_curve.png", plot_curve, log, reference, title)

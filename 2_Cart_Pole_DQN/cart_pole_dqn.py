@@ -1045,6 +1045,8 @@ class Outputs:
 
     def commit(self, metrics: dict) -> None:
         """Write metrics.json, then put the set in place of the folder's previous one; signals wait until it is."""
+        if Outputs.signals and not Outputs.holding:  # one came, and no code stopped for it (a library swallowed it)
+            raise KeyboardInterrupt
         with Outputs.held():
 
             def dump(path: str) -> None:
@@ -1451,18 +1453,19 @@ def main(args: Args) -> dict:
     # one (last parameters, log) per seed; the first seed's parameters are saved and its curve is plotted
     runs = train_seeds(args, devices) if args.backend == "jax" else [train(args, act, update, state)]
     last_params, log = runs[0]
-    stopped = log["env_steps"] < args.total_timesteps  # Ctrl-C ended training early
-    if stopped and not log["curve"]:
+    early = log["env_steps"] < args.total_timesteps  # a stop (Ctrl-C, SIGTERM) ended training early
+    if early and not log["curve"]:
         raise KeyboardInterrupt  # before the first periodic evaluation: nothing measured, nothing to write
     params = log["best"]["params"] if args.final_agent == "best" else last_params
     # A stop from here on keeps the training: its metrics (`interrupted` says where), the checkpoint and the curve.
     trained = training_metrics(args, None, None, log, t_start)
     if args.backend == "jax":
         trained.update(seeds_metrics(args, act, runs, None))
+    stopped = early or bool(Outputs.signals)  # or came at its very end: nothing more is evaluated
     during = "training" if stopped else "the final evaluation"
     if log.get("interrupted"):  # the stop came during the compiled call, which ran every step
         during = "training, which the compiled call ran to its end"
-    missing = ["the rest of training"] * stopped + ["the final evaluation"]
+    missing = ["the rest of training"] * early + ["the final evaluation"]
     out.keep({**trained, "args": asdict(args)}, during, missing)
     out.write("q_network.npz", save_checkpoint, {"q_network": nnx.merge(q_graphdef, params)})
     out.write(

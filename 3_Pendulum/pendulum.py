@@ -1015,6 +1015,8 @@ class Outputs:
 
     def commit(self, metrics: dict) -> None:
         """Write metrics.json, then put the set in place of the folder's previous one; signals wait until it is."""
+        if Outputs.signals and not Outputs.holding:  # one came, and no code stopped for it (a library swallowed it)
+            raise KeyboardInterrupt
         with Outputs.held():
 
             def dump(path: str) -> None:
@@ -1506,8 +1508,8 @@ def main(args: Args) -> dict:
         print(first_line(args, sizes), flush=True)  # what the run is about to do (train_jax prints its own)
         agent, rms, log = train_gymnasium(args, sizes)
         actor_states = jax.tree.map(lambda x: x[None], nnx.state(agent.actor))
-    stopped = len(log.history) < sizes.num_updates  # Ctrl-C ended training early
-    if stopped and not log.history:
+    early = len(log.history) < sizes.num_updates  # a stop (Ctrl-C, SIGTERM) ended training early
+    if early and not log.history:
         raise KeyboardInterrupt  # before the first update was done: nothing measured, nothing to write
     actor, critic = agent.actor, agent.critic
     n_devices = len(devices) if devices else 1
@@ -1516,10 +1518,11 @@ def main(args: Args) -> dict:
     dots = ["one seed: mean of its envs' latest training episodes"] if args.backend == "jax" else []
     # A stop from here on keeps the training: its metrics (`interrupted` says where), the checkpoint and the curve.
     trained = training_metrics(args, sizes, log, None, n_devices)
+    stopped = early or bool(Outputs.signals)  # or came at its very end: nothing more is evaluated
     during = "training" if stopped else "the final evaluation"
     if log.interrupted:  # the stop came during the compiled call, which ran every update
         during = "training, which the compiled call ran to its end"
-    missing = ["the rest of training"] * stopped + ["the final evaluation"]
+    missing = ["the rest of training"] * early + ["the final evaluation"]
     out.keep(dict(trained, args=asdict(args), history=log.history), during, missing)
     out.write("params.npz", save_checkpoint, {"actor": actor, "critic": critic, **obs_norm_parts(rms)})
     out.write("learning_curve.png", plot_curve, log.ep_steps, log.ep_returns, None, title, *dots)

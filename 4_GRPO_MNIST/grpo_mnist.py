@@ -762,6 +762,8 @@ class Outputs:
 
     def commit(self, metrics: dict) -> None:
         """Write metrics.json, then put the set in place of the folder's previous one; signals wait until it is."""
+        if Outputs.signals and not Outputs.holding:  # one came, and no code stopped for it (a library swallowed it)
+            raise KeyboardInterrupt
         with Outputs.held():
 
             def dump(path: str) -> None:
@@ -1519,7 +1521,7 @@ def main(args: Args) -> dict:
         policy, reference, history, timings = train(args, data)
         if not history:
             raise KeyboardInterrupt  # before the first validation score: nothing measured, nothing to write
-        stopped = stopped_at(args, history)  # where Ctrl-C ended training early (then nothing more is scored)
+        early = stopped_at(args, history)  # where a stop (Ctrl-C, SIGTERM) ended training early
         last = history[-1]
         results = {k: v for k, v in last.items() if k.startswith("val_")}
         run = {
@@ -1539,9 +1541,10 @@ def main(args: Args) -> dict:
         finished = {"unit": f"{last['phase']} iteration", "at": last["iteration"], "of": args.iterations}
         on_mesh = bool(args.host_devices or args.mesh)  # a run on a mesh also measures what each device holds
         later = ["the test scores"] * args.score_test + ["the mesh measurement"] * on_mesh
+        stopped = early or bool(Outputs.signals)  # or came at its very end: nothing more is scored
         during = "the test scoring" if args.score_test else "the mesh measurement" if on_mesh else "saving"
-        missing = ["the rest of training", *later] if stopped else later
-        out.keep({**results, **run, "interrupted": stopped or finished}, "training" if stopped else during, missing)
+        missing = ["the rest of training", *later] if early else later
+        out.keep({**results, **run, "interrupted": early or finished}, "training" if stopped else during, missing)
         out.write("policy.npz", save_checkpoint, {"policy": policy})
         out.write("learning_curve.png", plot_curve, history, args.pass_k, {}, title)
         if stopped:

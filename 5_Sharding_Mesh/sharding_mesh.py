@@ -864,6 +864,8 @@ class Outputs:
 
     def commit(self, metrics: dict) -> None:
         """Write metrics.json, then put the set in place of the folder's previous one; signals wait until it is."""
+        if Outputs.signals and not Outputs.holding:  # one came, and no code stopped for it (a library swallowed it)
+            raise KeyboardInterrupt
         with Outputs.held():
 
             def dump(path: str) -> None:
@@ -1246,13 +1248,14 @@ def main(args: Args) -> dict:
             print_rule_set_result(args, name, results[name], mesh, seconds=time.perf_counter() - t0)
     if not results:
         raise KeyboardInterrupt  # before the first rule set was checked: nothing measured, nothing to write
-    stopped = len(results) < len(names)  # Ctrl-C ended the run early: nothing more is computed or checked
+    early = len(results) < len(names)  # a stop (Ctrl-C, SIGTERM) ended the run early
+    stopped = early or bool(Outputs.signals)  # or came at the end of the last rule set: nothing more is computed
     ok = all(r.passed and r.bytes_match_analytic for r in results.values())
     curves = {"single device": reference.losses, **{n: r.losses for n, r in results.items()}}
     if out is not None:  # a stop from here on keeps the rule sets checked so far and their curves
         checked = run_metrics(args, devices, mesh, names, results, reference, None, ok, t_start)
         checked.setdefault("interrupted", dict(unit="rule set", at=len(results), of=len(names)))
-        missing = ["the other rule sets"] * stopped + ["the 8B memory table"]
+        missing = ["the other rule sets"] * early + ["the 8B memory table"]
         out.keep(checked, "the rule sets" if stopped else "the 8B memory table", missing)
         out.write("loss_curve.png", plot_curve, curves)
     if stopped:

@@ -434,6 +434,7 @@ FLAGS = {
 # script, extra flags, the function whose call-th call receives the signal, the signal, where the run is then
 # (metrics.json's interrupted.during; None: the set was being put in place, and it is complete).
 MOMENTS = [
+    ("1_Q_Learning/Q_Learning.py", [], "evaluate_greedy", 20, signal.SIGINT, "training"),  # training's last one
     ("1_Q_Learning/Q_Learning.py", [], "evaluate_final", 1, signal.SIGTERM, "the final evaluation"),
     ("1_Q_Learning/Q_Learning.py", [], "json.dump", 1, signal.SIGINT, None),
     ("2_Cart_Pole_DQN/cart_pole_dqn.py", [], "evaluate", 3, signal.SIGINT, "the final evaluation"),
@@ -453,12 +454,14 @@ MOMENTS = [
 def test_a_stop_after_training_keeps_one_consistent_run(
     script, extra, name, call, sig, during, tmp_path, monkeypatch, capsys
 ):
-    """SIGINT or SIGTERM after training (during the final evaluation, the test scoring, a file's writing, the set's
-    move into place), into a folder holding an earlier run. The finished training is kept, as one consistent set:
+    """SIGINT or SIGTERM at the end of training (the evaluation at its last episode, which ends the loop as if
+    complete) or after it (during the final evaluation, the test scoring, a file's writing, the set's move into
+    place), into a folder holding an earlier run. The finished training is kept, as one consistent set:
     metrics.json says where the run stopped and what is not done, the files it lists are this run's and whole, the
     earlier run's are gone (its episode.gif included); one true line, exit status 130 or 143. Catches: 'nothing
-    written' after a finished training, the new checkpoint beside the earlier metrics.json (or any other mix), a
-    half-written file, a stale episode.gif, a line that names files not on disk, and a SIGTERM nothing handles."""
+    written' after a finished training, a stop at training's last step that the run ignores (it evaluates and exits
+    0), the new checkpoint beside the earlier metrics.json (or any other mix), a half-written file, a stale
+    episode.gif, a line that names files not on disk, and a SIGTERM nothing handles."""
     module = load_script(script)
     out = tmp_path / "out"
     earlier = earlier_run(out, NAMES[script])
