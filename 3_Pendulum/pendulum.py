@@ -977,7 +977,7 @@ class Outputs:
                         text = f.read()
                 except FileNotFoundError:  # its run has just ended
                     continue
-            pid = int(text) if text.isdigit() else 0  # 0: none yet, its run is writing it right now
+            pid = int(text) if text.strip().isdigit() else 0  # 0: none yet, its run is writing it right now
             try:
                 os.kill(pid or os.getpid(), 0)  # signal 0 only asks whether that process exists
             except ProcessLookupError:  # it has ended (killed, say): its lock is taken over
