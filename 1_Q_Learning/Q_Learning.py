@@ -461,7 +461,7 @@ def reports_input_errors(main):
         main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
         handlers = {s: signal.signal(s, Outputs.on_signal) for s in (signal.SIGINT, signal.SIGTERM) if main_thread}
         hook, sys.unraisablehook = sys.unraisablehook, functools.partial(Outputs.unraisable, then=sys.unraisablehook)
-        Outputs.signals, Outputs.holding = [], False
+        Outputs.signals, Outputs.holding, Outputs.again = [], False, None
         try:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # one held back while the libraries loaded
             return main(args)
@@ -477,6 +477,9 @@ def reports_input_errors(main):
             sys.exit(128 + (Outputs.signals or [signal.SIGINT])[0])
         finally:
             Outputs.holding = True
+            if Outputs.again is not None:  # a signal being sent again lands while the handlers are still in place
+                Outputs.again.cancel()
+                Outputs.again.join()
             if Outputs.active is not None:
                 Outputs.active.close()
             for s, handler in handlers.items():
@@ -499,6 +502,7 @@ class Outputs:
     active = None  # the Outputs of the run in progress (reports_input_errors stops and closes it)
     signals: list = []  # SIGINT / SIGTERM received during the run, in order
     holding = False  # True: a signal is recorded, and raised only when the hold ends (held)
+    again = None  # the timer that sends a swallowed signal again (unraisable)
 
     def __init__(self, folder: str, files: dict[str, bool]):
         """files: every file this script can write into such a folder besides metrics.json -> written by this run."""
@@ -623,9 +627,9 @@ class Outputs:
         on, is not lost: the signal is sent again a moment later, to land in the run's own code. Any other exception
         goes to `then`, the hook that was in place."""
         if isinstance(info.exc_value, KeyboardInterrupt) and Outputs.signals:
-            again = threading.Timer(0.01, os.kill, (os.getpid(), Outputs.signals[-1]))
-            again.daemon = True
-            again.start()
+            Outputs.again = threading.Timer(0.01, os.kill, (os.getpid(), Outputs.signals[-1]))
+            Outputs.again.daemon = True
+            Outputs.again.start()
         else:
             then(info)
 
