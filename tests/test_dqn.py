@@ -490,6 +490,8 @@ def test_load_refuses_a_checkpoint_of_another_dtype(dtype, tmp_path):
     with pytest.raises(dqn.InputError, match=rf"q_network/\w+/\w+ should hold float32, found {dtype}$"):
         dqn.load_checkpoint(str(wrong), {"q_network": network}, dqn.LOAD_HINT)
     assert all(np.array_equal(a, b) for a, b in zip(before, jax.tree.leaves(dqn.nnx.state(network))))
+    if dtype != "int32":
+        return  # the command line, once
     (tmp_path / "eval").mkdir()
     (tmp_path / "eval" / "metrics.json").write_text('{"earlier": "evaluation"}')
     with pytest.raises(SystemExit, match=f"^error: --load {wrong}: .* should hold float32, found {dtype}$"):
