@@ -20,11 +20,16 @@ import contextlib
 import functools
 import json
 import os
+import shutil
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import NamedTuple
 
+if __name__ == "__main__":  # a SIGTERM while the libraries load waits for main, which reports it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 try:  # Ctrl-C while the libraries load: one line and exit status 130, not a traceback
     import numpy as np
 except KeyboardInterrupt:
@@ -444,31 +449,204 @@ class InputError(Exception):
     """Bad input: a flag value, a missing or corrupt file, an unwritable folder, a mesh that does not fit."""
 
 
+class WriteError(Exception):
+    """A file of the run could not be written (a full disk, a folder that turned read-only): what and why."""
+
+
 def reports_input_errors(main):
-    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1, and Ctrl-C into
-    one line and exit status 130: where the run stopped, if main kept what it had measured (metrics["interrupted"]:
-    unit, at, of), or else that nothing was written."""
+    """Every early end of a run is one line on stderr. Bad input (InputError) or a file that cannot be written
+    (WriteError): exit status 1. SIGINT (Ctrl-C) or SIGTERM, at any moment: exit status 130 or 143. The run's
+    folder then holds its previous files or the set this run kept (Outputs.stop), never a mix; the line says which."""
 
     @functools.wraps(main)
     def run(args):
+        main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
+        handlers = {s: signal.signal(s, Outputs.on_signal) for s in (signal.SIGINT, signal.SIGTERM) if main_thread}
+        hook, sys.unraisablehook = sys.unraisablehook, functools.partial(Outputs.unraisable, then=sys.unraisablehook)
+        Outputs.signals, Outputs.holding, Outputs.again = [], False, None
         try:
-            metrics = main(args)
-        except InputError as e:
-            sys.exit(f"error: {e}")
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # one held back while the libraries loaded
+            return main(args)
+        except (InputError, WriteError) as e:
+            Outputs.holding = True  # from here on a signal is recorded, not raised
+            out = Outputs.active
+            tell = out is not None and not out.done and (isinstance(e, WriteError) or out.kept is not None)
+            sys.exit(f"error: {e}" + (out.stop(str(e)) if tell else ""))
         except KeyboardInterrupt:
-            print(f"interrupted; nothing written to {args.out}", file=sys.stderr)
-            sys.exit(130)
-        if "interrupted" in metrics:
-            stop = metrics["interrupted"]
-            print(
-                f"interrupted at {stop['unit']} {stop['at']} of {stop['of']}; "
-                f"metrics so far in {os.path.join(args.out, 'metrics.json')}",
-                file=sys.stderr,
-            )
-            sys.exit(130)
-        return metrics
+            Outputs.holding = True
+            rest = Outputs.active.stop(None) if Outputs.active else f"; nothing written to {args.out}"
+            print(f"interrupted{rest}", file=sys.stderr)
+            sys.exit(128 + (Outputs.signals or [signal.SIGINT])[0])
+        finally:
+            Outputs.holding = True
+            if Outputs.again is not None:  # a signal being sent again lands while the handlers are still in place
+                Outputs.again.cancel()
+                Outputs.again.join()
+            if Outputs.active is not None:
+                Outputs.active.close()
+            for s, handler in handlers.items():
+                signal.signal(s, handler)
+            sys.unraisablehook, Outputs.holding = hook, False
 
     return run
+
+
+class Outputs:
+    """The files of one run in one folder (--out; <out>/eval/ for --load), kept as one set.
+
+    write() puts each file into a staging folder inside it, under a temporary name until it is whole; commit()
+    writes metrics.json there too, then deletes this script's files that the new set lacks (an old episode.gif) and
+    moves the set into place, metrics.json last, with SIGINT and SIGTERM held back. Until then the folder keeps its
+    previous files. A run stopped early commits what keep() last named, marked `interrupted`. A lock file holding
+    the PID keeps a second run out of the folder.
+    """
+
+    active = None  # the Outputs of the run in progress (reports_input_errors stops and closes it)
+    signals: list = []  # SIGINT / SIGTERM received during the run, in order
+    holding = False  # True: a signal is recorded, and raised only when the hold ends (held)
+    again = None  # the timer that sends a swallowed signal again (unraisable)
+
+    def __init__(self, folder: str, files: dict[str, bool]):
+        """files: every file this script can write into such a folder besides metrics.json -> written by this run."""
+        self.folder, self.files, self.written, self.writing = folder, files, [], None
+        self.kept, self.done = None, False  # what a stop commits (keep); whether the set is in place (commit)
+        self.staging, self.lock = os.path.join(folder, ".staging"), os.path.join(folder, ".lock")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            self.take_lock()
+            Outputs.active = self
+            shutil.rmtree(self.staging, ignore_errors=True)  # what a killed run left
+            os.mkdir(self.staging)
+        except OSError as e:
+            raise InputError(f"--out {folder!r} is not a writable folder ({e.strerror or type(e).__name__})") from None
+
+    def take_lock(self) -> None:
+        """Create the lock file, holding this PID. A lock whose process has ended is taken over; a live one refused."""
+        while True:
+            try:
+                with open(self.lock, "x") as f:  # "x": only if no such file exists
+                    f.write(str(os.getpid()))
+                return
+            except FileExistsError:
+                try:
+                    with open(self.lock) as f:
+                        text = f.read()
+                except FileNotFoundError:  # its run has just ended
+                    continue
+            pid = int(text) if text.strip().isdigit() else 0  # 0: none yet, its run is writing it right now
+            try:
+                os.kill(pid or os.getpid(), 0)  # signal 0 only asks whether that process exists
+            except ProcessLookupError:  # it has ended (killed, say): its lock is taken over
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.lock)
+                print(f"{self.lock}: PID {pid} has ended; its lock is taken over", flush=True)
+                continue
+            except PermissionError:  # it exists, and belongs to another user
+                pass
+            raise InputError(
+                f"--out {self.folder!r} is in use by the run of PID {pid or 'unknown'}; wait for it to end or pick "
+                f"another --out (its lock file: {self.lock})"
+            )
+
+    def write(self, name: str, writer, *args, **kwargs):
+        """writer(path, *args, **kwargs) writes the set's file `name` (into the staging folder, under a temporary
+        name until it is whole); returns what writer returns."""
+        partial = os.path.join(self.staging, "partial-" + name)  # the same ending: savez, savefig and PIL read it
+        self.writing = name
+        try:
+            result = writer(partial, *args, **kwargs)
+            os.replace(partial, os.path.join(self.staging, name))
+        except OSError as e:
+            raise WriteError(f"{(e.strerror or type(e).__name__).lower()} while writing {name}") from None
+        finally:  # a file that stopped half-way goes, and gives back its space
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(partial)
+        self.written, self.writing = [*(n for n in self.written if n != name), name], None
+        return result
+
+    def keep(self, metrics: dict, during: str, missing: list[str]) -> None:
+        """From here on a stop commits `metrics` (as it is then) with the files written by then, marked interrupted
+        `during` (say, 'the final evaluation'), with `missing` and every file not written listed as not done."""
+        self.kept = (metrics, during, missing)
+
+    def commit(self, metrics: dict) -> None:
+        """Write metrics.json, then put the set in place of the folder's previous one; signals wait until it is."""
+        if Outputs.signals and not Outputs.holding:  # one came, and no code stopped for it (a library swallowed it)
+            raise KeyboardInterrupt
+        with Outputs.held():
+
+            def dump(path: str) -> None:
+                with open(path, "w") as f:
+                    json.dump(metrics, f, indent=2)
+
+            self.write("metrics.json", dump)
+            for name in self.files:
+                if name not in self.written:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(os.path.join(self.folder, name))
+            for name in sorted(self.written, key=lambda name: name == "metrics.json"):  # metrics.json last
+                os.replace(os.path.join(self.staging, name), os.path.join(self.folder, name))
+            self.done = True
+
+    def stop(self, error: str | None) -> str:
+        """After a signal (error None) or an error: commit the set keep() named, marked interrupted, and return the
+        rest of the one line: where the run stopped (after a signal) and what the folder holds."""
+        if self.done:
+            return f" once the run was saved; {self.folder} holds all of it"
+        if self.kept is None:
+            return f"; nothing written to {self.folder}"
+        metrics, during, missing = self.kept
+        missing = [*missing, *(name for name, wanted in self.files.items() if wanted and name not in self.written)]
+        during = f"writing {self.writing}" if self.writing else during
+        mark = {**metrics.get("interrupted", {}), "during": during, "missing": missing}
+        where = f"{'while' if self.writing else 'during'} {during}"
+        if mark.get("at", 0) < mark.get("of", 0):  # training itself stopped early
+            where = f"at {mark['unit']} {mark['at']} of {mark['of']}"
+        try:
+            self.commit({**metrics, "interrupted": mark | ({"error": error} if error else {})})
+        except WriteError:
+            return f"; nothing written to {self.folder}"
+        kept = f"kept in {self.folder}: {', '.join(sorted(self.written, key=lambda n: n != 'metrics.json'))}"
+        return ("" if error else f" {where}") + f"; {kept}" + (f" (not done: {', '.join(missing)})" if missing else "")
+
+    def close(self) -> None:
+        """Remove the staging folder (whatever it still holds was never committed) and the lock."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.lock)
+        Outputs.active = None
+
+    @staticmethod
+    def on_signal(signum, frame) -> None:
+        """SIGINT and SIGTERM: recorded (the exit status says which), then raised as KeyboardInterrupt unless held."""
+        Outputs.signals.append(signum)
+        if not Outputs.holding:
+            raise KeyboardInterrupt
+
+    @staticmethod
+    def unraisable(info, then) -> None:
+        """A KeyboardInterrupt raised inside a library callback (JAX's garbage-collection hook), which cannot pass it
+        on, is not lost: the signal is sent again a moment later, to land in the run's own code. Any other exception
+        goes to `then`, the hook that was in place."""
+        if isinstance(info.exc_value, KeyboardInterrupt) and Outputs.signals:
+            Outputs.again = threading.Timer(0.01, os.kill, (os.getpid(), Outputs.signals[-1]))
+            Outputs.again.daemon = True
+            Outputs.again.start()
+        else:
+            then(info)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def held():
+        """Inside, SIGINT and SIGTERM are recorded, not raised; one that came is raised on leaving."""
+        seen, was = len(Outputs.signals), Outputs.holding
+        Outputs.holding = True
+        try:
+            yield
+        finally:
+            Outputs.holding = was
+        if len(Outputs.signals) > seen and not was:
+            raise KeyboardInterrupt
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -520,18 +698,11 @@ def check_flags(args) -> None:
 
 
 def validate(args: Args) -> None:
-    """Raise InputError on a flag outside its bounds, a flag that does not fit the others, or an output folder that
-    cannot be written."""
+    """Raise InputError on a flag outside its bounds or a flag that does not fit the others (main then checks the
+    output folder, by taking it: Outputs)."""
     check_flags(args)
     if args.slippery and args.env != "frozenlake":  # the grid is deterministic: there is no ice to slip on
         raise InputError("--slippery applies only to --env frozenlake")
-    try:  # the output folder is checked before any work: a run that cannot save its results does not start
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, ".write_test"), "w"):
-            pass
-        os.remove(os.path.join(args.out, ".write_test"))
-    except OSError as e:
-        raise InputError(f"--out {args.out!r} is not a writable folder ({e.strerror or type(e).__name__})") from e
 
 
 def env_name(args: Args) -> str:
@@ -678,7 +849,8 @@ def collect_metrics(
     args: Args, reference: Reference, log: TrainLog, final: FinalEvaluation | None, wall_start: float
 ) -> dict:
     """The numbers metrics.json records (the run's flags are added under 'args' when it is written). Without `final`
-    (Ctrl-C stopped training, and nothing more was evaluated): the training's numbers and where it stopped."""
+    (not evaluated: a stop came during training or before its evaluation ended): the training's numbers and where
+    training stopped."""
     run = {
         "env": env_name(args),
         "optimal_return": reference.optimal_return,
@@ -742,23 +914,10 @@ def print_summary(env, q: np.ndarray, reference: Reference, log: TrainLog, final
     )
 
 
-def save_results(args: Args, metrics: dict, log: TrainLog, reference: Reference, env, q: np.ndarray) -> None:
-    """metrics.json (with the run's flags under 'args'), learning_curve.png and q_map.png into --out."""
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "metrics.json"), "w") as fh:
-        json.dump({**metrics, "args": asdict(args)}, fh, indent=2)
-    plot_curve(
-        os.path.join(args.out, "learning_curve.png"),
-        log,
-        reference,
-        f"Q-learning on {env_name(args)}, seed {args.seed}",
-    )
-    plot_q_map(os.path.join(args.out, "q_map.png"), env, q, reference, args, len(log.returns))
-
-
 @reports_input_errors
 def main(args: Args) -> dict:
-    validate(args)  # flag values and the output folder, before any work
+    validate(args)  # flag values, before any work
+    out = Outputs(args.out, {"learning_curve.png": True, "q_map.png": True})  # a writable folder, this run's alone
     wall_start = time.perf_counter()
     rng = np.random.default_rng(args.seed)
     env = make_env(args)
@@ -768,15 +927,24 @@ def main(args: Args) -> dict:
     print_header(args, reference)
 
     q, log = train(env, model, reference, args, rng)
-    stopped = len(log.returns) < n_episodes(args)  # Ctrl-C ended training early: nothing more is evaluated
-    if stopped and not log.returns:
+    early = len(log.returns) < n_episodes(args)  # a stop (Ctrl-C, SIGTERM) ended training early
+    if early and not log.returns:
         raise KeyboardInterrupt  # before the first episode ended: nothing measured, nothing to write
+    stopped = early or bool(Outputs.signals)  # or came at its very end: nothing more is evaluated
+    # A stop from here on keeps the training: its numbers (`interrupted` says where it stopped) and the two figures.
+    trained = {**collect_metrics(args, reference, log, None, wall_start), "args": asdict(args)}
+    missing = ["the rest of training"] * early + ["the final evaluation"]
+    out.keep(trained, "training" if stopped else "the final evaluation", missing)
+    title = f"Q-learning on {env_name(args)}, seed {args.seed}"
+    out.write("learning_curve.png", plot_curve, log, reference, title)
+    out.write("q_map.png", plot_q_map, env, q, reference, args, len(log.returns))
+    if stopped:
+        raise KeyboardInterrupt
 
-    final = None if stopped else evaluate_final(env, model, q, reference, args)
+    final = evaluate_final(env, model, q, reference, args)
     metrics = collect_metrics(args, reference, log, final, wall_start)
-    if final is not None:
-        print_summary(env, q, reference, log, final, args)
-    save_results(args, metrics, log, reference, env, q)
+    out.commit({**metrics, "args": asdict(args)})
+    print_summary(env, q, reference, log, final, args)
     return metrics
 
 

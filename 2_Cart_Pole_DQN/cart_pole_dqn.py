@@ -28,13 +28,18 @@ import contextlib
 import functools
 import json
 import os
+import shutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from typing import NamedTuple
 
+if __name__ == "__main__":  # a SIGTERM while the libraries load waits for main, which reports it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 try:  # Ctrl-C while the libraries load: one line and exit status 130, not a traceback
     import gymnasium as gym
     import jax
@@ -355,11 +360,12 @@ def soft_update(params: nnx.State, target_params: nnx.State, tau: float) -> nnx.
 
 
 def sync_target(params: nnx.State, target_params: nnx.State, tau: float) -> nnx.State:
-    """Hard copy θ⁻ ← θ when τ = 1 (JAX arrays are immutable, so sharing them is an exact copy), else Polyak.
+    """Hard copy θ⁻ ← θ when τ = 1, else Polyak. The copy has arrays of its own: θ⁻ stays valid even if the update
+    that produces the next θ takes over (donates) the memory of the current one.
 
     On modules, the hard copy would read nnx.update(target_network, nnx.state(q_network)).
     """
-    return params if tau == 1.0 else soft_update(params, target_params, tau)
+    return jax.tree.map(jnp.copy, params) if tau == 1.0 else soft_update(params, target_params, tau)
 
 
 def make_step_fns(args: Args, graphdef: nnx.GraphDef, q_graphdef: nnx.GraphDef):
@@ -388,11 +394,11 @@ def train(args: Args, act, update, state: nnx.State) -> tuple[nnx.State, dict]:
     n, n_actions = args.num_envs, int(envs.single_action_space.n)
     buffer = ReplayBuffer(args.buffer_size, envs.single_observation_space.shape[0])
     decay_steps = derived(args).exploration_steps
-    target_params = state["q_network"]  # θ⁻ starts as an exact copy of θ
+    target_params = jax.tree.map(jnp.copy, state["q_network"])  # θ⁻ starts as a copy of θ (arrays of its own)
     obs, _ = envs.reset(seed=args.seed)
     resetting = np.zeros(n, bool)  # envs whose episode ended last step: this step only resets them
     episode_returns, train_returns, losses, curve = np.zeros(n), [], [], []
-    best = dict(params=state["q_network"], eval_return=-np.inf, step=0)
+    best = dict(params=jax.tree.map(jnp.copy, state["q_network"]), eval_return=-np.inf, step=0)  # θ_best, a copy
     solved_step = solved_seconds = None
     env_steps, t_train = 0, time.perf_counter()
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops the loop here; what it measured is kept
@@ -428,7 +434,9 @@ def train(args: Args, act, update, state: nnx.State) -> tuple[nnx.State, dict]:
                 row = dict(step=env_steps, eval_return=eval_return, train_return=train_return, loss=mean_loss)
                 curve.append(dict(row, seconds=round(elapsed, 2)))
                 if eval_return >= best["eval_return"]:  # ties go to the later, longer-trained parameters
-                    best = dict(params=state["q_network"], eval_return=eval_return, step=env_steps)
+                    best = dict(
+                        params=jax.tree.map(jnp.copy, state["q_network"]), eval_return=eval_return, step=env_steps
+                    )
                 if solved_step is None and eval_return >= args.solve_threshold:
                     solved_step, solved_seconds = env_steps, round(elapsed, 2)
                 print(
@@ -763,10 +771,12 @@ def train_seeds(args: Args, devices: list) -> list[tuple[nnx.State, dict]]:
     per_device = jax.shard_map(seeds_of_a_device, mesh=mesh, in_specs=by_seed, out_specs=by_seed, check_vma=False)
     run = jax.jit(per_device).lower(runners).compile()
     compile_seconds = time.perf_counter() - t_train
-    out, interrupted = run(runners), False  # dispatched: XLA runs every step in this one call
+    interrupted = False  # a stop that came during the call, which ran every step: the run stops once it returns
     try:
-        jax.block_until_ready(out)
-    except KeyboardInterrupt:  # Ctrl-C lands only when the call returns; its results are kept
+        with Outputs.held():
+            out = run(runners)  # dispatched: XLA runs every step in this one call
+            jax.block_until_ready(out)
+    except KeyboardInterrupt:
         interrupted = True
     runners, step_logs = out
     params, bests, step_logs = jax.device_get((runners.state["q_network"], runners.best, step_logs))  # not the buffers
@@ -921,31 +931,204 @@ class InputError(Exception):
     """Bad input: a flag value, a missing or corrupt file, an unwritable folder, a mesh that does not fit."""
 
 
+class WriteError(Exception):
+    """A file of the run could not be written (a full disk, a folder that turned read-only): what and why."""
+
+
 def reports_input_errors(main):
-    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1, and Ctrl-C into
-    one line and exit status 130: where the run stopped, if main kept what it had measured (metrics["interrupted"]:
-    unit, at, of), or else that nothing was written."""
+    """Every early end of a run is one line on stderr. Bad input (InputError) or a file that cannot be written
+    (WriteError): exit status 1. SIGINT (Ctrl-C) or SIGTERM, at any moment: exit status 130 or 143. The run's
+    folder then holds its previous files or the set this run kept (Outputs.stop), never a mix; the line says which."""
 
     @functools.wraps(main)
     def run(args):
+        main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
+        handlers = {s: signal.signal(s, Outputs.on_signal) for s in (signal.SIGINT, signal.SIGTERM) if main_thread}
+        hook, sys.unraisablehook = sys.unraisablehook, functools.partial(Outputs.unraisable, then=sys.unraisablehook)
+        Outputs.signals, Outputs.holding, Outputs.again = [], False, None
         try:
-            metrics = main(args)
-        except InputError as e:
-            sys.exit(f"error: {e}")
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # one held back while the libraries loaded
+            return main(args)
+        except (InputError, WriteError) as e:
+            Outputs.holding = True  # from here on a signal is recorded, not raised
+            out = Outputs.active
+            tell = out is not None and not out.done and (isinstance(e, WriteError) or out.kept is not None)
+            sys.exit(f"error: {e}" + (out.stop(str(e)) if tell else ""))
         except KeyboardInterrupt:
-            print(f"interrupted; nothing written to {args.out}", file=sys.stderr)
-            sys.exit(130)
-        if "interrupted" in metrics:
-            stop = metrics["interrupted"]
-            print(
-                f"interrupted at {stop['unit']} {stop['at']} of {stop['of']}; "
-                f"metrics so far in {os.path.join(args.out, 'metrics.json')}",
-                file=sys.stderr,
-            )
-            sys.exit(130)
-        return metrics
+            Outputs.holding = True
+            rest = Outputs.active.stop(None) if Outputs.active else f"; nothing written to {args.out}"
+            print(f"interrupted{rest}", file=sys.stderr)
+            sys.exit(128 + (Outputs.signals or [signal.SIGINT])[0])
+        finally:
+            Outputs.holding = True
+            if Outputs.again is not None:  # a signal being sent again lands while the handlers are still in place
+                Outputs.again.cancel()
+                Outputs.again.join()
+            if Outputs.active is not None:
+                Outputs.active.close()
+            for s, handler in handlers.items():
+                signal.signal(s, handler)
+            sys.unraisablehook, Outputs.holding = hook, False
 
     return run
+
+
+class Outputs:
+    """The files of one run in one folder (--out; <out>/eval/ for --load), kept as one set.
+
+    write() puts each file into a staging folder inside it, under a temporary name until it is whole; commit()
+    writes metrics.json there too, then deletes this script's files that the new set lacks (an old episode.gif) and
+    moves the set into place, metrics.json last, with SIGINT and SIGTERM held back. Until then the folder keeps its
+    previous files. A run stopped early commits what keep() last named, marked `interrupted`. A lock file holding
+    the PID keeps a second run out of the folder.
+    """
+
+    active = None  # the Outputs of the run in progress (reports_input_errors stops and closes it)
+    signals: list = []  # SIGINT / SIGTERM received during the run, in order
+    holding = False  # True: a signal is recorded, and raised only when the hold ends (held)
+    again = None  # the timer that sends a swallowed signal again (unraisable)
+
+    def __init__(self, folder: str, files: dict[str, bool]):
+        """files: every file this script can write into such a folder besides metrics.json -> written by this run."""
+        self.folder, self.files, self.written, self.writing = folder, files, [], None
+        self.kept, self.done = None, False  # what a stop commits (keep); whether the set is in place (commit)
+        self.staging, self.lock = os.path.join(folder, ".staging"), os.path.join(folder, ".lock")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            self.take_lock()
+            Outputs.active = self
+            shutil.rmtree(self.staging, ignore_errors=True)  # what a killed run left
+            os.mkdir(self.staging)
+        except OSError as e:
+            raise InputError(f"--out {folder!r} is not a writable folder ({e.strerror or type(e).__name__})") from None
+
+    def take_lock(self) -> None:
+        """Create the lock file, holding this PID. A lock whose process has ended is taken over; a live one refused."""
+        while True:
+            try:
+                with open(self.lock, "x") as f:  # "x": only if no such file exists
+                    f.write(str(os.getpid()))
+                return
+            except FileExistsError:
+                try:
+                    with open(self.lock) as f:
+                        text = f.read()
+                except FileNotFoundError:  # its run has just ended
+                    continue
+            pid = int(text) if text.strip().isdigit() else 0  # 0: none yet, its run is writing it right now
+            try:
+                os.kill(pid or os.getpid(), 0)  # signal 0 only asks whether that process exists
+            except ProcessLookupError:  # it has ended (killed, say): its lock is taken over
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.lock)
+                print(f"{self.lock}: PID {pid} has ended; its lock is taken over", flush=True)
+                continue
+            except PermissionError:  # it exists, and belongs to another user
+                pass
+            raise InputError(
+                f"--out {self.folder!r} is in use by the run of PID {pid or 'unknown'}; wait for it to end or pick "
+                f"another --out (its lock file: {self.lock})"
+            )
+
+    def write(self, name: str, writer, *args, **kwargs):
+        """writer(path, *args, **kwargs) writes the set's file `name` (into the staging folder, under a temporary
+        name until it is whole); returns what writer returns."""
+        partial = os.path.join(self.staging, "partial-" + name)  # the same ending: savez, savefig and PIL read it
+        self.writing = name
+        try:
+            result = writer(partial, *args, **kwargs)
+            os.replace(partial, os.path.join(self.staging, name))
+        except OSError as e:
+            raise WriteError(f"{(e.strerror or type(e).__name__).lower()} while writing {name}") from None
+        finally:  # a file that stopped half-way goes, and gives back its space
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(partial)
+        self.written, self.writing = [*(n for n in self.written if n != name), name], None
+        return result
+
+    def keep(self, metrics: dict, during: str, missing: list[str]) -> None:
+        """From here on a stop commits `metrics` (as it is then) with the files written by then, marked interrupted
+        `during` (say, 'the final evaluation'), with `missing` and every file not written listed as not done."""
+        self.kept = (metrics, during, missing)
+
+    def commit(self, metrics: dict) -> None:
+        """Write metrics.json, then put the set in place of the folder's previous one; signals wait until it is."""
+        if Outputs.signals and not Outputs.holding:  # one came, and no code stopped for it (a library swallowed it)
+            raise KeyboardInterrupt
+        with Outputs.held():
+
+            def dump(path: str) -> None:
+                with open(path, "w") as f:
+                    json.dump(metrics, f, indent=2)
+
+            self.write("metrics.json", dump)
+            for name in self.files:
+                if name not in self.written:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(os.path.join(self.folder, name))
+            for name in sorted(self.written, key=lambda name: name == "metrics.json"):  # metrics.json last
+                os.replace(os.path.join(self.staging, name), os.path.join(self.folder, name))
+            self.done = True
+
+    def stop(self, error: str | None) -> str:
+        """After a signal (error None) or an error: commit the set keep() named, marked interrupted, and return the
+        rest of the one line: where the run stopped (after a signal) and what the folder holds."""
+        if self.done:
+            return f" once the run was saved; {self.folder} holds all of it"
+        if self.kept is None:
+            return f"; nothing written to {self.folder}"
+        metrics, during, missing = self.kept
+        missing = [*missing, *(name for name, wanted in self.files.items() if wanted and name not in self.written)]
+        during = f"writing {self.writing}" if self.writing else during
+        mark = {**metrics.get("interrupted", {}), "during": during, "missing": missing}
+        where = f"{'while' if self.writing else 'during'} {during}"
+        if mark.get("at", 0) < mark.get("of", 0):  # training itself stopped early
+            where = f"at {mark['unit']} {mark['at']} of {mark['of']}"
+        try:
+            self.commit({**metrics, "interrupted": mark | ({"error": error} if error else {})})
+        except WriteError:
+            return f"; nothing written to {self.folder}"
+        kept = f"kept in {self.folder}: {', '.join(sorted(self.written, key=lambda n: n != 'metrics.json'))}"
+        return ("" if error else f" {where}") + f"; {kept}" + (f" (not done: {', '.join(missing)})" if missing else "")
+
+    def close(self) -> None:
+        """Remove the staging folder (whatever it still holds was never committed) and the lock."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.lock)
+        Outputs.active = None
+
+    @staticmethod
+    def on_signal(signum, frame) -> None:
+        """SIGINT and SIGTERM: recorded (the exit status says which), then raised as KeyboardInterrupt unless held."""
+        Outputs.signals.append(signum)
+        if not Outputs.holding:
+            raise KeyboardInterrupt
+
+    @staticmethod
+    def unraisable(info, then) -> None:
+        """A KeyboardInterrupt raised inside a library callback (JAX's garbage-collection hook), which cannot pass it
+        on, is not lost: the signal is sent again a moment later, to land in the run's own code. Any other exception
+        goes to `then`, the hook that was in place."""
+        if isinstance(info.exc_value, KeyboardInterrupt) and Outputs.signals:
+            Outputs.again = threading.Timer(0.01, os.kill, (os.getpid(), Outputs.signals[-1]))
+            Outputs.again.daemon = True
+            Outputs.again.start()
+        else:
+            then(info)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def held():
+        """Inside, SIGINT and SIGTERM are recorded, not raised; one that came is raised on leaving."""
+        seen, was = len(Outputs.signals), Outputs.holding
+        Outputs.holding = True
+        try:
+            yield
+        finally:
+            Outputs.holding = was
+        if len(Outputs.signals) > seen and not was:
+            raise KeyboardInterrupt
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -998,7 +1181,7 @@ def check_flags(args) -> None:
 
 def validate(args: Args) -> None:
     """Raise InputError (one line) before any work: a flag outside its bounds (check_flags), two flags that do
-    not fit together, a --load file that does not exist, or an output folder that cannot be written."""
+    not fit together or a --load file that does not exist (main then takes the output folder: Outputs)."""
     check_flags(args)
 
     def need(ok: bool, msg: str):
@@ -1046,14 +1229,6 @@ def validate(args: Args) -> None:
         )
     if args.load:
         need(os.path.isfile(args.load), f"--load: no such file {args.load!r}")
-    out = output_folder(args)  # a run that cannot save its results does not start
-    try:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, ".write_test"), "w"):
-            pass
-        os.remove(os.path.join(out, ".write_test"))
-    except OSError as e:
-        raise InputError(f"--out {args.out!r}: cannot write into {out!r} ({e.strerror or type(e).__name__})") from e
 
 
 def output_folder(args: Args) -> str:
@@ -1080,8 +1255,9 @@ def save_checkpoint(path: str, parts: dict) -> None:
 
 def load_checkpoint(path: str, parts: dict, hint: str) -> dict:
     """Fill every Module in `parts` in place from `path` (nnx.replace_by_pure_dict) and return the arrays stored
-    under the other names; their values in `parts` give the expected shapes. A missing, corrupt or mismatched file,
-    or one that holds arrays this run has no place for, is an InputError of one line that ends with `hint`."""
+    under the other names; their values in `parts` give the expected shapes and dtypes. A missing, corrupt or
+    mismatched file, or one that holds arrays this run has no place for, is an InputError of one line (a shape or a
+    name that does not fit ends with `hint`)."""
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = dict(f)
@@ -1089,10 +1265,12 @@ def load_checkpoint(path: str, parts: dict, hint: str) -> dict:
         raise InputError(f"--load {path}: not a readable .npz checkpoint ({type(e).__name__})") from None
     used = set()
 
-    def stored(key: str, like) -> np.ndarray:  # the array saved under `key`, with the shape of `like`
+    def stored(key: str, like) -> np.ndarray:  # the array saved under `key`, with the shape and dtype of `like`
         if key not in arrays or arrays[key].shape != np.shape(like):
             found = arrays[key].shape if key in arrays else "missing"
             raise InputError(f"--load {path}: {key} should have shape {np.shape(like)}, found {found} ({hint})")
+        if arrays[key].dtype != like.dtype:  # loaded as it is: int32 weights would be a broken network
+            raise InputError(f"--load {path}: {key} should hold {like.dtype}, found {arrays[key].dtype}")
         used.add(key)
         return arrays[key]
 
@@ -1120,7 +1298,7 @@ def checkpoint_key(name: str, keys) -> str:
     return f"{name}/{jax.tree_util.keystr(keys, simple=True, separator='/')}"
 
 
-def record_gif(act, params: nnx.State, path: str, seed: int, frame_skip: int = 2, scale: float = 0.5) -> float:
+def record_gif(path: str, act, params: nnx.State, seed: int, frame_skip: int = 2, scale: float = 0.5) -> float:
     """Render one greedy episode into an animated GIF (every `frame_skip`-th frame, downscaled); return its return."""
     from PIL import Image
 
@@ -1136,7 +1314,6 @@ def record_gif(act, params: nnx.State, path: str, seed: int, frame_skip: int = 2
         obs, reward, terminated, truncated, _ = env.step(action)
         total, t, done = total + reward, t + 1, terminated or truncated
     env.close()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     frames = [f.convert("P", palette=Image.Palette.ADAPTIVE, colors=32) for f in frames]
     frames[0].save(path, save_all=True, append_images=frames[1:], duration=40 * frame_skip, loop=0)
     return total
@@ -1162,20 +1339,15 @@ def plot_curve(path: str, curve: list[dict], threshold: float, title: str, chose
     plt.close(fig)
 
 
-def save_metrics(folder: str, metrics: dict, args: Args) -> None:
-    with open(os.path.join(folder, "metrics.json"), "w") as f:
-        json.dump({**metrics, "args": asdict(args)}, f, indent=2)
-
-
-def write_video(act, params: nnx.State, folder: str, seed: int, metrics: dict, args: Args) -> None:
-    """The GIF comes last: the metrics are already saved, and they are saved again with the video's return."""
-    path = os.path.join(folder, "episode.gif")
+def write_video(out: Outputs, act, params: nnx.State, seed: int) -> float:
+    """episode.gif, the set's last file: one greedy episode; returns its return. Call Outputs.keep first, so that a
+    stop or a failure here keeps the rest of the set."""
     try:
-        metrics["video_return"] = record_gif(act, params, path, seed=seed)
-    except Exception as e:  # pygame missing, disk full, ...: the run's results are already on disk
-        raise InputError(f"--video could not write {path!r} ({type(e).__name__}: {e}); metrics.json is saved") from None
-    save_metrics(folder, metrics, args)
-    print(f"video: {path} (return {metrics['video_return']:.0f})", flush=True)
+        return out.write("episode.gif", record_gif, act, params, seed=seed)
+    except WriteError:
+        raise
+    except Exception as e:  # pygame missing, no renderer, ...
+        raise InputError(f"--video could not draw the episode ({type(e).__name__}: {e})") from None
 
 
 def evaluation_metrics(evaluation: Evaluation) -> dict:
@@ -1189,9 +1361,8 @@ def evaluation_metrics(evaluation: Evaluation) -> dict:
     )
 
 
-def evaluate_saved(args: Args, act, q_network: QNetwork) -> dict:
+def evaluate_saved(args: Args, act, q_network: QNetwork, out: Outputs) -> dict:
     """--load: evaluate (and with --video, watch) a saved agent; writes into <out>/eval/."""
-    folder = output_folder(args)
     load_checkpoint(args.load, {"q_network": q_network}, LOAD_HINT)
     params = nnx.state(q_network)
     metrics = dict(
@@ -1200,21 +1371,24 @@ def evaluate_saved(args: Args, act, q_network: QNetwork) -> dict:
         train_seconds=0.0,
         loaded_from=args.load,
     )
-    save_metrics(folder, metrics, args)
+    if args.video:
+        out.keep({**metrics, "args": asdict(args)}, "drawing the GIF", [])
+        metrics["video_return"] = write_video(out, act, params, args.eval_seed)
+    out.commit({**metrics, "args": asdict(args)})
     print(
         f"loaded {args.load}: eval_return_mean={metrics['eval_return_mean']:.1f} "
         f"eval_return_std={metrics['eval_return_std']:.1f} over {metrics['eval_episodes']} episodes; "
-        f"wrote {folder}/metrics.json",
+        f"wrote {out.folder}/metrics.json",
         flush=True,
     )
     if args.video:
-        write_video(act, params, folder, args.eval_seed, metrics, args)
+        print(f"video: {out.folder}/episode.gif (return {metrics['video_return']:.0f})", flush=True)
     return metrics
 
 
 def training_metrics(args: Args, final: Evaluation | None, last: Evaluation | None, log: dict, t_start: float) -> dict:
-    """metrics.json of a training run: the final evaluation of the saved parameters, then how training went. When
-    Ctrl-C stopped training there is no final evaluation (final and last are None): `interrupted` says where."""
+    """metrics.json of a training run: the final evaluation of the saved parameters, then how training went. Without
+    a final evaluation (final and last None: a stop came before it ended), `interrupted` says where training stopped."""
     stopped = dict(interrupted=dict(unit="env step", at=log["env_steps"], of=args.total_timesteps))
     return dict(
         **(stopped if final is None else evaluation_metrics(final)),
@@ -1271,7 +1445,9 @@ def use_sequential_xla_scheduler() -> None:
 
 @reports_input_errors
 def main(args: Args) -> dict:
-    validate(args)  # flag values and the output folder, before any work
+    validate(args)  # flag values, before any work
+    files = {} if args.load else {"q_network.npz": True, "learning_curve.png": True}
+    out = Outputs(output_folder(args), {**files, "episode.gif": args.video})  # a writable folder, this run's alone
     use_compile_cache(args.compile_cache)
     devices = seed_devices(args) if args.backend == "jax" and not args.load else None  # before JAX starts
     t_start = time.perf_counter()
@@ -1280,41 +1456,52 @@ def main(args: Args) -> dict:
     q_graphdef = nnx.graphdef(agent.q_network)
     act, update = make_step_fns(args, graphdef, q_graphdef)
     if args.load:
-        return evaluate_saved(args, act, agent.q_network)
+        return evaluate_saved(args, act, agent.q_network, out)
 
     # one (last parameters, log) per seed; the first seed's parameters are saved and its curve is plotted
     runs = train_seeds(args, devices) if args.backend == "jax" else [train(args, act, update, state)]
     last_params, log = runs[0]
-    # Ctrl-C ended training early (or, for the compiled run, came while it ran): nothing more is evaluated
-    stopped = log["env_steps"] < args.total_timesteps or log.get("interrupted", False)
-    if stopped and not log["curve"]:
+    early = log["env_steps"] < args.total_timesteps  # a stop (Ctrl-C, SIGTERM) ended training early
+    if early and not log["curve"]:
         raise KeyboardInterrupt  # before the first periodic evaluation: nothing measured, nothing to write
-
-    # Final greedy evaluation with a fixed seed, other than the periodic evaluations' seed used to pick `best`.
     params = log["best"]["params"] if args.final_agent == "best" else last_params
-    final = last = None
-    if not stopped:
-        last = evaluate(act, last_params, args.eval_episodes, args.eval_seed)
-        final = last if args.final_agent == "last" else evaluate(act, params, args.eval_episodes, args.eval_seed)
-    save_checkpoint(os.path.join(args.out, "q_network.npz"), {"q_network": nnx.merge(q_graphdef, params)})
-    metrics = training_metrics(args, final, last, log, t_start)
+    # A stop from here on keeps the training: its metrics (`interrupted` says where), the checkpoint and the curve.
+    trained = training_metrics(args, None, None, log, t_start)
     if args.backend == "jax":
-        metrics.update(seeds_metrics(args, act, runs, final))
-    save_metrics(args.out, metrics, args)
-    plot_curve(
-        os.path.join(args.out, "learning_curve.png"),
+        trained.update(seeds_metrics(args, act, runs, None))
+    stopped = early or bool(Outputs.signals)  # or came at its very end: nothing more is evaluated
+    during = "training" if stopped else "the final evaluation"
+    if log.get("interrupted"):  # the stop came during the compiled call, which ran every step
+        during = "training, which the compiled call ran to its end"
+    missing = ["the rest of training"] * early + ["the final evaluation"]
+    out.keep({**trained, "args": asdict(args)}, during, missing)
+    out.write("q_network.npz", save_checkpoint, {"q_network": nnx.merge(q_graphdef, params)})
+    out.write(
+        "learning_curve.png",
+        plot_curve,
         log["curve"],
         args.solve_threshold,
         f"DQN on {ENV_ID}, seed {args.seed}" + (f" ({args.backend})" if args.backend == "jax" else ""),
         chosen_step=log["best"]["step"] if args.final_agent == "best" else log["env_steps"],
     )
-    if stopped:
-        return metrics
+    if stopped or log.get("interrupted"):
+        raise KeyboardInterrupt  # nothing more is evaluated
+
+    # Final greedy evaluation with a fixed seed, other than the periodic evaluations' seed used to pick `best`.
+    last = evaluate(act, last_params, args.eval_episodes, args.eval_seed)
+    final = last if args.final_agent == "last" else evaluate(act, params, args.eval_episodes, args.eval_seed)
+    metrics = training_metrics(args, final, last, log, t_start)
+    if args.backend == "jax":
+        metrics.update(seeds_metrics(args, act, runs, final))
+    if args.video:  # a stop from here on keeps the evaluated run, without its GIF
+        out.keep({**metrics, "interrupted": trained["interrupted"], "args": asdict(args)}, "drawing the GIF", [])
+        metrics["video_return"] = write_video(out, act, params, args.eval_seed)
+    out.commit({**metrics, "args": asdict(args)})
     print_summary(args, metrics)
     if args.num_seeds > 1:
         print_seeds(args, metrics)
     if args.video:
-        write_video(act, params, args.out, args.eval_seed, metrics, args)
+        print(f"video: {out.folder}/episode.gif (return {metrics['video_return']:.0f})", flush=True)
     return metrics
 
 

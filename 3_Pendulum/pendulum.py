@@ -24,13 +24,18 @@ import functools
 import json
 import math
 import os
+import shutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from typing import NamedTuple
 
+if __name__ == "__main__":  # a SIGTERM while the libraries load waits for main, which reports it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 try:  # Ctrl-C while the libraries load: one line and exit status 130, not a traceback
     import gymnasium as gym
     import jax
@@ -702,7 +707,7 @@ class TrainLog(NamedTuple):
     train_seconds: float
     first_update_seconds: float  # gymnasium: the first update, compilation included; jax: the compilation
     last_per_seed: dict | None  # the final update's statistics of every seed (--backend jax)
-    interrupted: bool = False  # --backend jax: Ctrl-C came during the compiled training, which it cannot stop
+    interrupted: bool = False  # --backend jax: a stop came during the compiled training, which ran to its end
 
 
 def print_progress(update: int, num_updates: int, env_steps: int, ret: float, stats: dict, sps: float) -> None:
@@ -838,14 +843,16 @@ def train_jax(args: Args, sizes: Derived, devices: list) -> tuple[Agent, nnx.Sta
     per_device = jax.shard_map(seeds_of_a_device, mesh=mesh, in_specs=by_seed, out_specs=by_seed)
     run = jax.jit(per_device).lower(runners).compile()
     compile_seconds = round(time.perf_counter() - t_train, 2)
-    out, interrupted = run(runners), False  # dispatched: XLA runs every update in this one call
+    interrupted = False  # a stop that came during the call, which ran every update: the run stops once it returns
     try:
-        jax.block_until_ready(out)
-    except KeyboardInterrupt:  # Ctrl-C lands only when the call returns; its results are kept
+        with Outputs.held():
+            out = run(runners)  # dispatched: XLA runs every update in this one call
+            jax.block_until_ready(out)
+    except KeyboardInterrupt:
         interrupted = True
     runners, stats = out
-    train_seconds = time.perf_counter() - t_train
     stats = {name: np.asarray(value) for name, value in stats.items()}  # each (S, num_updates)
+    train_seconds = time.perf_counter() - t_train
     log = TrainLog([], [], [], train_seconds, compile_seconds, None)
     sps = sizes.batch_size * args.num_seeds * sizes.num_updates / (train_seconds - compile_seconds)
     for u in range(sizes.num_updates):
@@ -891,31 +898,204 @@ class InputError(Exception):
     """Bad input: a flag value, a missing or corrupt file, an unwritable folder, a mesh that does not fit."""
 
 
+class WriteError(Exception):
+    """A file of the run could not be written (a full disk, a folder that turned read-only): what and why."""
+
+
 def reports_input_errors(main):
-    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1, and Ctrl-C into
-    one line and exit status 130: where the run stopped, if main kept what it had measured (metrics["interrupted"]:
-    unit, at, of), or else that nothing was written."""
+    """Every early end of a run is one line on stderr. Bad input (InputError) or a file that cannot be written
+    (WriteError): exit status 1. SIGINT (Ctrl-C) or SIGTERM, at any moment: exit status 130 or 143. The run's
+    folder then holds its previous files or the set this run kept (Outputs.stop), never a mix; the line says which."""
 
     @functools.wraps(main)
     def run(args):
+        main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
+        handlers = {s: signal.signal(s, Outputs.on_signal) for s in (signal.SIGINT, signal.SIGTERM) if main_thread}
+        hook, sys.unraisablehook = sys.unraisablehook, functools.partial(Outputs.unraisable, then=sys.unraisablehook)
+        Outputs.signals, Outputs.holding, Outputs.again = [], False, None
         try:
-            metrics = main(args)
-        except InputError as e:
-            sys.exit(f"error: {e}")
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # one held back while the libraries loaded
+            return main(args)
+        except (InputError, WriteError) as e:
+            Outputs.holding = True  # from here on a signal is recorded, not raised
+            out = Outputs.active
+            tell = out is not None and not out.done and (isinstance(e, WriteError) or out.kept is not None)
+            sys.exit(f"error: {e}" + (out.stop(str(e)) if tell else ""))
         except KeyboardInterrupt:
-            print(f"interrupted; nothing written to {args.out}", file=sys.stderr)
-            sys.exit(130)
-        if "interrupted" in metrics:
-            stop = metrics["interrupted"]
-            print(
-                f"interrupted at {stop['unit']} {stop['at']} of {stop['of']}; "
-                f"metrics so far in {os.path.join(args.out, 'metrics.json')}",
-                file=sys.stderr,
-            )
-            sys.exit(130)
-        return metrics
+            Outputs.holding = True
+            rest = Outputs.active.stop(None) if Outputs.active else f"; nothing written to {args.out}"
+            print(f"interrupted{rest}", file=sys.stderr)
+            sys.exit(128 + (Outputs.signals or [signal.SIGINT])[0])
+        finally:
+            Outputs.holding = True
+            if Outputs.again is not None:  # a signal being sent again lands while the handlers are still in place
+                Outputs.again.cancel()
+                Outputs.again.join()
+            if Outputs.active is not None:
+                Outputs.active.close()
+            for s, handler in handlers.items():
+                signal.signal(s, handler)
+            sys.unraisablehook, Outputs.holding = hook, False
 
     return run
+
+
+class Outputs:
+    """The files of one run in one folder (--out; <out>/eval/ for --load), kept as one set.
+
+    write() puts each file into a staging folder inside it, under a temporary name until it is whole; commit()
+    writes metrics.json there too, then deletes this script's files that the new set lacks (an old episode.gif) and
+    moves the set into place, metrics.json last, with SIGINT and SIGTERM held back. Until then the folder keeps its
+    previous files. A run stopped early commits what keep() last named, marked `interrupted`. A lock file holding
+    the PID keeps a second run out of the folder.
+    """
+
+    active = None  # the Outputs of the run in progress (reports_input_errors stops and closes it)
+    signals: list = []  # SIGINT / SIGTERM received during the run, in order
+    holding = False  # True: a signal is recorded, and raised only when the hold ends (held)
+    again = None  # the timer that sends a swallowed signal again (unraisable)
+
+    def __init__(self, folder: str, files: dict[str, bool]):
+        """files: every file this script can write into such a folder besides metrics.json -> written by this run."""
+        self.folder, self.files, self.written, self.writing = folder, files, [], None
+        self.kept, self.done = None, False  # what a stop commits (keep); whether the set is in place (commit)
+        self.staging, self.lock = os.path.join(folder, ".staging"), os.path.join(folder, ".lock")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            self.take_lock()
+            Outputs.active = self
+            shutil.rmtree(self.staging, ignore_errors=True)  # what a killed run left
+            os.mkdir(self.staging)
+        except OSError as e:
+            raise InputError(f"--out {folder!r} is not a writable folder ({e.strerror or type(e).__name__})") from None
+
+    def take_lock(self) -> None:
+        """Create the lock file, holding this PID. A lock whose process has ended is taken over; a live one refused."""
+        while True:
+            try:
+                with open(self.lock, "x") as f:  # "x": only if no such file exists
+                    f.write(str(os.getpid()))
+                return
+            except FileExistsError:
+                try:
+                    with open(self.lock) as f:
+                        text = f.read()
+                except FileNotFoundError:  # its run has just ended
+                    continue
+            pid = int(text) if text.strip().isdigit() else 0  # 0: none yet, its run is writing it right now
+            try:
+                os.kill(pid or os.getpid(), 0)  # signal 0 only asks whether that process exists
+            except ProcessLookupError:  # it has ended (killed, say): its lock is taken over
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.lock)
+                print(f"{self.lock}: PID {pid} has ended; its lock is taken over", flush=True)
+                continue
+            except PermissionError:  # it exists, and belongs to another user
+                pass
+            raise InputError(
+                f"--out {self.folder!r} is in use by the run of PID {pid or 'unknown'}; wait for it to end or pick "
+                f"another --out (its lock file: {self.lock})"
+            )
+
+    def write(self, name: str, writer, *args, **kwargs):
+        """writer(path, *args, **kwargs) writes the set's file `name` (into the staging folder, under a temporary
+        name until it is whole); returns what writer returns."""
+        partial = os.path.join(self.staging, "partial-" + name)  # the same ending: savez, savefig and PIL read it
+        self.writing = name
+        try:
+            result = writer(partial, *args, **kwargs)
+            os.replace(partial, os.path.join(self.staging, name))
+        except OSError as e:
+            raise WriteError(f"{(e.strerror or type(e).__name__).lower()} while writing {name}") from None
+        finally:  # a file that stopped half-way goes, and gives back its space
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(partial)
+        self.written, self.writing = [*(n for n in self.written if n != name), name], None
+        return result
+
+    def keep(self, metrics: dict, during: str, missing: list[str]) -> None:
+        """From here on a stop commits `metrics` (as it is then) with the files written by then, marked interrupted
+        `during` (say, 'the final evaluation'), with `missing` and every file not written listed as not done."""
+        self.kept = (metrics, during, missing)
+
+    def commit(self, metrics: dict) -> None:
+        """Write metrics.json, then put the set in place of the folder's previous one; signals wait until it is."""
+        if Outputs.signals and not Outputs.holding:  # one came, and no code stopped for it (a library swallowed it)
+            raise KeyboardInterrupt
+        with Outputs.held():
+
+            def dump(path: str) -> None:
+                with open(path, "w") as f:
+                    json.dump(metrics, f, indent=2)
+
+            self.write("metrics.json", dump)
+            for name in self.files:
+                if name not in self.written:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(os.path.join(self.folder, name))
+            for name in sorted(self.written, key=lambda name: name == "metrics.json"):  # metrics.json last
+                os.replace(os.path.join(self.staging, name), os.path.join(self.folder, name))
+            self.done = True
+
+    def stop(self, error: str | None) -> str:
+        """After a signal (error None) or an error: commit the set keep() named, marked interrupted, and return the
+        rest of the one line: where the run stopped (after a signal) and what the folder holds."""
+        if self.done:
+            return f" once the run was saved; {self.folder} holds all of it"
+        if self.kept is None:
+            return f"; nothing written to {self.folder}"
+        metrics, during, missing = self.kept
+        missing = [*missing, *(name for name, wanted in self.files.items() if wanted and name not in self.written)]
+        during = f"writing {self.writing}" if self.writing else during
+        mark = {**metrics.get("interrupted", {}), "during": during, "missing": missing}
+        where = f"{'while' if self.writing else 'during'} {during}"
+        if mark.get("at", 0) < mark.get("of", 0):  # training itself stopped early
+            where = f"at {mark['unit']} {mark['at']} of {mark['of']}"
+        try:
+            self.commit({**metrics, "interrupted": mark | ({"error": error} if error else {})})
+        except WriteError:
+            return f"; nothing written to {self.folder}"
+        kept = f"kept in {self.folder}: {', '.join(sorted(self.written, key=lambda n: n != 'metrics.json'))}"
+        return ("" if error else f" {where}") + f"; {kept}" + (f" (not done: {', '.join(missing)})" if missing else "")
+
+    def close(self) -> None:
+        """Remove the staging folder (whatever it still holds was never committed) and the lock."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.lock)
+        Outputs.active = None
+
+    @staticmethod
+    def on_signal(signum, frame) -> None:
+        """SIGINT and SIGTERM: recorded (the exit status says which), then raised as KeyboardInterrupt unless held."""
+        Outputs.signals.append(signum)
+        if not Outputs.holding:
+            raise KeyboardInterrupt
+
+    @staticmethod
+    def unraisable(info, then) -> None:
+        """A KeyboardInterrupt raised inside a library callback (JAX's garbage-collection hook), which cannot pass it
+        on, is not lost: the signal is sent again a moment later, to land in the run's own code. Any other exception
+        goes to `then`, the hook that was in place."""
+        if isinstance(info.exc_value, KeyboardInterrupt) and Outputs.signals:
+            Outputs.again = threading.Timer(0.01, os.kill, (os.getpid(), Outputs.signals[-1]))
+            Outputs.again.daemon = True
+            Outputs.again.start()
+        else:
+            then(info)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def held():
+        """Inside, SIGINT and SIGTERM are recorded, not raised; one that came is raised on leaving."""
+        seen, was = len(Outputs.signals), Outputs.holding
+        Outputs.holding = True
+        try:
+            yield
+        finally:
+            Outputs.holding = was
+        if len(Outputs.signals) > seen and not was:
+            raise KeyboardInterrupt
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -998,8 +1178,8 @@ WHOLE_EPISODES = dict(num_envs=10, num_steps=EPISODE_STEPS)  # the reinforce run
 
 
 def validate(args: Args) -> None:
-    """Raise InputError on a flag outside its bounds, flags that do not fit together, or an unwritable output
-    folder. The bounds of each flag are in its flag(); here are only the relations between flags."""
+    """Raise InputError on a flag outside its bounds or flags that do not fit together (main then takes the output
+    folder: Outputs). The bounds of each flag are in its flag(); here are only the relations between flags."""
     check_flags(args)
     if args.host_devices > 0 and (args.backend != "jax" or args.num_seeds % args.host_devices):
         raise InputError(  # every device must get as many seeds, and only the JAX backend shards
@@ -1039,14 +1219,6 @@ def validate(args: Args) -> None:
         raise InputError(
             "preset 'untuned' is applied by parse_args; from Python, use Args(preset='untuned', **UNTUNED_PRESET)"
         )
-    out = output_folder(args)
-    try:  # checked before any work: a run that cannot save its results does not start
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, ".write_test"), "w"):
-            pass
-        os.remove(os.path.join(out, ".write_test"))
-    except OSError as e:
-        raise InputError(f"--out {args.out!r}: cannot write into {out!r} ({e.strerror or type(e).__name__})") from e
 
 
 def output_folder(args: Args) -> str:
@@ -1103,8 +1275,9 @@ def save_checkpoint(path: str, parts: dict) -> None:
 
 def load_checkpoint(path: str, parts: dict, hint: str) -> dict:
     """Fill every Module in `parts` in place from `path` (nnx.replace_by_pure_dict) and return the arrays stored
-    under the other names; their values in `parts` give the expected shapes. A missing, corrupt or mismatched file,
-    or one that holds arrays this run has no place for, is an InputError of one line that ends with `hint`."""
+    under the other names; their values in `parts` give the expected shapes and dtypes. A missing, corrupt or
+    mismatched file, or one that holds arrays this run has no place for, is an InputError of one line (a shape or a
+    name that does not fit ends with `hint`)."""
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = dict(f)
@@ -1112,10 +1285,12 @@ def load_checkpoint(path: str, parts: dict, hint: str) -> dict:
         raise InputError(f"--load {path}: not a readable .npz checkpoint ({type(e).__name__})") from None
     used = set()
 
-    def stored(key: str, like) -> np.ndarray:  # the array saved under `key`, with the shape of `like`
+    def stored(key: str, like) -> np.ndarray:  # the array saved under `key`, with the shape and dtype of `like`
         if key not in arrays or arrays[key].shape != np.shape(like):
             found = arrays[key].shape if key in arrays else "missing"
             raise InputError(f"--load {path}: {key} should have shape {np.shape(like)}, found {found} ({hint})")
+        if arrays[key].dtype != like.dtype:  # loaded as it is: int32 weights would be a broken network
+            raise InputError(f"--load {path}: {key} should hold {like.dtype}, found {arrays[key].dtype}")
         used.add(key)
         return arrays[key]
 
@@ -1155,6 +1330,7 @@ def save_video(path: str, actor: Actor, rms: RunningMeanStd | None, seed: int) -
     """Render one deterministic episode into a GIF (every 2nd frame, 240×240); return its return."""
     from PIL import Image
 
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen; no display needed
     graphdef, state = nnx.split(actor)
     mean_action = jax.jit(lambda state, obs: nnx.merge(graphdef, state)(obs).loc)
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # frames as arrays need no window, nor a display
@@ -1168,7 +1344,6 @@ def save_video(path: str, actor: Actor, rms: RunningMeanStd | None, seed: int) -
         obs, r, term, trunc, _ = env.step(a)
         total, done, t = total + float(r), term or trunc, t + 1
     env.close()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     frames[0].save(path, save_all=True, append_images=frames[1:], duration=66, loop=0, optimize=True)
     return total
 
@@ -1209,7 +1384,7 @@ def evaluate(actor: Actor, rms: RunningMeanStd | None, episodes: int, seed0: int
     return evaluate_seeds(graphdef, jax.tree.map(lambda x: x[None], state), rms, episodes, seed0)[0]
 
 
-def evaluate_saved(args: Args, t_start: float) -> dict:
+def evaluate_saved(args: Args, t_start: float, out: Outputs) -> dict:
     """--load: evaluate (and with --video, watch) a saved policy; writes into <out>/eval/."""
     agent = new_agent(train_config(args), *jax.random.split(jax.random.key(args.seed), 3)[1:])
     actor, critic = agent.actor, agent.critic
@@ -1234,25 +1409,26 @@ def evaluate_saved(args: Args, t_start: float) -> dict:
         seeds=[args.seed],
         eval_return_per_seed=[round(float(returns.mean()), 2)],
     )
-    return write_results(args, metrics, actor, rms, [], t_start)
+    return write_results(args, metrics, actor, rms, [], t_start, out, {})
 
 
-def write_results(args: Args, metrics: dict, actor: Actor, rms, history: list, t_start: float) -> dict:
-    """The video (optional), metrics.json and the summary lines, for a training run and a --load run alike; after
-    Ctrl-C stopped training (metrics["interrupted"]), metrics.json only."""
-    stopped = "interrupted" in metrics
-    if args.video and not stopped:  # the evaluation episode that starts closest to hanging down: a full swing-up
+def write_results(
+    args: Args, metrics: dict, actor: Actor, rms, history: list, t_start: float, out: Outputs, trained: dict
+) -> dict:
+    """The end of a complete run, training or --load alike: the video (optional), metrics.json (the set is
+    committed) and the summary lines. trained: where training stopped, for metrics.json if a stop comes here."""
+    if args.video:  # the evaluation episode that starts closest to hanging down: a full swing-up
+        kept = dict(metrics, **({"interrupted": trained} if trained else {}), args=asdict(args), history=history)
+        out.keep(kept, "drawing the GIF", [])
         probe = gym.make(ENV_ID)
         starts = [probe.reset(seed=args.eval_seed + i)[0][0] for i in range(args.eval_episodes)]  # cos θ at t=0
         probe.close()
         metrics["video_seed"] = args.eval_seed + int(np.argmin(starts))  # smallest cos θ
-        path = os.path.join(output_folder(args), "episode.gif")
-        metrics["video_return"] = save_video(path, actor, rms, metrics["video_seed"])
-        print(f"video: {path} (return {metrics['video_return']:.1f})", flush=True)
+        metrics["video_return"] = out.write("episode.gif", save_video, actor, rms, metrics["video_seed"])
     metrics["total_seconds"] = round(time.perf_counter() - t_start, 2)
-    save_metrics(os.path.join(output_folder(args), "metrics.json"), dict(metrics, args=asdict(args), history=history))
-    if stopped:
-        return metrics
+    out.commit(dict(metrics, args=asdict(args), history=history))
+    if args.video:
+        print(f"video: {out.folder}/episode.gif (return {metrics['video_return']:.1f})", flush=True)
     seeds = f"seed {args.seed}" + ("" if args.num_seeds == 1 else f"–{args.seed + args.num_seeds - 1}")
     print(
         f"\n== {'PPO' if args.load or args.algo == 'ppo' else args.algo} {ENV_ID}, {args.backend}, {seeds}, "
@@ -1277,11 +1453,6 @@ def write_results(args: Args, metrics: dict, actor: Actor, rms, history: list, t
     return metrics
 
 
-def save_metrics(path: str, metrics: dict) -> None:
-    with open(path, "w") as f:
-        json.dump(metrics, f, indent=1)
-
-
 def use_compile_cache(folder: str) -> None:
     """Keep every compiled XLA program on disk, so the next run with the same shapes skips compilation.
     Must run before the first compilation. The numbers do not change, only the start-up time."""
@@ -1293,8 +1464,8 @@ def use_compile_cache(folder: str) -> None:
 
 def training_metrics(args: Args, sizes: Derived, log: TrainLog, all_returns: np.ndarray | None, n_devices: int) -> dict:
     """metrics.json of a training run (without the whole process's time and the history, which write_results
-    adds). all_returns: (S, episodes) deterministic returns of every seed's final policy; None when Ctrl-C stopped
-    training, and nothing was evaluated (`interrupted` then says where it stopped)."""
+    adds). all_returns: (S, episodes) deterministic returns of every seed's final policy; None before they are
+    measured (a stop came during training or the final evaluation): `interrupted` then says where training stopped."""
     metrics = dict(
         env_steps=len(log.history) * sizes.batch_size,
         train_seconds=round(log.train_seconds, 2),
@@ -1328,12 +1499,14 @@ def training_metrics(args: Args, sizes: Derived, log: TrainLog, all_returns: np.
 
 @reports_input_errors
 def main(args: Args) -> dict:
-    validate(args)  # flag values and the output folders, before any work
+    validate(args)  # flag values, before any work
+    files = {} if args.load else {"params.npz": True, "learning_curve.png": True}
+    out = Outputs(output_folder(args), {**files, "episode.gif": args.video})  # a writable folder, this run's alone
     use_compile_cache(args.compile_cache)
     devices = seed_devices(args) if args.backend == "jax" and not args.load else None  # before JAX starts
     t_start = time.perf_counter()
     if args.load:
-        return evaluate_saved(args, t_start)
+        return evaluate_saved(args, t_start, out)
     sizes = derived(args)
     if args.backend == "jax":  # every seed's actor (leading axis S); the first seed's networks are saved
         agent, actor_states, log = train_jax(args, sizes, devices)
@@ -1342,27 +1515,34 @@ def main(args: Args) -> dict:
         print(first_line(args, sizes), flush=True)  # what the run is about to do (train_jax prints its own)
         agent, rms, log = train_gymnasium(args, sizes)
         actor_states = jax.tree.map(lambda x: x[None], nnx.state(agent.actor))
-    stopped = log.interrupted or len(log.history) < sizes.num_updates  # Ctrl-C: nothing more is evaluated
-    if stopped and not log.history:
+    early = len(log.history) < sizes.num_updates  # a stop (Ctrl-C, SIGTERM) ended training early
+    if early and not log.history:
         raise KeyboardInterrupt  # before the first update was done: nothing measured, nothing to write
     actor, critic = agent.actor, agent.critic
-    save_checkpoint(os.path.join(args.out, "params.npz"), {"actor": actor, "critic": critic, **obs_norm_parts(rms)})
+    n_devices = len(devices) if devices else 1
+    who = f"seed {args.seed}" if args.num_seeds == 1 else f"seeds {args.seed}–{args.seed + args.num_seeds - 1}"
+    title = f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID} ({args.backend}), {who}, preset {args.preset}"
+    dots = ["one seed: mean of its envs' latest training episodes"] if args.backend == "jax" else []
+    # A stop from here on keeps the training: its metrics (`interrupted` says where), the checkpoint and the curve.
+    trained = training_metrics(args, sizes, log, None, n_devices)
+    stopped = early or bool(Outputs.signals)  # or came at its very end: nothing more is evaluated
+    during = "training" if stopped else "the final evaluation"
+    if log.interrupted:  # the stop came during the compiled call, which ran every update
+        during = "training, which the compiled call ran to its end"
+    missing = ["the rest of training"] * early + ["the final evaluation"]
+    out.keep(dict(trained, args=asdict(args), history=log.history), during, missing)
+    out.write("params.npz", save_checkpoint, {"actor": actor, "critic": critic, **obs_norm_parts(rms)})
+    out.write("learning_curve.png", plot_curve, log.ep_steps, log.ep_returns, None, title, *dots)
+    if stopped or log.interrupted:
+        raise KeyboardInterrupt  # nothing more is evaluated
 
     # Every seed's final policy on gymnasium's Pendulum-v1, whichever backend trained it: (S, episodes).
-    all_returns = None
-    if not stopped:
-        all_returns = evaluate_seeds(nnx.graphdef(actor), actor_states, rms, args.eval_episodes, args.eval_seed)
-    metrics = training_metrics(args, sizes, log, all_returns, len(devices) if devices else 1)
-    who = f"seed {args.seed}" if args.num_seeds == 1 else f"seeds {args.seed}–{args.seed + args.num_seeds - 1}"
-    plot_curve(
-        os.path.join(args.out, "learning_curve.png"),
-        log.ep_steps,
-        log.ep_returns,
-        metrics.get("eval_return_mean"),
-        f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID} ({args.backend}), {who}, preset {args.preset}",
-        *(["one seed: mean of its envs' latest training episodes"] if args.backend == "jax" else []),
-    )
-    return write_results(args, metrics, actor, rms, log.history, t_start)
+    all_returns = evaluate_seeds(nnx.graphdef(actor), actor_states, rms, args.eval_episodes, args.eval_seed)
+    metrics = training_metrics(args, sizes, log, all_returns, n_devices)
+    evaluated = dict(metrics, interrupted=trained["interrupted"], args=asdict(args), history=log.history)
+    out.keep(evaluated, "drawing", ["the evaluation's line on the curve"])
+    out.write("learning_curve.png", plot_curve, log.ep_steps, log.ep_returns, metrics["eval_return_mean"], title, *dots)
+    return write_results(args, metrics, actor, rms, log.history, t_start, out, trained["interrupted"])
 
 
 if __name__ == "__main__":

@@ -28,8 +28,11 @@ import hashlib
 import json
 import math
 import os
+import shutil
+import signal
 import struct
 import sys
+import threading
 import time
 import urllib.request
 import zlib
@@ -37,6 +40,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
 from typing import NamedTuple
 
+if __name__ == "__main__":  # a SIGTERM while the libraries load waits for main, which reports it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 try:  # Ctrl-C while the libraries load: one line and exit status 130, not a traceback
     import jax
     import jax.numpy as jnp
@@ -640,31 +645,204 @@ class InputError(Exception):
     """Bad input: a flag value, a missing or corrupt file, an unwritable folder, a mesh that does not fit."""
 
 
+class WriteError(Exception):
+    """A file of the run could not be written (a full disk, a folder that turned read-only): what and why."""
+
+
 def reports_input_errors(main):
-    """Turn an InputError raised anywhere below main() into one line on stderr and exit status 1, and Ctrl-C into
-    one line and exit status 130: where the run stopped, if main kept what it had measured (metrics["interrupted"]:
-    unit, at, of), or else that nothing was written."""
+    """Every early end of a run is one line on stderr. Bad input (InputError) or a file that cannot be written
+    (WriteError): exit status 1. SIGINT (Ctrl-C) or SIGTERM, at any moment: exit status 130 or 143. The run's
+    folder then holds its previous files or the set this run kept (Outputs.stop), never a mix; the line says which."""
 
     @functools.wraps(main)
     def run(args):
+        main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
+        handlers = {s: signal.signal(s, Outputs.on_signal) for s in (signal.SIGINT, signal.SIGTERM) if main_thread}
+        hook, sys.unraisablehook = sys.unraisablehook, functools.partial(Outputs.unraisable, then=sys.unraisablehook)
+        Outputs.signals, Outputs.holding, Outputs.again = [], False, None
         try:
-            metrics = main(args)
-        except InputError as e:
-            sys.exit(f"error: {e}")
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # one held back while the libraries loaded
+            return main(args)
+        except (InputError, WriteError) as e:
+            Outputs.holding = True  # from here on a signal is recorded, not raised
+            out = Outputs.active
+            tell = out is not None and not out.done and (isinstance(e, WriteError) or out.kept is not None)
+            sys.exit(f"error: {e}" + (out.stop(str(e)) if tell else ""))
         except KeyboardInterrupt:
-            print(f"interrupted; nothing written to {args.out}", file=sys.stderr)
-            sys.exit(130)
-        if "interrupted" in metrics:
-            stop = metrics["interrupted"]
-            print(
-                f"interrupted at {stop['unit']} {stop['at']} of {stop['of']}; "
-                f"metrics so far in {os.path.join(args.out, 'metrics.json')}",
-                file=sys.stderr,
-            )
-            sys.exit(130)
-        return metrics
+            Outputs.holding = True
+            rest = Outputs.active.stop(None) if Outputs.active else f"; nothing written to {args.out}"
+            print(f"interrupted{rest}", file=sys.stderr)
+            sys.exit(128 + (Outputs.signals or [signal.SIGINT])[0])
+        finally:
+            Outputs.holding = True
+            if Outputs.again is not None:  # a signal being sent again lands while the handlers are still in place
+                Outputs.again.cancel()
+                Outputs.again.join()
+            if Outputs.active is not None:
+                Outputs.active.close()
+            for s, handler in handlers.items():
+                signal.signal(s, handler)
+            sys.unraisablehook, Outputs.holding = hook, False
 
     return run
+
+
+class Outputs:
+    """The files of one run in one folder (--out; <out>/eval/ for --load), kept as one set.
+
+    write() puts each file into a staging folder inside it, under a temporary name until it is whole; commit()
+    writes metrics.json there too, then deletes this script's files that the new set lacks (an old episode.gif) and
+    moves the set into place, metrics.json last, with SIGINT and SIGTERM held back. Until then the folder keeps its
+    previous files. A run stopped early commits what keep() last named, marked `interrupted`. A lock file holding
+    the PID keeps a second run out of the folder.
+    """
+
+    active = None  # the Outputs of the run in progress (reports_input_errors stops and closes it)
+    signals: list = []  # SIGINT / SIGTERM received during the run, in order
+    holding = False  # True: a signal is recorded, and raised only when the hold ends (held)
+    again = None  # the timer that sends a swallowed signal again (unraisable)
+
+    def __init__(self, folder: str, files: dict[str, bool]):
+        """files: every file this script can write into such a folder besides metrics.json -> written by this run."""
+        self.folder, self.files, self.written, self.writing = folder, files, [], None
+        self.kept, self.done = None, False  # what a stop commits (keep); whether the set is in place (commit)
+        self.staging, self.lock = os.path.join(folder, ".staging"), os.path.join(folder, ".lock")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            self.take_lock()
+            Outputs.active = self
+            shutil.rmtree(self.staging, ignore_errors=True)  # what a killed run left
+            os.mkdir(self.staging)
+        except OSError as e:
+            raise InputError(f"--out {folder!r} is not a writable folder ({e.strerror or type(e).__name__})") from None
+
+    def take_lock(self) -> None:
+        """Create the lock file, holding this PID. A lock whose process has ended is taken over; a live one refused."""
+        while True:
+            try:
+                with open(self.lock, "x") as f:  # "x": only if no such file exists
+                    f.write(str(os.getpid()))
+                return
+            except FileExistsError:
+                try:
+                    with open(self.lock) as f:
+                        text = f.read()
+                except FileNotFoundError:  # its run has just ended
+                    continue
+            pid = int(text) if text.strip().isdigit() else 0  # 0: none yet, its run is writing it right now
+            try:
+                os.kill(pid or os.getpid(), 0)  # signal 0 only asks whether that process exists
+            except ProcessLookupError:  # it has ended (killed, say): its lock is taken over
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.lock)
+                print(f"{self.lock}: PID {pid} has ended; its lock is taken over", flush=True)
+                continue
+            except PermissionError:  # it exists, and belongs to another user
+                pass
+            raise InputError(
+                f"--out {self.folder!r} is in use by the run of PID {pid or 'unknown'}; wait for it to end or pick "
+                f"another --out (its lock file: {self.lock})"
+            )
+
+    def write(self, name: str, writer, *args, **kwargs):
+        """writer(path, *args, **kwargs) writes the set's file `name` (into the staging folder, under a temporary
+        name until it is whole); returns what writer returns."""
+        partial = os.path.join(self.staging, "partial-" + name)  # the same ending: savez, savefig and PIL read it
+        self.writing = name
+        try:
+            result = writer(partial, *args, **kwargs)
+            os.replace(partial, os.path.join(self.staging, name))
+        except OSError as e:
+            raise WriteError(f"{(e.strerror or type(e).__name__).lower()} while writing {name}") from None
+        finally:  # a file that stopped half-way goes, and gives back its space
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(partial)
+        self.written, self.writing = [*(n for n in self.written if n != name), name], None
+        return result
+
+    def keep(self, metrics: dict, during: str, missing: list[str]) -> None:
+        """From here on a stop commits `metrics` (as it is then) with the files written by then, marked interrupted
+        `during` (say, 'the final evaluation'), with `missing` and every file not written listed as not done."""
+        self.kept = (metrics, during, missing)
+
+    def commit(self, metrics: dict) -> None:
+        """Write metrics.json, then put the set in place of the folder's previous one; signals wait until it is."""
+        if Outputs.signals and not Outputs.holding:  # one came, and no code stopped for it (a library swallowed it)
+            raise KeyboardInterrupt
+        with Outputs.held():
+
+            def dump(path: str) -> None:
+                with open(path, "w") as f:
+                    json.dump(metrics, f, indent=2)
+
+            self.write("metrics.json", dump)
+            for name in self.files:
+                if name not in self.written:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(os.path.join(self.folder, name))
+            for name in sorted(self.written, key=lambda name: name == "metrics.json"):  # metrics.json last
+                os.replace(os.path.join(self.staging, name), os.path.join(self.folder, name))
+            self.done = True
+
+    def stop(self, error: str | None) -> str:
+        """After a signal (error None) or an error: commit the set keep() named, marked interrupted, and return the
+        rest of the one line: where the run stopped (after a signal) and what the folder holds."""
+        if self.done:
+            return f" once the run was saved; {self.folder} holds all of it"
+        if self.kept is None:
+            return f"; nothing written to {self.folder}"
+        metrics, during, missing = self.kept
+        missing = [*missing, *(name for name, wanted in self.files.items() if wanted and name not in self.written)]
+        during = f"writing {self.writing}" if self.writing else during
+        mark = {**metrics.get("interrupted", {}), "during": during, "missing": missing}
+        where = f"{'while' if self.writing else 'during'} {during}"
+        if mark.get("at", 0) < mark.get("of", 0):  # training itself stopped early
+            where = f"at {mark['unit']} {mark['at']} of {mark['of']}"
+        try:
+            self.commit({**metrics, "interrupted": mark | ({"error": error} if error else {})})
+        except WriteError:
+            return f"; nothing written to {self.folder}"
+        kept = f"kept in {self.folder}: {', '.join(sorted(self.written, key=lambda n: n != 'metrics.json'))}"
+        return ("" if error else f" {where}") + f"; {kept}" + (f" (not done: {', '.join(missing)})" if missing else "")
+
+    def close(self) -> None:
+        """Remove the staging folder (whatever it still holds was never committed) and the lock."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.lock)
+        Outputs.active = None
+
+    @staticmethod
+    def on_signal(signum, frame) -> None:
+        """SIGINT and SIGTERM: recorded (the exit status says which), then raised as KeyboardInterrupt unless held."""
+        Outputs.signals.append(signum)
+        if not Outputs.holding:
+            raise KeyboardInterrupt
+
+    @staticmethod
+    def unraisable(info, then) -> None:
+        """A KeyboardInterrupt raised inside a library callback (JAX's garbage-collection hook), which cannot pass it
+        on, is not lost: the signal is sent again a moment later, to land in the run's own code. Any other exception
+        goes to `then`, the hook that was in place."""
+        if isinstance(info.exc_value, KeyboardInterrupt) and Outputs.signals:
+            Outputs.again = threading.Timer(0.01, os.kill, (os.getpid(), Outputs.signals[-1]))
+            Outputs.again.daemon = True
+            Outputs.again.start()
+        else:
+            then(info)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def held():
+        """Inside, SIGINT and SIGTERM are recorded, not raised; one that came is raised on leaving."""
+        seen, was = len(Outputs.signals), Outputs.holding
+        Outputs.holding = True
+        try:
+            yield
+        finally:
+            Outputs.holding = was
+        if len(Outputs.signals) > seen and not was:
+            raise KeyboardInterrupt
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -716,8 +894,8 @@ def check_flags(args) -> None:
 
 
 def validate(args: Args) -> None:
-    """Raise InputError (one line for the user) if the flags contradict each other or --out is not writable.
-    Each flag's own range is checked first, by check_flags, from the bounds its flag() declares."""
+    """Raise InputError (one line for the user) if the flags contradict each other (main then takes the output
+    folder: Outputs). Each flag's own range is checked first, by check_flags, from the bounds its flag() declares."""
     check_flags(args)
     if args.group_mode == "prompt" and args.objective == "grpo" and args.group_size < 2:
         # a group of one always has advantage 0: nothing to learn
@@ -732,14 +910,6 @@ def validate(args: Args) -> None:
         raise InputError(f"--dataset {args.dataset} needs --data full (the bundled digits are MNIST)")
     if args.load and not os.path.isfile(args.load):
         raise InputError(f"--load: no such file {args.load!r}")
-    folder = output_folder(args)
-    try:  # the output folder is checked before any work: a run that cannot save its results does not start
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, ".write_test"), "w"):
-            pass
-        os.remove(os.path.join(folder, ".write_test"))
-    except OSError as e:
-        raise InputError(f"--out {folder!r} is not a writable folder ({e.strerror or type(e).__name__})") from None
 
 
 def output_folder(args: Args) -> str:
@@ -1114,8 +1284,9 @@ def save_checkpoint(path: str, parts: dict) -> None:
 
 def load_checkpoint(path: str, parts: dict, hint: str) -> dict:
     """Fill every Module in `parts` in place from `path` (nnx.replace_by_pure_dict) and return the arrays stored
-    under the other names; their values in `parts` give the expected shapes. A missing, corrupt or mismatched file,
-    or one that holds arrays this run has no place for, is an InputError of one line that ends with `hint`."""
+    under the other names; their values in `parts` give the expected shapes and dtypes. A missing, corrupt or
+    mismatched file, or one that holds arrays this run has no place for, is an InputError of one line (a shape or a
+    name that does not fit ends with `hint`)."""
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = dict(f)
@@ -1123,10 +1294,12 @@ def load_checkpoint(path: str, parts: dict, hint: str) -> dict:
         raise InputError(f"--load {path}: not a readable .npz checkpoint ({type(e).__name__})") from None
     used = set()
 
-    def stored(key: str, like) -> np.ndarray:  # the array saved under `key`, with the shape of `like`
+    def stored(key: str, like) -> np.ndarray:  # the array saved under `key`, with the shape and dtype of `like`
         if key not in arrays or arrays[key].shape != np.shape(like):
             found = arrays[key].shape if key in arrays else "missing"
             raise InputError(f"--load {path}: {key} should have shape {np.shape(like)}, found {found} ({hint})")
+        if arrays[key].dtype != like.dtype:  # loaded as it is: int32 weights would be a broken network
+            raise InputError(f"--load {path}: {key} should hold {like.dtype}, found {arrays[key].dtype}")
         used.add(key)
         return arrays[key]
 
@@ -1254,7 +1427,7 @@ def score_test_set(args: Args, policy: Policy, reference: Policy, data: Data) ->
     return scores(raw, args.eval_samples, args.pass_k, "test_")
 
 
-def evaluate_saved(args: Args, data: Data) -> dict:
+def evaluate_saved(args: Args, data: Data, out: Outputs) -> dict:
     """--load: score a saved policy as a training run scores its final policy (validation with train()'s
     evaluation key, the test set with score_test_set's, both drawn from --seed), so the run's flags reproduce its
     final scores; writes <out>/eval/metrics.json. policy.npz holds no π_ref, so no KL to it is reported."""
@@ -1271,19 +1444,9 @@ def evaluate_saved(args: Args, data: Data) -> dict:
         results.update(**score_test_set(args, policy, policy, data), test_prompts=len(data.y_test))
     results = {k: v for k, v in results.items() if not k.endswith("_kl_ref")}
     results.update(loaded=args.load, val_prompts=len(data.y_val), data=data.source, args=asdict(args))
-    with open(os.path.join(output_folder(args), "metrics.json"), "w") as f:
-        json.dump(results, f, indent=2)
+    out.commit(results)
     print_summary(args, results, f"policy loaded from {args.load}, scored with the keys of seed {args.seed}")
     return results
-
-
-def save_outputs(args: Args, results: dict, policy: Policy, title: str) -> None:
-    """metrics.json, learning_curve.png and the policy's checkpoint policy.npz, all in --out."""
-    with open(os.path.join(args.out, "metrics.json"), "w") as f:
-        json.dump(results, f, indent=2)
-    test = {k: v for k, v in results.items() if k.startswith("test_")}
-    plot_curve(os.path.join(args.out, "learning_curve.png"), results["history"], args.pass_k, test, title)
-    save_checkpoint(os.path.join(args.out, "policy.npz"), {"policy": policy})
 
 
 def print_summary(args: Args, results: dict, label: str) -> None:
@@ -1344,7 +1507,9 @@ def stopped_at(args: Args, history: list[dict]) -> dict | None:
 
 @reports_input_errors
 def main(args: Args) -> dict:
-    validate(args)  # flag values and the output folder, before any work
+    validate(args)  # flag values, before any work
+    files = {} if args.load else {"learning_curve.png": True, "policy.npz": True}
+    out = Outputs(output_folder(args), files)  # a writable folder, this run's alone
     mesh = make_mesh(args, start_devices(args))  # before any other JAX operation: --host-devices must come first
     use_compile_cache(args.compile_cache)
     data = load_data(args)
@@ -1352,23 +1517,19 @@ def main(args: Args) -> dict:
         data = data._replace(x_test=None, y_test=None)
     if args.load:  # score a saved policy, no training
         with jax.set_mesh(mesh):
-            return evaluate_saved(args, data)
+            return evaluate_saved(args, data, out)
     label = run_label(args)
     param_counts = print_header(args, data, label, mesh)
+    title = f"{label} | train {len(data.y_train)} / validation {len(data.y_val)} images"
 
     with jax.set_mesh(mesh):  # every placement and sharding constraint below refers to this mesh
         policy, reference, history, timings = train(args, data)
         if not history:
             raise KeyboardInterrupt  # before the first validation score: nothing measured, nothing to write
-        stopped = stopped_at(args, history)  # where Ctrl-C ended training early (then nothing more is scored)
+        early = stopped_at(args, history)  # where a stop (Ctrl-C, SIGTERM) ended training early
         last = history[-1]
         results = {k: v for k, v in last.items() if k.startswith("val_")}
-        if args.score_test and not stopped:  # the test set is scored once, here, after every choice on validation
-            results.update(**score_test_set(args, policy, reference, data), test_prompts=len(data.y_test))
-        if (args.host_devices or args.mesh) and not stopped:  # a run on a mesh also measures what each device holds
-            results["mesh"] = mesh_memory(args, data, mesh)
-    results.update(
-        {
+        run = {
             **{k: last[k] for k in PROGRESS if k in last},
             "iterations": args.iterations,
             "sft_steps": sft_steps_for(args),
@@ -1380,13 +1541,34 @@ def main(args: Args) -> dict:
             **param_counts,
             "history": history,
             "args": asdict(args),
-            **({"interrupted": stopped} if stopped else {}),
         }
-    )
-    title = f"{label} | train {len(data.y_train)} / validation {len(data.y_val)} images"
-    save_outputs(args, results, policy, title)
-    if not stopped:
-        print_summary(args, results, label)
+        # A stop from here on keeps the training: its scores (`interrupted` says where), the policy and the curve.
+        finished = {"unit": f"{last['phase']} iteration", "at": last["iteration"], "of": args.iterations}
+        on_mesh = bool(args.host_devices or args.mesh)  # a run on a mesh also measures what each device holds
+        later = ["the test scores"] * args.score_test + ["the mesh measurement"] * on_mesh
+        stopped = early or bool(Outputs.signals)  # or came at its very end: nothing more is scored
+        during = "the test scoring" if args.score_test else "the mesh measurement" if on_mesh else "saving"
+        missing = ["the rest of training", *later] if early else later
+        out.keep({**results, **run, "interrupted": early or finished}, "training" if stopped else during, missing)
+        out.write("policy.npz", save_checkpoint, {"policy": policy})
+        out.write("learning_curve.png", plot_curve, history, args.pass_k, {}, title)
+        if stopped:
+            raise KeyboardInterrupt  # nothing more is scored
+        if args.score_test:  # the test set is scored once, here, after every choice on validation
+            results.update(**score_test_set(args, policy, reference, data), test_prompts=len(data.y_test))
+        if on_mesh:
+            stars = ["the test scores on the curve"] * args.score_test
+            out.keep(
+                {**results, **run, "interrupted": finished}, "the mesh measurement", ["the mesh measurement", *stars]
+            )
+            results["mesh"] = mesh_memory(args, data, mesh)
+    results.update(run)
+    if args.score_test:  # the curve again, with the test scores
+        out.keep({**results, "interrupted": finished}, "drawing", ["the test scores on the curve"])
+        test = {k: v for k, v in results.items() if k.startswith("test_")}
+        out.write("learning_curve.png", plot_curve, history, args.pass_k, test, title)
+    out.commit(results)
+    print_summary(args, results, label)
     return results
 
 

@@ -87,7 +87,9 @@ def test_deprecations_from_course_code_fail_the_tests():
 SHARED_BLOCK = (
     "flag",
     "InputError",
+    "WriteError",
     "reports_input_errors",
+    "Outputs",
     "OneLineParser",
     "parse_args",
     "bounds_text",

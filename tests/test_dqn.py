@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+from functools import partial
 from typing import NamedTuple
 
 import jax
@@ -229,8 +231,29 @@ def test_polyak_sync_averages_and_hard_sync_is_the_online_network():
         np.testing.assert_allclose(s, 0.25 * np.asarray(p) + 0.75 * np.asarray(t), rtol=1e-6, atol=1e-7)
     # the module-level way, nnx.update, gives the same values as the hard copy
     target_network = dqn.nnx.merge(agent.q_graphdef, target)
-    dqn.nnx.update(target_network, dqn.sync_target(params, target, tau=1.0))
+    hard = dqn.sync_target(params, target, tau=1.0)
+    dqn.nnx.update(target_network, hard)
     assert _leaves_equal(dqn.nnx.state(target_network), params)
+    # ... in arrays of its own: θ⁻ stays valid when an update takes over (donates) the memory of θ
+    pointers = {leaf.unsafe_buffer_pointer() for leaf in jax.tree.leaves(params)}
+    assert not pointers & {leaf.unsafe_buffer_pointer() for leaf in jax.tree.leaves(hard)}
+
+
+@pytest.mark.smoke
+def test_train_survives_an_update_that_donates_the_parameters():
+    """train() with an update that donates its state (jax.jit(..., donate_argnums=0)): the memory of θ is reused
+    by the next θ, so θ⁻ and θ_best must hold arrays of their own. Caught: a target network (at the start, at a
+    hard sync) or a best-so-far copy that shares θ's arrays ('Array has been deleted')."""
+    args = dqn.parse_args(TINY)
+    agent = dqn.build_agent(args, dqn.nnx.Rngs(args.seed))
+    graphdef, state = dqn.nnx.split(agent)
+    q_graphdef = dqn.nnx.graphdef(agent.q_network)
+    act, _ = dqn.make_step_fns(args, graphdef, q_graphdef)
+    config = dqn.TrainConfig(args.gamma, args.loss, args.double_dqn, args.bootstrap_truncated)
+    donating = jax.jit(partial(dqn.train_block, graphdef, q_graphdef, config), donate_argnums=0)
+    last, log = dqn.train(args, act, donating, state)
+    assert log["env_steps"] == 600 and log["gradient_steps_total"] > 0
+    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves((last, log["best"]["params"])))
 
 
 def _perturbed(params, scale=0.5, seed=7):
@@ -446,6 +469,36 @@ def test_load_rejects_a_corrupt_or_mismatched_checkpoint(tmp_path):
         dqn.load_checkpoint(str(extra), parts, dqn.LOAD_HINT)
     after = jax.tree.leaves(dqn.nnx.state(parts["q_network"]))
     assert all(np.array_equal(a, b) for a, b in zip(before, after))  # a refused file changes nothing
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("dtype", ["int32", "float64"])
+def test_load_refuses_a_checkpoint_of_another_dtype(dtype, tmp_path):
+    """A checkpoint whose arrays have the right names and shapes but another dtype: int32 weights (a broken
+    network that would still score, and overwrite <out>/eval/metrics.json) or float64 ones (which would be cast
+    without a word). load_checkpoint (the same code in DQN, PPO and GRPO) refuses it in one line before any module
+    changes, and --load leaves the earlier evaluation in <out>/eval/ as it was. Catches a check of names and shapes
+    only."""
+    agent = _agent()
+    network = dqn.nnx.merge(agent.q_graphdef, agent.state["q_network"])
+    saved = tmp_path / "q_network.npz"
+    dqn.save_checkpoint(str(saved), {"q_network": network})
+    with np.load(saved) as f:
+        other = {key: f[key].astype(dtype) for key in f.files}
+    wrong = tmp_path / f"{dtype}.npz"
+    np.savez(wrong, **other)
+    before = [np.array(leaf) for leaf in jax.tree.leaves(dqn.nnx.state(network))]
+    with pytest.raises(dqn.InputError, match=rf"q_network/\w+/\w+ should hold float32, found {dtype}$"):
+        dqn.load_checkpoint(str(wrong), {"q_network": network}, dqn.LOAD_HINT)
+    assert all(np.array_equal(a, b) for a, b in zip(before, jax.tree.leaves(dqn.nnx.state(network))))
+    if dtype != "int32":
+        return  # the command line, once
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "metrics.json").write_text('{"earlier": "evaluation"}')
+    with pytest.raises(SystemExit, match=f"^error: --load {wrong}: .* should hold float32, found {dtype}$"):
+        dqn.main(dqn.parse_args(["--load", str(wrong), "--hidden-size", "16", "--out", str(tmp_path)]))
+    assert sorted(p.name for p in (tmp_path / "eval").iterdir()) == ["metrics.json"]
+    assert (tmp_path / "eval" / "metrics.json").read_text() == '{"earlier": "evaluation"}'
 
 
 class RecordingBuffer(dqn.ReplayBuffer):
@@ -975,31 +1028,34 @@ def test_jax_backend_cli_two_seeds(tmp_path):
 
 
 @pytest.mark.smoke
-def test_jax_backend_ctrl_c_keeps_the_compiled_run(tmp_path, monkeypatch, capsys):
-    """--backend jax trains in one compiled call, which Ctrl-C cannot stop: Python raises the KeyboardInterrupt when
-    the call returns, in jax.block_until_ready (here raised there after the real wait). The run is kept: metrics.json
-    at env step N of N, the curve and q_network.npz, and nothing more is evaluated. Mutations caught: a run that loses
-    the compiled call's results ("nothing written"), or that goes on to evaluate and exits 0."""
+def test_jax_backend_a_finished_compiled_run_is_finished(tmp_path, monkeypatch, capsys):
+    """--backend jax trains in one compiled call, which Ctrl-C cannot stop: SIGINT comes during it (here: sent when
+    jax.block_until_ready starts waiting), and Python takes it when the call returns, every step done. The run
+    stops there and says so truly: training ran to its end, the final evaluation was not made; metrics.json (env
+    step N of N), the curve and q_network.npz are kept, exit status 130. Mutations caught: a line that reports an
+    unfinished training ('interrupted at env step 160 of 160'), a run that loses the compiled call's results
+    ('nothing written'), or that goes on to evaluate and exits 0."""
     wait = dqn.jax.block_until_ready
 
-    def returns_to_python(x):
-        wait(x)
-        raise KeyboardInterrupt
+    def ctrl_c_during_the_call(x):
+        os.kill(os.getpid(), signal.SIGINT)
+        return wait(x)
 
-    monkeypatch.setattr(dqn.jax, "block_until_ready", returns_to_python)
+    monkeypatch.setattr(dqn.jax, "block_until_ready", ctrl_c_during_the_call)
     out = tmp_path / "out"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in JAX_TINY.items()] + ["--host-devices", "0", "--out", str(out)]
     with pytest.raises(SystemExit) as exit_:
         dqn.main(dqn.parse_args(flags))
     assert exit_.value.code == 130
-    assert capsys.readouterr().err == f"interrupted at env step 160 of 160; metrics so far in {out / 'metrics.json'}\n"
+    during = "training, which the compiled call ran to its end"
+    files = "metrics.json, q_network.npz, learning_curve.png"
+    line = f"interrupted during {during}; kept in {out}: {files} (not done: the final evaluation)\n"
+    assert capsys.readouterr().err == line
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["interrupted"] == {"unit": "env step", "at": 160, "of": 160} and len(metrics["curve"]) == 2
+    stop = {"unit": "env step", "at": 160, "of": 160, "during": during, "missing": ["the final evaluation"]}
+    assert metrics["interrupted"] == stop and len(metrics["curve"]) == 2
     assert "eval_return_mean" not in metrics and "eval_return_per_seed" not in metrics  # nothing evaluated
     assert (out / "learning_curve.png").stat().st_size > 0 and (out / "q_network.npz").stat().st_size > 0
-
-
-# ----------------------------------------------------------------------------- learning
 
 
 @pytest.mark.learning
@@ -1098,7 +1154,7 @@ def test_sequential_xla_scheduler_is_set_by_the_command_line_and_a_users_setting
     assert os.environ["XLA_FLAGS"] == f"{flag}=true"
     # the command line sets it before main(), i.e. before JAX starts its backend
     tree = ast.parse(open(dqn.__file__).read())
-    guard = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)][0]
+    guard = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)][-1]  # the last
     calls = [ast.unparse(stmt) for stmt in guard.body]
     assert calls == ["use_sequential_xla_scheduler()", "main(parse_args())"]
 

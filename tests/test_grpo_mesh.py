@@ -98,6 +98,7 @@ def test_arrays_really_are_split():
 def test_a_mesh_that_does_not_fit_is_one_line(tmp_path, capsys, flags, message):
     """In-process (JAX has started with one CPU device): each bad mesh exits with one line and status 1."""
     g = load_script(SCRIPT)
+    g.jax.devices()  # started here, whichever tests ran before in this process: --host-devices 64 comes too late
     with pytest.raises(SystemExit) as e:
         g.main(g.Args(out=str(tmp_path), **flags))
     text = str(e.value.code)

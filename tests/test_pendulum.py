@@ -379,8 +379,10 @@ def test_cli_tiny_run_then_load_round_trip_and_video(tmp_path):
         str(out),
         cwd=tmp_path,
         timeout=120,
+        env={"XDG_RUNTIME_DIR": ""},  # as on a machine without a desktop session: no display to draw on
     )
     assert q.returncode == 0, q.stderr
+    assert "XDG_RUNTIME_DIR" not in q.stderr  # pygame draws off-screen (SDL's dummy video driver), without a word
     assert (out / "metrics.json").read_bytes() == before  # a --load run writes into <out>/eval/, never over training
     m2 = json.loads((out / "eval" / "metrics.json").read_text())
     assert m2["env_steps"] == 0

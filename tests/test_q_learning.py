@@ -410,11 +410,12 @@ def test_validate_raises_input_error(bad, message, tmp_path):
 
 
 @pytest.mark.unit
-def test_validate_rejects_an_unwritable_output_folder(tmp_path):
+def test_an_unwritable_output_folder_is_refused_before_any_work(tmp_path):
+    """Outputs, which main creates right after checking the flags, takes the folder (its lock file) or refuses it."""
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     with pytest.raises(ql.InputError, match="--out .* is not a writable folder"):
-        ql.validate(ql.Args(out=str(blocker / "run")))
+        ql.Outputs(str(blocker / "run"), {})
 
 
 @pytest.mark.unit

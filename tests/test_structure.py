@@ -14,7 +14,9 @@ SCRIPTS = sorted(str(p.relative_to(REPO)) for p in REPO.glob("[0-9]_*/*.py"))
 # Plumbing: whichever of these a script defines must sit below the banner.
 PLUMBING = {
     "InputError",
+    "WriteError",
     "reports_input_errors",
+    "Outputs",
     "OneLineParser",
     "parse_args",
     "bounds_text",
