@@ -57,7 +57,7 @@ def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
 
 @dataclass
 class Args:
-    seed: int = flag(0, "seeds everything: jax.random.key (prompts, sampling) and nnx.Rngs (weights)", min=0)
+    seed: int = flag(0, "seeds everything: one split of jax.random.key(seed) gives weights, training, val, test", min=0)
     host_devices: int = flag(0, "fake N CPU devices before JAX starts (0: the devices there are)", min=0)
     mesh: str = flag("", "device mesh as DATAxMODEL, e.g. 2x2 (empty: every device on 'data')")
     rules: str = flag(
@@ -502,6 +502,21 @@ class Data(NamedTuple):
 SPLIT_SEED = 0  # the fixed shuffles behind --split-test-set, --val-size and the evaluation strips
 
 
+class RunKeys(NamedTuple):
+    """The four random streams of a run, from one split of --seed's key, so no two of them share a key."""
+
+    init: jax.Array  # nnx.Rngs(init) draws the initial weights' keys: fold_in(init, 0), fold_in(init, 1), …
+    train: jax.Array  # split once per block: the block's prompts and sampled answers
+    val: jax.Array  # the same key at every validation score: the rows differ only by the policy
+    test: jax.Array  # the test set's sampled answers, scored once
+
+
+def run_keys(seed: int) -> RunKeys:
+    """split(key(seed), 4). nnx.Rngs(seed) itself would draw fold_in(key(seed), n), and split(k)[i] equals
+    fold_in(k, i): keys taken from key(seed) directly would repeat the initial weights' keys."""
+    return RunKeys(*jax.random.split(jax.random.key(seed), 4))
+
+
 def fixed_strips(x, y, n_slots: int) -> Strips:
     """The validation or test prompts: one strip per image, which opens it; the other slots and the length come
     from a fixed shuffle, so every run scores the same strips. With N = 1 these are the images themselves."""
@@ -587,8 +602,8 @@ class Phase(NamedTuple):
 def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
     """Returns (policy, reference, history, timings). π_ref is the policy RL starts from: after the SFT warm
     start, or the initial policy without one. The test images are not touched here."""
-    n_slots, n, key = slots_for(args), args.eval_samples, jax.random.key(args.seed)
-    policy = Policy(n_slots, args.hidden_size, args.decoder_size, rngs=nnx.Rngs(args.seed))
+    n_slots, n, streams = slots_for(args), args.eval_samples, run_keys(args.seed)
+    policy = Policy(n_slots, args.hidden_size, args.decoder_size, rngs=nnx.Rngs(streams.init))
     optimizer = nnx.Optimizer(policy, optax.adam(args.learning_rate), wrt=nnx.Param)
     graphdef, state = nnx.split(TrainState(policy, optimizer))
     state = place(state, args.rules)  # weights and Adam's moments, split by the rules over the mesh
@@ -602,13 +617,13 @@ def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
         phases.append(Phase("rl", rl, args.iterations, x, y))
     else:  # the baseline: more of the same supervised steps
         phases.append(Phase("supervised", sft, args.iterations, x[:labelled], y[:labelled]))
-    val, (key, eval_key) = fixed_strips(data.x_val, data.y_val, n_slots), jax.random.split(key)
-    score = jax.jit(partial(evaluate, policy_def), static_argnums=4)  # the same eval_key at every score: less noise
+    val, key = fixed_strips(data.x_val, data.y_val, n_slots), streams.train
+    score = jax.jit(partial(evaluate, policy_def), static_argnums=4)  # the same streams.val at every score: less noise
     history, t0 = [], time.perf_counter()
 
     def record(row: dict, state, ref_state) -> None:
         """Score the policy in `state` on validation; the row joins the history only once it is scored."""
-        row.update(scores(score(state["policy"], ref_state, val, eval_key, n), n, args.pass_k, "val_"))
+        row.update(scores(score(state["policy"], ref_state, val, streams.val, n), n, args.pass_k, "val_"))
         history.append(row)
         print_progress(row)
 
@@ -1024,7 +1039,7 @@ def mesh_memory(args: Args, data: Data, mesh: jax.sharding.Mesh) -> dict:
     def adam(model):
         return nnx.Optimizer(model, optax.adam(args.learning_rate), wrt=nnx.Param)
 
-    policy = Policy(*sizes, rngs=nnx.Rngs(args.seed))
+    policy = Policy(*sizes, rngs=nnx.Rngs(run_keys(args.seed).init))
     graphdef, state = nnx.split(TrainState(policy, adam(policy)))
     state = place(state, args.rules)  # as train() places it
     critic = critic_layers(*sizes, rngs=nnx.Rngs(args.seed))
@@ -1247,7 +1262,7 @@ def print_header(args: Args, data: Data, label: str, mesh: jax.sharding.Mesh) ->
 def score_test_set(args: Args, policy: Policy, reference: Policy, data: Data) -> dict:
     """evaluate() on the held-out test prompts, called once, after training: test_pass1, test_pass{k}, ..."""
     strips = fixed_strips(data.x_test, data.y_test, slots_for(args))
-    key = jax.random.fold_in(jax.random.key(args.seed), 2)
+    key = run_keys(args.seed).test
     evaluate_test = jax.jit(partial(evaluate, nnx.graphdef(policy)), static_argnums=4)
     raw = evaluate_test(nnx.state(policy), nnx.state(reference), strips, key, args.eval_samples)
     return scores(raw, args.eval_samples, args.pass_k, "test_")
@@ -1257,11 +1272,11 @@ def evaluate_saved(args: Args, data: Data) -> dict:
     """--load: score a saved policy as a training run scores its final policy (validation with train()'s
     evaluation key, the test set with score_test_set's, both drawn from --seed), so the run's flags reproduce its
     final scores; writes <out>/eval/metrics.json. policy.npz holds no π_ref, so no KL to it is reported."""
-    policy = Policy(slots_for(args), args.hidden_size, args.decoder_size, rngs=nnx.Rngs(args.seed))
+    policy = Policy(slots_for(args), args.hidden_size, args.decoder_size, rngs=nnx.Rngs(0))  # filled from --load
     load_checkpoint(args.load, {"policy": policy}, LOAD_HINT)
     nnx.update(policy, place(nnx.state(policy), args.rules))  # laid out on the mesh as train() lays it out
     print(f"data: {data.source}\nloaded {args.load}", flush=True)
-    _, eval_key = jax.random.split(jax.random.key(args.seed))  # train()'s evaluation key
+    eval_key = run_keys(args.seed).val  # train()'s validation key
     score = jax.jit(partial(evaluate, nnx.graphdef(policy)), static_argnums=4)
     val = fixed_strips(data.x_val, data.y_val, slots_for(args))
     state = nnx.state(policy)  # also π_ref's stand-in, here and on test: that KL (0) is dropped below

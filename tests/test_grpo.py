@@ -621,11 +621,37 @@ def test_the_reference_stays_the_initial_policy_by_default(tmp_path):
     args = g.parse_args([*SMOKE_FLAGS["digit"], *TINY_FLAGS, "--out", str(tmp_path / "out")])
     assert (args.sft_steps, args.beta, args.ref_refresh) == (-1, 0.0, 0) and g.sft_steps_for(args) == 0
     policy, reference, history, _ = train_as_main(args, bundled_data())
-    initial = g.Policy(1, args.hidden_size, args.decoder_size, rngs=nnx.Rngs(args.seed))
+    initial = g.Policy(1, args.hidden_size, args.decoder_size, rngs=nnx.Rngs(g.run_keys(args.seed).init))
     assert same_params(reference, initial)
     assert not same_params(policy, initial)
     assert history[0]["phase"] == "start" and history[0]["val_kl_ref"] == 0.0
     assert history[-1]["val_kl_ref"] > 1e-4
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_run_keys_differ_from_every_key_of_the_initial_weights(seed):
+    """The training, validation and test keys of run_keys(seed) differ from each other and from every key that
+    nnx.Rngs(init) hands the initializers (all the Policy's draws, and as many again), and from the first blocks'
+    keys derived from the training key. nnx.Rngs draws fold_in(init, n), and split(k)[i] == fold_in(k, i), so keys
+    split from key(seed) while the weights come from nnx.Rngs(seed) repeat them: the training key would be the
+    encoder kernel's. Catches (tried): init = key(seed) with the other three split from it (train() then samples
+    with the encoder's key), the test key fold_in(key(seed), 2) beside nnx.Rngs(seed), init equal to the train key."""
+    keys = g.run_keys(seed)
+    rngs = nnx.Rngs(keys.init)
+    g.Policy(4, 8, 16, rngs=rngs)
+    drawn = int(rngs.default.count[...])
+    assert drawn >= 2  # the initializers drew keys from it
+    again = nnx.Rngs(keys.init)
+    init_keys = [again() for _ in range(2 * drawn)]  # nnx.Rngs(init) hands out the same keys in the same order
+    block_key = keys.train
+    run = [keys.train, keys.val, keys.test]
+    for _ in range(4):  # train(): key, block_key = split(key) before every block
+        block_key, one_block = jax.random.split(block_key)
+        run.append(one_block)
+    data = {tuple(np.asarray(jax.random.key_data(k)).tolist()) for k in run}
+    assert len(data) == len(run)
+    assert not data & {tuple(np.asarray(jax.random.key_data(k)).tolist()) for k in init_keys}
 
 
 @pytest.mark.unit
@@ -643,8 +669,8 @@ def test_the_reference_is_the_policy_after_sft(tmp_path):
     assert history[0]["val_kl_ref"] == 0.0
     last_sft = [row for row in history if row["phase"] == "sft"][-1]
     assert last_sft["val_kl_ref"] > 1e-3  # SFT moved the policy away from the initial one
-    initial = g.Policy(n_slots, args.hidden_size, args.decoder_size, rngs=nnx.Rngs(args.seed))
-    _, eval_key = jax.random.split(jax.random.key(args.seed))  # train(): the same evaluation key at every score
+    initial = g.Policy(n_slots, args.hidden_size, args.decoder_size, rngs=nnx.Rngs(g.run_keys(args.seed).init))
+    eval_key = g.run_keys(args.seed).val  # train(): the same validation key at every score
     score = jax.jit(partial(g.evaluate, nnx.graphdef(initial)), static_argnums=4)
     val = g.fixed_strips(data.x_val, data.y_val, n_slots)
     with jax.set_mesh(g.make_mesh(args, jax.devices())):  # scored as train() scores, on the mesh
