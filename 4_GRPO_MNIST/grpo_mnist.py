@@ -263,7 +263,7 @@ def group_advantages(rewards: jax.Array, eps: float, norm: str = "std") -> jax.A
     """Real GRPO. rewards (B, G): row b holds the G answers to prompt b.
     A_bg = (r_bg − mean_g r_b·) / (std_g r_b· + ε), or r_bg − mean_g r_b· with norm="none" (Dr. GRPO);
     a group whose rewards are all equal gets A = 0 exactly. Equality is decided with max == min: eight float32
-    rewards of 1/3 have a std of about 3e-8, not 0."""
+    rewards of 1/3 can have a std of about 3e-8 (jnp.std sums them in an order that does not cancel), not 0."""
     centred = rewards - rewards.mean(axis=1, keepdims=True)  # (B, G)
     if norm == "std":
         centred = centred / (rewards.std(axis=1, keepdims=True) + eps)  # population std, (B, 1)
@@ -1080,7 +1080,9 @@ def count_params(model: nnx.Module) -> int:
     return sum(int(p.size) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
-BYTES_PER_PARAM = 2 + 2 + 2 * 2  # bf16 weight + bf16 gradient + Adam's m and v in bf16 (the original guide's module 6)
+# Mixed-precision Adam, per trained parameter: a bfloat16 weight and gradient, and float32 master weight, m and v
+BYTES_PER_PARAM = 2 + 2 + 4 + 4 + 4
+MEMORY_RULE = "bf16 weight 2 + bf16 gradient 2 + fp32 master weight 4 + Adam's fp32 m 4 and v 4 = 16 B"
 LLM_ACTOR_PARAMS = 8e9  # the original guide's 8B example
 
 
@@ -1095,7 +1097,8 @@ def param_table(args: Args) -> tuple[str, dict]:
         ("critic V(x) (PPO only)", critic),
         ("policy + critic (PPO)", actor + critic),
     ]
-    lines = [f"{'model':<24}{'params here':>13}{'scaled to 8B policy':>21}{'train state, 8 B/param':>25}"]
+    lines = [f"memory per trained parameter, mixed-precision Adam: {MEMORY_RULE}"]
+    lines.append(f"{'model':<24}{'params here':>13}{'scaled to 8B policy':>21}{'train state, 16 B/param':>25}")
     for name, count in rows:
         lines.append(
             f"{name:<24}{count:>13,}{count * scale / 1e9:>20.2f}B{count * scale * BYTES_PER_PARAM / 1e9:>22.1f} GB"

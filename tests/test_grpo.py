@@ -1053,13 +1053,17 @@ def test_the_figures_tool_draws_every_figure_and_splits_the_equal_groups(tmp_pat
 def test_param_table_counts_the_models():
     """Counted from the layers: encoder 784·H + H; decoder N·(H + 11 + 1)·D + D (the prompt's N·H features, N
     one-hot tokens of 11, N position bits); head D·11 + 11. The critic: the same encoder, N·H·D + D, D + 1.
-    Catches: a table that counts another model, or a critic with the policy's head."""
+    The training state is counted at 16 B per parameter (mixed-precision Adam: bf16 weight and gradient, fp32
+    master weight, m and v), and the header says so: an 8B policy holds 128 GB. Catches: a table that counts another
+    model, or a critic with the policy's head, or memory counted in bfloat16 only (8 B/param, 64 GB)."""
     _, digit = g.param_table(g.Args(task="digit"))  # N = 1, H = 128, D = 256
     assert digit["params_policy"] == (784 * 128 + 128) + (1 * 140 * 256 + 256) + (256 * 11 + 11)  # 139,659
     assert digit["params_critic"] == (784 * 128 + 128) + (1 * 128 * 256 + 256) + (256 + 1)  # 133,889
-    _, number = g.param_table(g.Args(task="number", max_digits=4))
-    assert number["params_policy"] == (784 * 128 + 128) + (4 * 140 * 256 + 256) + (256 * 11 + 11)  # 247,179
-    assert number["params_critic"] == (784 * 128 + 128) + (4 * 128 * 256 + 256) + (256 + 1)  # 232,193
+    table, number = g.param_table(g.Args(task="number", max_digits=4))
+    assert g.BYTES_PER_PARAM == 16 and "= 16 B" in table.splitlines()[0] and "16 B/param" in table.splitlines()[1]
+    assert "policy only (GRPO)            246,923                8.00B                 128.0 GB" in table
+    assert number["params_policy"] == (784 * 128 + 128) + (4 * 140 * 256 + 256) + (256 * 11 + 11)  # 246,923
+    assert number["params_critic"] == (784 * 128 + 128) + (4 * 128 * 256 + 256) + (256 + 1)  # 232,065
 
 
 @pytest.mark.unit
