@@ -181,9 +181,12 @@ def named(names: tuple[str, str]) -> dict:
 
 # ---- The policy: a causal model over answer tokens
 class Policy(nnx.Module):
-    """π_θ(y_t | x, y_<t). encode: each image slot → hidden_size features (one Linear + ReLU, shared by the slots;
-    empty slots give zeros). __call__: at position t, the prompt's features, the one-hot tokens before t and a
-    one-hot of t → decoder_size → VOCAB logits. The causal mask makes position t blind to tokens t, t+1, …"""
+    """π_θ(y_t | x, y_<t). The decoder's first layer reads, at position t, the prompt's features, the one-hot tokens
+    before t and a one-hot of t; its kernel stacks one block of rows per part, W = [W_x; W_y; W_t], so
+    h_t = relu(W_x·x + W_y·y_<t + W_t·t + b) → VOCAB logits. encode: each image slot → hidden_size features (one
+    Linear + ReLU, shared by the slots; empty slots give zeros), then W_x·x, the prompt's share, the same at every
+    position and for every answer: computed once per prompt, as a language model keeps its prompt's keys and values.
+    The causal mask makes position t blind to tokens t, t+1, …"""
 
     def __init__(self, n_slots: int, hidden_size: int, decoder_size: int, *, rngs: nnx.Rngs):
         self.n_slots = n_slots  # N: image slots, and the longest answer
@@ -193,18 +196,23 @@ class Policy(nnx.Module):
         self.head = nnx.Linear(decoder_size, VOCAB, **named(("hidden", "vocab")), rngs=rngs)
 
     def encode(self, images: jax.Array, slots: jax.Array) -> jax.Array:
-        """images (P, N, 784), slots (P, N) → prompt features (P, N · hidden_size)."""
+        """images (P, N, 784), slots (P, N) → the prompt's share of the decoder's first layer, W_x·x,
+        (P, decoder_size)."""
         h = nnx.relu(self.encoder(images)) * slots[..., None]
-        return h.reshape(h.shape[0], -1)
+        features = h.reshape(h.shape[0], -1)  # x, (P, N · hidden_size)
+        return features @ self.decoder.kernel[: features.shape[-1]]
 
-    def __call__(self, prompt: jax.Array, tokens: jax.Array) -> jax.Array:
-        """prompt (S, F), tokens (S, N) → logits (S, N, VOCAB); row t depends on tokens[:, :t] only."""
+    def __call__(self, prompt: jax.Array, tokens: jax.Array, at: jax.Array | None = None) -> jax.Array:
+        """prompt (S, decoder_size) from encode, tokens (S, N) → logits (S, R, VOCAB) at the R positions `at`
+        (default: all N, in order); the row of position t sees tokens[:, :t] only."""
         S, N = tokens.shape
-        before = jnp.tril(jnp.ones((N, N)), k=-1)  # before[t, s] = 1 iff s < t
-        seen = before[None, :, :, None] * jax.nn.one_hot(tokens, VOCAB)[:, None]  # (S, N, N, VOCAB)
-        position = jnp.broadcast_to(jnp.eye(N), (S, N, N))  # (S, N, N): a one-hot of t in row t
-        context = jnp.broadcast_to(prompt[:, None], (S, N, prompt.shape[-1]))
-        h = nnx.relu(self.decoder(jnp.concatenate([context, seen.reshape(S, N, -1), position], axis=-1)))
+        at = jnp.arange(N) if at is None else at
+        before = jnp.tril(jnp.ones((N, N)), k=-1)[at]  # (R, N): before[r, s] = 1 iff s < at[r]
+        seen = before[None, :, :, None] * jax.nn.one_hot(tokens, VOCAB)[:, None]  # (S, R, N, VOCAB)
+        position = jnp.broadcast_to(jnp.eye(N)[at], (S, len(at), N))  # (S, R, N): a one-hot of at[r]
+        answer = jnp.concatenate([seen.reshape(S, len(at), -1), position], axis=-1)  # (S, R, N · (VOCAB + 1))
+        w_answer = self.decoder.kernel[-answer.shape[-1] :]  # [W_y; W_t], the rows after W_x
+        h = nnx.relu(prompt[:, None] + answer @ w_answer + self.decoder.bias)
         return self.head(h)
 
 
@@ -215,13 +223,14 @@ def token_logp(logits: jax.Array, tokens: jax.Array) -> jax.Array:
 
 # ---- Sampling: N decoding steps in lax.scan; step t fills token t from the logits at position t
 def generate(policy: Policy, prompt: jax.Array, key, greedy: bool = False) -> jax.Array:
-    """prompt (S, F) → tokens (S, N), sampled at temperature 1 (greedy: the argmax). Tokens after the first EOS
-    are sampled too; `completion_mask` leaves them out of every loss and score."""
+    """prompt (S, decoder_size) from Policy.encode → tokens (S, N), sampled at temperature 1 (greedy: the argmax).
+    Step t computes position t's logits alone. Tokens after the first EOS are sampled too; `completion_mask` leaves
+    them out of every loss and score."""
     n = policy.n_slots
 
     def step(tokens, inputs):
         t, step_key = inputs
-        logits = policy(prompt, tokens)[:, t]  # (S, VOCAB): position t sees tokens[:, :t] only
+        logits = policy(prompt, tokens, at=t[None])[:, 0]  # (S, VOCAB): position t alone, seeing tokens[:, :t]
         token = jnp.argmax(logits, -1) if greedy else jax.random.categorical(step_key, logits)
         return tokens.at[:, t].set(token), None
 
@@ -349,7 +358,7 @@ class Rollout(NamedTuple):
 
 def grpo_loss(policy: Policy, strips: Strips, rollout: Rollout, config: GRPOConfig):
     """−aggregate(min(ρ_t A, clip(ρ_t) A) − β·KL_t) over the answer tokens; returns (loss, metrics)."""
-    prompt = jnp.repeat(policy.encode(strips.images, strips.slots), config.group_size, axis=0)  # (S, F)
+    prompt = jnp.repeat(policy.encode(strips.images, strips.slots), config.group_size, axis=0)  # (S, decoder_size)
     logits = policy(prompt, rollout.tokens)  # (S, N, VOCAB)
     logp = token_logp(logits, rollout.tokens)
     objective, binds, outside = clipped_surrogate(logp, rollout.logp_old, rollout.adv, config.clip_eps)
@@ -376,7 +385,7 @@ def sft_loss(policy: Policy, strips: Strips):
 def rollout_groups(policy: Policy, reference: Policy, strips: Strips, key, config: GRPOConfig):
     """Sample G answers per prompt from π_old (the current policy), score them, and fix everything the μ steps
     reuse. Returns (Rollout, metrics)."""
-    prompt = jnp.repeat(policy.encode(strips.images, strips.slots), config.group_size, axis=0)  # (S, F)
+    prompt = jnp.repeat(policy.encode(strips.images, strips.slots), config.group_size, axis=0)  # (S, decoder_size)
     tokens = generate(policy, prompt, key)
     logp_old = jax.lax.stop_gradient(token_logp(policy(prompt, tokens), tokens))
     target = jnp.repeat(strips.target, config.group_size, axis=0)
@@ -472,7 +481,7 @@ def evaluate(policy_def, state, ref_state, strips: Strips, key, n_samples: int) 
     policy, reference = nnx.merge(policy_def, state), nnx.merge(policy_def, ref_state)
     prompt = policy.encode(strips.images, strips.slots)
     greedy = verify(generate(policy, prompt, key, greedy=True), strips.target).mean()
-    prompts = jnp.repeat(prompt, n_samples, axis=0)  # (P·n, F)
+    prompts = jnp.repeat(prompt, n_samples, axis=0)  # (P·n, decoder_size)
     tokens = generate(policy, prompts, key)
     right = verify(tokens, jnp.repeat(strips.target, n_samples, axis=0))  # (P·n,) exact match, 0 or 1
     mask = completion_mask(tokens)

@@ -686,7 +686,7 @@ def test_policy_is_causal():
     positions 0 and 1 unchanged; changing token 0 changes positions 1 and 2, not 0. Catches: a mask that lets
     position t see its own token (tril with k = 0) or later ones, or one that hides the earlier tokens."""
     policy = g.Policy(3, 8, 16, rngs=nnx.Rngs(0))
-    prompt = jax.random.normal(jax.random.key(0), (2, 3 * 8))
+    prompt = jax.random.normal(jax.random.key(0), (2, 16))  # the prompt's share W_x·x, (S, decoder_size)
     tokens = jnp.array([[1, 2, 3], [4, EOS, 5]])
     base = np.asarray(policy(prompt, tokens))
     later = np.asarray(policy(prompt, tokens.at[:, 1:].set(jnp.array([[9, 9], [0, 7]]))))
@@ -698,13 +698,46 @@ def test_policy_is_causal():
 
 
 @pytest.mark.unit
+def test_the_prompt_share_is_the_first_layer_on_the_whole_input():
+    """encode gives W_x·x once per prompt; __call__ adds W_y·y_<t + W_t·t + b at each position. Together they equal
+    one Linear layer on the concatenated input [x, the one-hot tokens before t, a one-hot of t], the decoder's
+    kernel as it is stored; and the logits at positions `at` are those rows of the logits at every position.
+    Catches: W_x taken from the wrong rows of the kernel (the answer's rows, or an offset), the bias added twice
+    or not at all, a position one-hot that is not t's, rows of `at` that are not the positions asked for."""
+    policy = g.Policy(3, 8, 16, rngs=nnx.Rngs(4))
+    policy.decoder.bias[...] = jax.random.normal(jax.random.key(5), (16,))
+    images = jax.random.uniform(jax.random.key(6), (2, 3, 784))
+    slots = jnp.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    tokens = jnp.array([[1, 2, EOS], [4, EOS, 5]])
+    features = (nnx.relu(policy.encoder(images)) * slots[..., None]).reshape(2, -1)  # x, (2, 3 · 8)
+    before = np.tril(np.ones((3, 3)), k=-1)
+    seen = before[None, :, :, None] * np.asarray(jax.nn.one_hot(tokens, g.VOCAB))[:, None]  # (2, 3, 3, 11)
+    whole = np.concatenate(
+        [
+            np.broadcast_to(np.asarray(features)[:, None], (2, 3, 24)),
+            seen.reshape(2, 3, -1),
+            np.broadcast_to(np.eye(3), (2, 3, 3)),
+        ],
+        axis=-1,
+    )  # (2, 3, 24 + 33 + 3): the decoder's 60 inputs at each position
+    hidden = np.maximum(whole @ np.asarray(policy.decoder.kernel[...]) + np.asarray(policy.decoder.bias[...]), 0)
+    expected = hidden @ np.asarray(policy.head.kernel[...]) + np.asarray(policy.head.bias[...])
+    prompt = policy.encode(images, slots)
+    assert prompt.shape == (2, 16)
+    logits = np.asarray(policy(prompt, tokens))
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+    for at in ([2], [1, 0]):
+        np.testing.assert_allclose(np.asarray(policy(prompt, tokens, at=jnp.array(at))), logits[:, at], atol=1e-6)
+
+
+@pytest.mark.unit
 def test_greedy_generation_is_the_argmax_of_teacher_forced_logits():
     """generate(greedy=True) fills token t with the argmax of the logits at position t given the tokens it chose
     before; teacher-forcing its own answer must reproduce every choice. Catches: reading the logits of another
     position in the scan, writing the token to the wrong slot, sampling when greedy is asked."""
     policy = g.Policy(4, 8, 16, rngs=nnx.Rngs(1))
     policy.head.kernel[...] = 5 * policy.head.kernel[...]  # peaked logits: the argmax depends on the context
-    prompt = jax.random.normal(jax.random.key(0), (64, 4 * 8))
+    prompt = jax.random.normal(jax.random.key(0), (64, 16))
     tokens = g.generate(policy, prompt, jax.random.key(1), greedy=True)
     np.testing.assert_array_equal(jnp.argmax(policy(prompt, tokens), -1), tokens)
     assert len(np.unique(np.asarray(tokens)[:, 1:])) > 2  # not one constant answer
@@ -718,7 +751,7 @@ def test_sampled_first_tokens_follow_the_softmax():
     policy = g.Policy(2, 8, 16, rngs=nnx.Rngs(2))
     policy.head.bias[...] = jnp.array([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -1.5, -2.0, 0.3, 1.2])
     n = 20_000
-    prompt = jnp.broadcast_to(jax.random.normal(jax.random.key(0), (1, 2 * 8)), (n, 2 * 8))
+    prompt = jnp.broadcast_to(jax.random.normal(jax.random.key(0), (1, 16)), (n, 16))
     tokens = np.asarray(g.generate(policy, prompt, jax.random.key(3)))
     p = np.asarray(jax.nn.softmax(policy(prompt[:1], jnp.asarray(tokens[:1]))[0, 0]))
     freq = np.bincount(tokens[:, 0], minlength=g.VOCAB) / n
