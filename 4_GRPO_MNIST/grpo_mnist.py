@@ -204,15 +204,17 @@ class Policy(nnx.Module):
 
     def __call__(self, prompt: jax.Array, tokens: jax.Array, at: jax.Array | None = None) -> jax.Array:
         """prompt (S, decoder_size) from encode, tokens (S, N) → logits (S, R, VOCAB) at the R positions `at`
-        (default: all N, in order); the row of position t sees tokens[:, :t] only."""
+        (default: all N, in order); the row of position t sees tokens[:, :t] only. A one-hot code times a matrix
+        is one row of the matrix, so W_y·y_<t is a lookup, as a language model's token embedding: for each slot
+        s < t, the row of W_y that belongs to slot s and token y_s; W_t·t is row t of W_t."""
         S, N = tokens.shape
         at = jnp.arange(N) if at is None else at
-        before = jnp.tril(jnp.ones((N, N)), k=-1)[at]  # (R, N): before[r, s] = 1 iff s < at[r]
-        seen = before[None, :, :, None] * jax.nn.one_hot(tokens, VOCAB)[:, None]  # (S, R, N, VOCAB)
-        position = jnp.broadcast_to(jnp.eye(N)[at], (S, len(at), N))  # (S, R, N): a one-hot of at[r]
-        answer = jnp.concatenate([seen.reshape(S, len(at), -1), position], axis=-1)  # (S, R, N · (VOCAB + 1))
-        w_answer = self.decoder.kernel[-answer.shape[-1] :]  # [W_y; W_t], the rows after W_x
-        h = nnx.relu(prompt[:, None] + answer @ w_answer + self.decoder.bias)
+        n_x = self.decoder.kernel.shape[0] - N * (VOCAB + 1)  # W_x's rows, then W_y's N·VOCAB, then W_t's N
+        w_y = self.decoder.kernel[n_x : n_x + N * VOCAB].reshape(N, VOCAB, -1)  # (N, VOCAB, D): slot s, token v
+        w_t = self.decoder.kernel[n_x + N * VOCAB :]  # (N, D): one row per position
+        rows = w_y[jnp.arange(N), tokens]  # (S, N, D): the row of token y_s in slot s's block, for every s
+        before = jnp.tril(jnp.ones((N, N)), k=-1)[at]  # (R, N): before[r, s] = 1 iff s < at[r], the causal mask
+        h = nnx.relu(prompt[:, None] + jnp.einsum("rs,bsd->brd", before, rows) + w_t[at] + self.decoder.bias)
         return self.head(h)
 
 
