@@ -157,13 +157,20 @@ def measure(flags: list[str], a: argparse.Namespace, root: Path) -> dict:
     return found or {METRIC: summary}
 
 
+def interval(summary: dict) -> str:
+    """'0.7812 [0.7650, 0.7901]': the IQM of the seeds' scores and its 95 % bootstrap CI ('–' below 2 seeds)."""
+    ci = summary.get("iqm_ci95")
+    return f"{summary['iqm']:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "–"
+
+
 def cell(values: dict | None, key: str) -> str:
     return "–" if values is None or key not in values else f"{values[key]['mean']:.4f}"
 
 
 def table(rows: list[dict], chosen: dict, seeds_text: str) -> list[str]:
     """The markdown table of every configuration, its cells padded so it also reads as plain text."""
-    head = ["objective", "stage", *COLUMNS, "pass@1", "per seed", "pass@8", "greedy", "length", "wrong len"]
+    head = ["objective", "stage", *COLUMNS, "pass@1", "IQM [95 % CI]", "per seed", "pass@8", "greedy", "length"]
+    head += ["wrong len"]
     head += ["KL ref", "median s", "chosen"]
     body = []
     for r in rows:
@@ -180,6 +187,7 @@ def table(rows: list[dict], chosen: dict, seeds_text: str) -> list[str]:
                 str(r["stage"]),
                 *(pairs.get(f, "") for f in COLUMNS.values()),
                 f"{m[METRIC]['mean']:.4f}",
+                interval(m[METRIC]),
                 per_seed,
                 *(cell(m, k) for k in ("val_pass8", "val_greedy", "val_length", "val_wrong_length", "val_kl_ref")),
                 f"{m[METRIC]['median_seconds']:.1f}",
@@ -244,7 +252,8 @@ def main(argv: list[str] | None = None) -> dict:
     n = len(seeds.parse_seeds(a.seeds))
     lines = [
         f"`{command}`: task {a.task}, every configuration on seeds {a.seeds} ({n} runs), chosen on the mean "
-        f"val_pass1 (sampled at temperature 1); the other columns are means over the same runs.",
+        f"val_pass1 (sampled at temperature 1), shown with the IQM of the runs and its 95 % bootstrap CI; the other "
+        f"columns are means over the same runs.",
         f"Every run: python {SCRIPT} FLAGS {' '.join(map(shlex.quote, common))} --seed S",
         "",
         *table(rows, chosen, a.seeds),
