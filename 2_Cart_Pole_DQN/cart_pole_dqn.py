@@ -12,6 +12,10 @@ CartPole as pure JAX functions, the replay buffer as arrays of a fixed size, and
 train(key) runs the whole loop as one lax.scan. Below the `# Plumbing` line: the seeds of --backend jax
 (vmap, devices), the command line, input checks, checkpoints, the GIF, the plot, metrics.json and main.
 
+The JAX and Flax NNX this file uses (jax.jit and tracing, lax.scan and its carry, lax.cond, vmap, PRNG keys,
+pytrees, nnx.split / nnx.merge / nnx.state) are taught in the course's README.md, section "JAX and Flax NNX"
+(README.md#jax-and-flax-nnx); the comments here say only what DQN does with them.
+
     python 2_Cart_Pole_DQN/cart_pole_dqn.py                      # train 50k steps, evaluate 100 episodes
     python 2_Cart_Pole_DQN/cart_pole_dqn.py --backend jax --num-seeds 16   # 16 seeds in one compiled call
     python 2_Cart_Pole_DQN/cart_pole_dqn.py --load runs/cart_pole_dqn/q_network.npz --video   # -> <out>/eval/
@@ -89,7 +93,7 @@ class Args:
     bootstrap_truncated: bool = flag(
         True,
         "bootstrap from s' when the time limit cuts an episode "
-        "(--no-bootstrap-truncated treats the cut as termination, as the original guide does)",
+        "(--no-bootstrap-truncated treats the cut as a termination, a common bug)",
     )
     eval_frequency: int = flag(2_500, "env steps between two periodic greedy evaluations (learning curve)", gt=0)
     periodic_eval_episodes: int = flag(100, "greedy episodes per periodic evaluation (the validation episodes)", gt=0)
@@ -289,7 +293,7 @@ def td_target(rewards, next_q_target, next_q_online, terminated, truncated, conf
     """y = r + γ·(1 − done)·Q⁻(s', a*), with a* = argmax_a' Q⁻(s', a') or, for Double DQN, argmax_a' Q(s', a').
 
     `done` is `terminated` alone: a time-limit truncation still has a future, so it bootstraps.
-    With bootstrap_truncated=False, done = terminated OR truncated (the original guide's merged flag).
+    With bootstrap_truncated=False, done = terminated OR truncated: one merged flag, a common bug.
     Shapes: rewards/terminated/truncated (batch,), next_q_* (batch, n_actions).
     """
     done = terminated if config.bootstrap_truncated else jnp.maximum(terminated, truncated)

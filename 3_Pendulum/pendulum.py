@@ -11,7 +11,7 @@ vmaps `train` over seeds and shards it over devices, then the command line, chec
 metrics.json and main.
 
     python 3_Pendulum/pendulum.py                  # train with the defaults (100k steps), then evaluate
-    python 3_Pendulum/pendulum.py --preset guide   # the original guide's hyperparameters
+    python 3_Pendulum/pendulum.py --preset untuned  # a first, untuned PPO (UNTUNED_PRESET): see the common bugs
     python 3_Pendulum/pendulum.py --backend jax --num-seeds 16 [--algo reinforce]   # 16 seeds in one vmapped run
     python 3_Pendulum/pendulum.py --load runs/pendulum/params.npz --video   # -> runs/pendulum/eval/episode.gif
 """
@@ -62,9 +62,10 @@ class Args:
     seed: int = flag(0, "seeds everything: jax.random.key, nnx.Rngs, env resets, NumPy's Generator", min=0)
     preset: str = flag(
         "default",
-        "'guide' = the original guide's hyperparameters as defaults, truncation as termination included (explicit "
-        "flags win; Args(preset='guide', **GUIDE_PRESET)); not its (B,1)−(B,) value-loss bug, nor its init",
-        choices=("default", "guide"),
+        "'untuned' = the settings of a first, untuned PPO as defaults (UNTUNED_PRESET: truncation as termination, "
+        "raw rewards, a σ(s) head, 1 env × 2048 steps, minibatch 64, ReLU …; explicit flags win; from Python: "
+        "Args(preset='untuned', **UNTUNED_PRESET))",
+        choices=("default", "untuned"),
     )
     backend: str = flag(
         "gymnasium", "NumPy envs in a Python loop, or 'jax': one compiled make_train", choices=("gymnasium", "jax")
@@ -88,9 +89,9 @@ class Args:
     norm_adv: bool = flag(True, "normalise advantages to mean 0, std 1 in each minibatch")
     norm_obs: bool = flag(False, "normalise observations with running mean/std (updated after each rollout)")
     reward_scale: float = flag(0.1, "multiply rewards by this before GAE (logged returns are not)", gt=0.0, max=1e3)
-    bootstrap_truncated: bool = flag(True, "bootstrap from V(final obs) at a time limit (no: the original guide's)")
+    bootstrap_truncated: bool = flag(True, "bootstrap from V(final obs) at a time limit (no: a common bug)")
     sigma: str = flag(
-        "param", "σ: one learned log σ, or 'state': a softplus head (the guide's)", choices=("param", "state")
+        "param", "σ: one learned log σ, or 'state': σ(s) from a softplus head", choices=("param", "state")
     )
     log_std_init: float = flag(0.0, "initial log σ when --sigma param", min=-10.0, max=5.0)
     hidden_size: int = flag(64, "width of the two hidden layers of actor and critic", min=1)
@@ -603,7 +604,7 @@ def jax_rollout(actor_def, config: TrainConfig, actor_state, runner: Runner) -> 
         ep_ret = jnp.where(done, 0.0, ep_ret)
         if config.bootstrap_truncated:
             terminated, truncated = term, trunc
-        else:  # the original guide's version, as on the gymnasium path: a time limit cuts the bootstrap
+        else:  # --no-bootstrap-truncated, as on the gymnasium path: a time limit cuts the bootstrap (a common bug)
             terminated, truncated = done, jnp.zeros_like(done)
         transition = Rollout(
             obs=obs,
@@ -683,7 +684,7 @@ def collect_rollout(envs, act_fn: Callable, actor_state, obs, key, rms: RunningM
         rollout.rewards[t] = reward * args.reward_scale
         if args.bootstrap_truncated:
             rollout.terminated[t], rollout.truncated[t] = term, trunc
-        else:  # the original guide's version: a time limit cuts the bootstrap like a termination
+        else:  # --no-bootstrap-truncated (a common bug): a time limit cuts the bootstrap like a termination
             rollout.terminated[t], rollout.truncated[t] = done, False
         rollout.next_obs[t] = normalize_obs(true_next_obs(next_obs, done, info), rms)
         episodes += [(steps + (t + 1) * N, float(info["episode"]["r"][i])) for i in np.flatnonzero(done)]
@@ -935,8 +936,8 @@ def parse_args(argv=None) -> Args:
         text = f.metadata["help"] + (f"; must be {bounds}" if bounds else "")
         p.add_argument("--" + f.name.replace("_", "-"), default=f.default, help=text, **kind)
     first, _ = p.parse_known_args(argv)
-    if first.preset == "guide":  # a preset changes the defaults; explicit flags are parsed on top
-        p.set_defaults(**GUIDE_PRESET)
+    if first.preset == "untuned":  # a preset changes the defaults; explicit flags are parsed on top
+        p.set_defaults(**UNTUNED_PRESET)
     if first.algo.startswith("reinforce"):  # G_t needs whole episodes: the reinforce rungs' own rollout size
         p.set_defaults(**WHOLE_EPISODES)
     args = Args(**vars(p.parse_args(argv)))
@@ -970,9 +971,10 @@ def check_flags(args) -> None:
             raise InputError(f"{name} must be {bounds_text(meta)}, got {value}")
 
 
-# The original guide's hyperparameters (its README's table), its Actor's architecture and σ, and its treatment of
-# the time limit as a termination.
-GUIDE_PRESET = dict(
+# A first, untuned PPO: one env with 2,048-step rollouts, minibatches of 64, Adam at 3e-4 without decay for the
+# actor, no gradient clipping, raw rewards, ReLU networks with a softplus σ(s) head, and the time limit treated as
+# a termination. (Not the (B,1)−(B,) value-loss broadcast: value_loss_fn refuses that shape.)
+UNTUNED_PRESET = dict(
     num_envs=1,
     num_steps=2048,
     update_epochs=10,
@@ -1031,11 +1033,11 @@ def validate(args: Args) -> None:
     if args.load and not os.path.isfile(args.load):
         raise InputError(f"--load: no such file: {args.load}")
     defaults = Args()
-    if args.preset == "guide" and all(  # the preset's values must be there, not only its name
-        getattr(args, k) == getattr(defaults, k) for k, v in GUIDE_PRESET.items() if v != getattr(defaults, k)
+    if args.preset == "untuned" and all(  # the preset's values must be there, not only its name
+        getattr(args, k) == getattr(defaults, k) for k, v in UNTUNED_PRESET.items() if v != getattr(defaults, k)
     ):
         raise InputError(
-            "preset 'guide' is applied by parse_args; from Python, use Args(preset='guide', **GUIDE_PRESET)"
+            "preset 'untuned' is applied by parse_args; from Python, use Args(preset='untuned', **UNTUNED_PRESET)"
         )
     out = output_folder(args)
     try:  # checked before any work: a run that cannot save its results does not start
@@ -1155,6 +1157,7 @@ def save_video(path: str, actor: Actor, rms: RunningMeanStd | None, seed: int) -
 
     graphdef, state = nnx.split(actor)
     mean_action = jax.jit(lambda state, obs: nnx.merge(graphdef, state)(obs).loc)
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # frames as arrays need no window, nor a display
     env = gym.make(ENV_ID, render_mode="rgb_array")
     obs, _ = env.reset(seed=seed)
     frames, total, done, t = [], 0.0, False, 0

@@ -97,7 +97,7 @@ class Args:
     )
     group_mode: str = flag(
         "prompt",
-        "prompt: a prompt's G answers form a group (GRPO); batch: one baseline for all B·G answers (original guide)",
+        "prompt: a prompt's G answers form a group (GRPO); batch: one baseline for all B·G answers (a common bug)",
         choices=("prompt", "batch"),
     )
     group_size: int = flag(8, "G, answers sampled per prompt (prompt mode needs G >= 2)", min=1)
@@ -282,8 +282,9 @@ def group_advantages(rewards: jax.Array, eps: float, norm: str = "std") -> jax.A
 
 
 def batch_advantages(rewards: jax.Array, eps: float, norm: str = "std") -> jax.Array:
-    """The original guide's variant: one baseline for the whole batch, A = (r − mean(all r)) / (std(all r) + ε)
-    (without the division when norm="none"), and A = 0 when every reward in the batch is equal."""
+    """A common bug, kept to measure it (--group-mode batch): the batch of different prompts as one group, one
+    baseline for all of it, A = (r − mean(all r)) / (std(all r) + ε) (without the division when norm="none"), and
+    A = 0 when every reward in the batch is equal. A hard prompt's answers are judged against easy prompts' rewards."""
     return group_advantages(rewards.reshape(1, -1), eps, norm).reshape(rewards.shape)
 
 
@@ -1094,7 +1095,7 @@ def count_params(model: nnx.Module) -> int:
 # Mixed-precision Adam, per trained parameter: a bfloat16 weight and gradient, and float32 master weight, m and v
 BYTES_PER_PARAM = 2 + 2 + 4 + 4 + 4
 MEMORY_RULE = "bf16 weight 2 + bf16 gradient 2 + fp32 master weight 4 + Adam's fp32 m 4 and v 4 = 16 B"
-LLM_ACTOR_PARAMS = 8e9  # the original guide's 8B example
+LLM_ACTOR_PARAMS = 8e9  # the policy size the table scales to, a common language model's
 
 
 def param_table(args: Args) -> tuple[str, dict]:

@@ -102,7 +102,18 @@ class Args:
     mlp: int = flag(256, "hidden width of the MLP (logical axis 'mlp')", min=1)
     learning_rate: float = flag(1e-2, "Adam learning rate", gt=0)
     tolerance: float = flag(1e-5, "largest |sharded - single device| allowed in the check", gt=0)
+    donate: bool = flag(
+        True,
+        "donate the training state to the compiled step, which writes the new state into its buffers; "
+        "--no-donate: every step holds the old and the new state at once",
+    )
     hbm_gb: float = flag(80.0, "memory of one chip, in GB, for the 8B example", gt=0)
+    memory_count: str = flag(
+        "mixed",
+        "bytes per trained parameter in the 8B example: mixed = mixed-precision Adam, 16 (bf16 weight and gradient, "
+        "fp32 master weight, m and v); bf16 = all in bf16, 8 (too few: a common miscount)",
+        choices=("mixed", "bf16"),
+    )
     log_every: int = flag(10, "print a progress line every this many steps", min=1)
     visualize: bool = flag(True, "draw the mlp_in kernel's layout with jax.debug.visualize_array_sharding")
     out: str = flag("runs/sharding_mesh", "folder for metrics.json and loss_curve.png")
@@ -368,19 +379,25 @@ def train_step(graphdef, config: StepConfig, state, tokens):
     """One Adam step on a pure pytree (split/merge pattern: jax.jit sees only arrays).
 
     It also returns the gradients, only so that the memory table can read their real shards; a production
-    step would not keep them alive between steps."""
+    step would not keep them alive between steps. compile_step donates `state`: the caller never reads it again."""
     loss, grads = loss_and_grads(graphdef, config, state, tokens)
     train_state = nnx.merge(graphdef, state)
     train_state.optimizer.update(train_state.model, grads)  # θ ← θ − lr·m̂/(√v̂ + ε)
     return nnx.state(train_state), loss, grads
 
 
-def compile_step(graphdef, shardings, activation_rules=None):
+def compile_step(graphdef, shardings, activation_rules=None, donate: bool = True):
     """train_step compiled once for one layout: step(state, tokens) -> (state, loss, grads)."""
     # The model part of the state's shardings is the layout for the gradients.
     # out_shardings pins the updated state to the layout the rules chose, step after step.
+    # donate_argnames: XLA writes the new state into the buffers of the old one, which the call deletes, so a
+    # device holds one training state, not two (memory_analysis counts those bytes as `aliased`).
     config = StepConfig(grad_shardings=shardings["model"], activation_rules=activation_rules)
-    return jax.jit(partial(train_step, graphdef, config), out_shardings=(shardings, None, config.grad_shardings))
+    return jax.jit(
+        partial(train_step, graphdef, config),
+        out_shardings=(shardings, None, config.grad_shardings),
+        donate_argnames="state" if donate else (),
+    )
 
 
 def log(msg: str) -> None:
@@ -389,10 +406,11 @@ def log(msg: str) -> None:
 
 
 def to_host(tree):
-    """Full NumPy copy of every leaf (gathers across hosts when the arrays span several)."""
+    """Full NumPy copy of every leaf (gathers across hosts when the arrays span several). A copy, not np.asarray's
+    view of a CPU buffer: a view would keep the step from donating that buffer."""
 
     def get(x):
-        return np.asarray(x) if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True)
+        return np.array(x) if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True)
 
     return jax.tree.map(get, tree)
 
@@ -405,18 +423,24 @@ class TrainRun(NamedTuple):
 
 
 def train(args: Args, step, state, batches, mesh, rules, label: str) -> TrainRun:
-    """Run every batch through `step`, printing a progress line every --log-every steps."""
+    """Run every batch through `step`, printing a progress line every --log-every steps.
+
+    `step` donates the state it is given, so each call's state is the previous call's output and nothing else
+    reads it. The losses stay on the devices; only a progress line reads one (waiting for its step, so that
+    steps/s counts finished steps), and all of them come to the host once, at the end."""
     losses, after_step1, before_last, t0 = [], None, None, time.perf_counter()
     for i, tokens in enumerate(batches, start=1):
         if i == len(batches):
             before_last = to_host(state)
         state, loss, _ = step(state, place_batch(tokens, mesh, rules))
-        losses.append(float(loss))
+        losses.append(loss)
         if i == 1:
             after_step1, t0 = to_host(state), time.perf_counter()  # steps/s excludes compilation
         if i % args.log_every == 0 or i == len(batches):
-            log(f"rules={label} step={i} loss={losses[-1]:.4f} sps={(i - 1) / max(time.perf_counter() - t0, 1e-9):.0f}")
-    return TrainRun(state, losses, after_step1, before_last)
+            log(
+                f"rules={label} step={i} loss={float(loss):.4f} sps={(i - 1) / max(time.perf_counter() - t0, 1e-9):.0f}"
+            )
+    return TrainRun(state, [float(x) for x in jax.device_get(losses)], after_step1, before_last)
 
 
 # ---------------------------------------------------------------- measuring
@@ -463,17 +487,24 @@ class CompiledMemory(NamedTuple):
 
     arguments: int  # the state and the batch shard passed in
     outputs: int  # the new state, the loss and the gradients returned
+    aliased: int  # outputs written into donated arguments' buffers (the new state into the old): counted once
     temporaries: int  # activations and scratch buffers live inside the step
     peak: int  # XLA's own estimate of the most live at once
 
 
 def compiled_memory(step, state, tokens) -> CompiledMemory | None:
-    """Compile `step` for these inputs and read its per-device memory; None if the backend reports nothing."""
+    """Compile `step` for these inputs and read its per-device memory; None if the backend reports nothing.
+    Lowering reads only shapes and shardings: it donates nothing."""
     m = step.lower(state, tokens).compile().memory_analysis()
-    sizes = (
-        (m.argument_size_in_bytes, m.output_size_in_bytes, m.temp_size_in_bytes, m.peak_memory_in_bytes) if m else ()
+    if m is None:
+        return None
+    return CompiledMemory(
+        m.argument_size_in_bytes,
+        m.output_size_in_bytes,
+        m.alias_size_in_bytes,
+        m.temp_size_in_bytes,
+        m.peak_memory_in_bytes,
     )
-    return CompiledMemory(*sizes) if m else None
 
 
 class WeightRow(NamedTuple):
@@ -574,7 +605,9 @@ def train_single_device(args: Args, config: ModelConfig, graphdef, abstract, bat
     shardings = state_shardings(abstract, mesh, rules)
     state = init_sharded(config, shardings)
     init = to_host(state)
-    run = train(args, compile_step(graphdef, shardings), state, batches, mesh, rules, "single_device")
+    run = train(
+        args, compile_step(graphdef, shardings, donate=args.donate), state, batches, mesh, rules, "single_device"
+    )
     return Reference(init, run.losses, run.after_step1, run.before_last, to_host(run.state))
 
 
@@ -659,7 +692,7 @@ def run_rule_set(args: Args, name: str, mesh, graphdef, abstract, batches, refer
     if args.visualize and jax.process_index() == 0:
         show_layout(graphdef, state)
     explicit = args.axis_types == "explicit"
-    step = compile_step(graphdef, shardings, activation_rules=rules)
+    step = compile_step(graphdef, shardings, activation_rules=rules, donate=args.donate)
     if explicit:
         show_types("before the first step", graphdef, state, place_batch(batches[0], mesh, rules), rules)
     run = train(args, step, state, batches, mesh, rules, name)
@@ -895,8 +928,8 @@ def print_rule_set_result(args: Args, name: str, result: RuleSetResult, mesh, se
     else:
         c = result.compiled
         log(
-            f"  compiled step per device: arguments={c.arguments} outputs={c.outputs} temporaries={c.temporaries} "
-            f"peak={c.peak} (XLA memory_analysis)"
+            f"  compiled step per device: arguments={c.arguments} outputs={c.outputs} aliased={c.aliased} "
+            f"temporaries={c.temporaries} peak={c.peak} (XLA memory_analysis)"
         )
     log(
         f"check rules={name} step_max_abs_diff={result.max_abs_diff_vs_single_device:.2e} tol={args.tolerance:.0e} "
@@ -921,45 +954,54 @@ LLAMA_8B = (
     ("final_norm", (4096,), ("norm",), 1),
     ("unembed", (4096, 128256), ("embed", "vocab"), 1),
 )
-# bytes per value of (weights, gradients, Adam m + v): the original guide's all-bf16 count, and fp32 everywhere.
-PRECISIONS = {"bf16 (guide)": (2, 2, 4), "fp32": (4, 4, 8)}
+# Bytes and dtypes per trained parameter of (weight, gradient, fp32 master weight, Adam m + v), by --memory-count.
+# Mixed-precision Adam computes with bf16 weights and gradients but updates an fp32 master copy with fp32 moments:
+# 2 + 2 + 4 + 8 = 16 (fp32 throughout, 4 + 4 + 0 + 8, is 16 too). All in bf16 gives 8, half of what such a run keeps.
+MEMORY_COUNTS = {
+    "mixed": ((2, 2, 4, 8), ("bf16", "bf16", "fp32", "fp32")),
+    "bf16": ((2, 2, 0, 4), ("bf16", "bf16", "no", "bf16")),
+}
 
 
 class MemoryGB(NamedTuple):
     params_gb: float
     grads_gb: float
+    master_gb: float
     adam_gb: float
     total_gb: float
 
 
-def big_model_memory(rules, mesh_sizes: dict[str, int], precision=(2, 2, 4), weights=LLAMA_8B) -> MemoryGB:
-    """GB (1e9 bytes) per device of weights, grads and Adam state, by the same rule resolution."""
+def big_model_memory(rules, mesh_sizes: dict[str, int], widths=MEMORY_COUNTS["mixed"][0], weights=LLAMA_8B) -> MemoryGB:
+    """GB (1e9 bytes) per device of weights, grads, fp32 master weights and Adam state, by the same rule resolution."""
     values = sum(
         math.prod(shard_shape(shape, logical_to_mesh_axes(names, rules), mesh_sizes)) * count
         for _, shape, names, count in weights
     )
-    w, g, a = (values * width / 1e9 for width in precision)
-    return MemoryGB(params_gb=w, grads_gb=g, adam_gb=a, total_gb=w + g + a)
+    w, g, master, a = (values * width / 1e9 for width in widths)
+    return MemoryGB(params_gb=w, grads_gb=g, master_gb=master, adam_gb=a, total_gb=w + g + master + a)
 
 
-def report_8b(hbm_gb: float) -> dict:
-    """Print and return the 8B example's memory per device on a 4x2 mesh, for every precision and rule set."""
+def report_8b(hbm_gb: float, count: str = "mixed") -> dict:
+    """Print and return the 8B example's memory per device on a 4x2 mesh for every rule set, counted as `count`."""
     mesh_sizes = {"data": 4, "model": 2}
-    n_params = sum(math.prod(shape) * count for _, shape, _, count in LLAMA_8B)
+    n_params = sum(math.prod(shape) * k for _, shape, _, k in LLAMA_8B)
+    widths, dtypes = MEMORY_COUNTS[count]
+    parts = " + ".join(
+        f"{t} {part} {w}" for t, part, w in zip(dtypes, ("weight", "gradient", "master", "adam"), widths)
+    )
     log(
-        f"\n=== 8B example ({n_params:,} parameters) on a 4x2 mesh, per device; fits = total <= {hbm_gb:g} GB "
-        f"(activations not counted)"
+        f"\n=== 8B example ({n_params:,} parameters) on a 4x2 mesh, GB per device; fits = total <= {hbm_gb:g} GB "
+        f"(activations not counted)\n  bytes per parameter (--memory-count {count}): {parts} = {sum(widths)}"
     )
     table: dict = {}
-    for precision, widths in PRECISIONS.items():
-        for name in RULE_SETS:
-            memory = big_model_memory(RULE_SETS[name], mesh_sizes, widths)
-            table.setdefault(precision, {})[name] = {**memory._asdict(), "fits": memory.total_gb <= hbm_gb}
-            log(
-                f"  {precision:<13}{name:<7} params={memory.params_gb:6.2f} grads={memory.grads_gb:6.2f} "
-                f"adam={memory.adam_gb:6.2f} total={memory.total_gb:7.2f} GB fits={memory.total_gb <= hbm_gb}"
-            )
-    return table
+    for name in RULE_SETS:
+        memory = big_model_memory(RULE_SETS[name], mesh_sizes, widths)
+        table[name] = {**memory._asdict(), "fits": memory.total_gb <= hbm_gb}
+        log(
+            f"  {name:<7} params={memory.params_gb:6.2f} grads={memory.grads_gb:6.2f} master={memory.master_gb:6.2f} "
+            f"adam={memory.adam_gb:6.2f} total={memory.total_gb:7.2f} fits={memory.total_gb <= hbm_gb}"
+        )
+    return dict(memory_count=count, bytes_per_param=sum(widths), rule_sets=table)
 
 
 def plot_curve(path: str, curves: dict[str, list[float]]) -> None:
@@ -1009,12 +1051,11 @@ def save_results(args: Args, metrics: dict, curves: dict[str, list[float]]) -> N
 
 
 def print_summary(args: Args, results: dict[str, RuleSetResult], metrics: dict, ok: bool, mesh) -> None:
-    log("\n=== summary: bytes per device of the state (measured from its shards) and of the compiled step (XLA's")
-    log("memory_analysis: arguments, outputs, temporaries, peak), the final loss and the check's largest difference")
-    columns = ("state", "arguments", "outputs", "temporaries", "peak", "final_loss", "max_abs_diff")
+    log("\n=== summary per device: bytes of the state (from its shards) and of the compiled step (memory_analysis)")
+    columns = ("state", "arguments", "outputs", "aliased", "temporaries", "peak", "final_loss", "max_abs_diff")
     log(f"{'rules':<7}" + "".join(f"{c:>13}" for c in columns))
     for name, r in results.items():
-        compiled = "".join(f"{v:>13}" for v in r.compiled) if r.compiled else f"{'(memory_analysis: none)':>52}"
+        compiled = "".join(f"{v:>13}" for v in r.compiled) if r.compiled else f"{'(memory_analysis: none)':>65}"
         log(
             f"{name:<7}{r.bytes_per_device.total:>13}{compiled}{r.losses[-1]:>13.4f}"
             f"{r.max_abs_diff_vs_single_device:>13.2e}"
@@ -1086,7 +1127,7 @@ def main(args: Args) -> dict:
     if not results:
         raise KeyboardInterrupt  # before the first rule set was checked: nothing measured, nothing to write
     stopped = len(results) < len(names)  # Ctrl-C ended the run early: nothing more is computed or checked
-    memory_8b = None if stopped else report_8b(args.hbm_gb)
+    memory_8b = None if stopped else report_8b(args.hbm_gb, args.memory_count)
 
     ok = all(r.passed and r.bytes_match_analytic for r in results.values())
     metrics = run_metrics(args, devices, mesh, names, results, reference, memory_8b, ok, t_start)

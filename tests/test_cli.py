@@ -95,8 +95,8 @@ SHARED_BLOCK = (
 )
 PRESET_LINES = (
     "    first, _ = p.parse_known_args(argv)\n",
-    '    if first.preset == "guide":  # a preset changes the defaults; explicit flags are parsed on top\n',
-    "        p.set_defaults(**GUIDE_PRESET)\n",
+    '    if first.preset == "untuned":  # a preset changes the defaults; explicit flags are parsed on top\n',
+    "        p.set_defaults(**UNTUNED_PRESET)\n",
     '    if first.algo.startswith("reinforce"):  # G_t needs whole episodes: the reinforce rungs\' own rollout size\n',
     "        p.set_defaults(**WHOLE_EPISODES)\n",
 )

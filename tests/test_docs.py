@@ -91,7 +91,20 @@ def script_words(script: Path) -> frozenset[str]:
     variables, attributes, imports, keyword arguments, and identifier-like string constants (dict keys,
     flag choices, metrics.json keys). Comments and docstrings do not count: a name mentioned only there is
     not code."""
-    tree = ast.parse(script.read_text(encoding="utf-8"))
+    return code_words(script.read_text(encoding="utf-8"))
+
+
+def snippet_words(readme: Path) -> frozenset[str]:
+    """The names that the ```python blocks of a README define or use (the top README's JAX primer)."""
+    text = readme.read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python[ \t]*\n(.*?)^```", text, re.M | re.S)
+    return frozenset().union(*(code_words(block) for block in blocks))
+
+
+@cache
+def code_words(source: str) -> frozenset[str]:
+    """script_words of a piece of Python source."""
+    tree = ast.parse(source)
     docstrings = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
@@ -294,6 +307,8 @@ def check_code_names(readme: Path, root: Path = REPO) -> list[str]:
     problems = []
     scripts = module_scripts(readme, root)
     words = frozenset().union(*(script_words(s) for s in scripts)) if scripts else frozenset()
+    if readme.parent == root:  # the top README may also name what its own snippets (the JAX primer) use
+        words |= snippet_words(readme)
     flags = frozenset().union(*(script_flags(s) for s in scripts)) if scripts else frozenset()
     prose, _ = split_markdown(readme.read_text(encoding="utf-8"))
     for line in prose:
@@ -480,6 +495,20 @@ def test_a_renamed_function_fails(broken_repo):
     assert any("compute_target" in p for p in check_code_names(module / "README.md", root))
 
 
+def test_the_top_readme_may_name_what_its_snippets_use(broken_repo):
+    """Catches: a name in the top README's prose that neither a script nor one of its own ```python blocks uses;
+    and a module README borrowing names from its code blocks."""
+    root, module = broken_repo
+    top = root / "README.md"
+    top.write_text("# Top\n\n`compute_target` and `in_axes`.\n", encoding="utf-8")
+    assert [p.split("`")[1] for p in check_code_names(top, root)] == ["in_axes"]
+    top.write_text(top.read_text() + "\n```python\njax.vmap(f, in_axes=0)\n```\n", encoding="utf-8")
+    assert check_code_names(top, root) == []
+    readme = module / "README.md"
+    readme.write_text(readme.read_text() + "\n`in_axes`\n\n```python\njax.vmap(f, in_axes=0)\n```\n")
+    assert any("in_axes" in p for p in check_code_names(readme, root))
+
+
 def test_a_missing_twin_fails(broken_repo):
     _, module = broken_repo
     shutil.copy(module / "README.md", module / "README.bak")
@@ -517,8 +546,8 @@ RETIRED_TERMS = {
     "前向傳遞": "前向傳播 (forward pass)",
     "環狀緩衝區": "環形緩衝區 (ring buffer)",
     "重播緩衝區": "回放緩衝區 (replay buffer)",
-    "規格書": "原始指南 (the original guide the course was built from)",
-    "課程指南": "原始指南 (the original guide the course was built from)",
+    "規格書": "（不寫）: learners do not have the document the course was built from",
+    "課程指南": "（不寫）: learners do not have the document the course was built from",
     "建置機器": "（不寫）: learners have no build machine",
     "議題": "（不寫）: learners have no issue tracker",
     # 截斷 is only truncation by the time limit; clip and clipping are 裁剪
@@ -541,6 +570,9 @@ RETIRED_TERMS = {
     "效能量測頁": "基準測試頁 (the benchmarks page)",
     "提交": "commit (not translated)",
     "數字任務": "個位數任務 (`--task digit`) or 多位數任務 (`--task number`): 數字 is both digit and number",
+    "優化器": "最佳化器 (optimizer)",
+    "純函數": "純函式 (a pure function in code; 函數 is a function in math)",
+    "會打滑": "易滑 (slippery FrozenLake)",
 }
 RETIRED_PATTERNS = [
     (
@@ -551,7 +583,7 @@ RETIRED_PATTERNS = [
     (re.compile(r"Adam\W{0,2}(?:的)?(?:兩個)?動量"), "動差 for Adam's moments (動量 is momentum)"),
     (re.compile(r"^\|\s*參數\s*\|\s*預設"), "旗標 as the header of a table of flags"),
     (re.compile(r"(?<!裝置)網格(?!世界)"), "網格世界 (grid world) or 裝置網格 (device mesh), never bare 網格"),
-    (re.compile(r"(?<!原始)指南"), "原始指南 (the original guide), never bare 指南"),
+    (re.compile(r"指南"), "nothing: learners do not have the document the course was built from"),
 ]
 # Checked on the prose without inline code: English left untranslated, and words whose meaning needs a qualifier.
 RETIRED_IN_PROSE = [
@@ -623,6 +655,13 @@ GLOSSARY_REQUIRED = {
     "arguments": "引數",
     "temporaries": "暫存記憶體",
     "pytree": "pytree",
+    "tracing": "追蹤",
+    "pure function": "純函式",
+    "static argument": "靜態引數",
+    "PRNG key": "PRNG 金鑰",
+    "carry": "carry",
+    "optimizer": "最佳化器",
+    "slippery": "易滑",
 }
 
 
@@ -792,41 +831,6 @@ def test_a_missing_or_ambiguous_glossary_fails(tmp_path):
     assert any("'clip' to 裁剪" in p for p in problems) and any("截斷 translates both" in p for p in problems)
 
 
-# ----------------------------------------------------------------------------- "the original guide"
-# Learners do not have the specification the course was built from; the English READMEs call it "the
-# original guide" (the Chinese ones 原始指南, enforced above). The flag value `--preset spec` is code.
-SPEC_WORDING = re.compile(r"\b[Tt]he (?:course )?spec(?:'s)?\b|\bspec's\b")
-
-
-def check_spec_wording(readme: Path) -> list[str]:
-    problems = []
-    for n, line in numbered_prose(readme.read_text(encoding="utf-8")):
-        words = INLINE_CODE.sub("", LINK.sub("", line))
-        m = SPEC_WORDING.search(words)
-        if m:
-            problems.append(f"{readme}:{n}: '{m.group(0)}': write 'the original guide'")
-    return problems
-
-
-@pytest.mark.parametrize(
-    "readme", [p for p in readmes() if p.name == "README.md"], ids=lambda p: str(p.relative_to(REPO))
-)
-def test_english_readmes_say_the_original_guide(readme):
-    assert check_spec_wording(readme) == []
-
-
-def test_spec_wording_check_fails_on_the_spec(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(
-        "# T\n\nThe original guide says so; `--preset spec` is a flag.\n\n"
-        "```bash\npython x.py --preset spec  # the spec's settings\n```\n\n"
-        "As the spec's table shows, the spec is wrong.\n",
-        encoding="utf-8",
-    )
-    problems = check_spec_wording(readme)
-    assert len(problems) == 1 and ":9:" in problems[0]
-
-
 def test_a_name_only_in_a_comment_or_docstring_fails(broken_repo):
     # The names check reads the syntax tree: a name that survives only in a comment or docstring, or a
     # plain name without an underscore, is caught.
@@ -863,6 +867,9 @@ def test_every_results_file_is_quoted_and_records_its_command():
     for readme in RESULTS.markdown_files():
         text = readme.read_text(encoding="utf-8")
         quoted |= {m[2] for m in RESULTS.BLOCK.finditer(text)} | {m[2] for m in RESULTS.INLINE.finditer(text)}
+        for image in shown_images(readme):  # a figure quotes the results file it was drawn with
+            source = FIGURES.read_stamp(image)
+            quoted |= {Path(source["results"]).stem} if source else set()
     for path in sorted(RESULTS.RESULTS_DIR.glob("*.*")):
         data = RESULTS.load(path.stem)
         header = data["provenance"] if isinstance(data, dict) else data[0]
@@ -1186,10 +1193,25 @@ def test_a_measured_table_typed_outside_history_fails(tmp_path):
 LESSON_LINES, LESSON_WORDS = 400, 3000
 
 
-def prose_words(readme: Path) -> int:
-    """English words a learner reads as prose: outside code fences, table rows, marker, <sub> and image lines."""
-    fence, count = False, 0
+def lesson_lines(readme: Path) -> list[str]:
+    """The README's lines without the exercises' answers (<details> … </details>), which a learner opens after
+    trying and which do not count toward the lesson budget."""
+    kept, answer = [], False
     for line in readme.read_text(encoding="utf-8").splitlines():
+        if "<details>" in line:
+            answer = True
+        if answer:
+            answer = "</details>" not in line
+            continue
+        kept.append(line)
+    return kept
+
+
+def prose_words(readme: Path) -> int:
+    """English words a learner reads as prose: outside code fences, table rows, marker, <sub> and image lines, and
+    outside the exercises' answers (<details> … </details>), which a learner opens after trying."""
+    fence, count = False, 0
+    for line in lesson_lines(readme):
         if FENCE.match(line):
             fence = not fence
             continue
@@ -1201,7 +1223,173 @@ def prose_words(readme: Path) -> int:
 
 @pytest.mark.parametrize("readme", [p for p in MODULE_READMES if p.name == "README.md"], ids=lambda p: p.parent.name)
 def test_module_readmes_keep_the_lesson_budget(readme):
-    """A module README is a lesson: about 400 lines and 3,000 prose words, References included; sweeps, timings and
-    what was tried go to the benchmarks page. The Chinese twin mirrors it heading by heading (checked above)."""
-    lines = len(readme.read_text(encoding="utf-8").splitlines())
+    """A module README is a lesson: about 400 lines and 3,000 prose words, References included, the exercises' answers
+    (<details> … </details>) not counted; sweeps, timings and what was tried go to the benchmarks page. The Chinese
+    twin mirrors it heading by heading (checked above)."""
+    lines = len(lesson_lines(readme))
     assert lines <= LESSON_LINES and prose_words(readme) <= LESSON_WORDS, (lines, prose_words(readme))
+
+
+def test_answers_do_not_count_toward_the_budget(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "# T\n\n1. Try.\n\n<details><summary>Answer</summary>\n\nMany words here.\n\n</details>\n\nTwo more.\n"
+    )
+    assert len(lesson_lines(readme)) == 6 and prose_words(readme) == 4  # T, Try, Two, more
+
+
+# ----------------------------------------------------------------------------- lessons that stand on their own
+# A learner has no document the course was built from: no learner-facing text names one, and no flag is named after
+# one. Nor does a lesson tell its own history ("the script now uses …"): that needs an earlier version of the course
+# to make sense. The benchmarks page keeps measurements of earlier code in its "Earlier measurements" sections only.
+GUIDE_WORDS = re.compile(r"\bguide(?:'s|s)?\b|原始指南|規格書|課程指南", re.IGNORECASE)
+HISTORY_EN = re.compile(
+    r"\b(?:is|are|was|were) now\b|\bnow (?:also |again )?(?:uses?|keeps?|needs?|prefers?|takes?|gives?|runs?|"
+    r"writes?|prints?|reads?|checks?|counts?|scores?|saves?|draws?)\b|\buses? [`\w.]+ again\b|\bno longer\b|"
+    r"\bpreviously\b|\bformerly\b|\bthe earlier (?:version|bandit|one-step|sweep|default|code|course|release|commit|"
+    r"script|table|figure|preset)s?\b|\bresults did not change\b|\bwhen they were built\b|\bthe default was\b|"
+    r"\b(?:was|were) (?:changed|renamed|rewritten)\b|\b(?:new|old|previous) default\b|\b(?:old|earlier) version\b",
+    re.IGNORECASE,
+)
+HISTORY_ZH = re.compile(
+    r"現在(?:也|改|已|預設|又)|改名為|又改回|較早(?:的)?(?:版本|拉霸|單步)|舊版|原本的(?:預設|版本)|先前的(?:預設|版本)"
+)
+EARLIER_SECTION = re.compile(r"^#{2,3}\s+(?:Earlier measurements|較早的量測)\s*$")
+
+
+def standalone_problems(path: Path) -> list[str]:
+    """Names of a document the learner lacks, anywhere; history sentences outside 'Earlier measurements'. In an
+    'Earlier measurements' section a recorded command may keep the flag it was run with."""
+    problems, earlier = [], False
+    for n, text in learner_text(path):
+        if path.suffix == ".md" and re.match(r"^#{2,3}\s", text):
+            earlier = bool(EARLIER_SECTION.match(text))
+        guide = GUIDE_WORDS.search(text)
+        if guide and not (earlier and not re.search(r"original|原始", guide.group(0) + text, re.I)):
+            problems.append(f"{path}:{n}: '{guide.group(0)}' names a document the learner does not have")
+        prose = INLINE_CODE.sub("", text) if path.suffix == ".md" else text
+        history = None if earlier else HISTORY_EN.search(prose) or HISTORY_ZH.search(prose)
+        if history:
+            problems.append(f"{path}:{n}: '{history.group(0)}' tells the course's history; say what the code does")
+    return problems
+
+
+@pytest.mark.parametrize("path", learner_files() + [REPO / "CONTRIBUTING.md"], ids=lambda p: str(p.relative_to(REPO)))
+def test_lessons_stand_on_their_own(path):
+    assert standalone_problems(path) == []
+
+
+def test_a_named_guide_or_a_history_sentence_fails(tmp_path):
+    """Catches: 'the original guide' or 原始指南 in a lesson, a flag named after it, a history sentence; and not the
+    commands recorded in an 'Earlier measurements' section."""
+    page = tmp_path / "README.md"
+    page.write_text(
+        "# T\n\nAs in the original guide.\n\nRun `--preset guide`.\n\nThe script now uses `tfd.Normal` again.\n\n"
+        "原始指南的設定。\n\nThe default is 0.99.\n\n## Earlier measurements\n\nAt commit abcdef0: `--preset guide`, "
+        "and the reference is now exact.\n\n## Results\n\nThe reference is now exact.\n",
+        encoding="utf-8",
+    )
+    assert [int(p.split(":")[1]) for p in standalone_problems(page)] == [3, 5, 7, 9, 19]
+    script = tmp_path / "demo.py"
+    script.write_text('x = 1  # the guide\'s merged flag\nhelp = "one learned log σ"\n', encoding="utf-8")
+    assert [int(p.split(":")[1]) for p in standalone_problems(script)] == [1]
+
+
+# ----------------------------------------------------------------------------- every exercise has a measured answer
+ANSWER_SUMMARY = {"en": "<summary>Answer</summary>", "ch": "<summary>解答</summary>"}
+EXERCISES_HEADING = re.compile(r"^##\s+(?:Exercises|練習)\s*$")
+MEASURED_NUMBER = re.compile(r"\d\.\d|\d+/\d+|\d\s?%")  # a decimal, a share of seeds, a percentage
+
+
+def exercise_items(readme: Path) -> list[tuple[int, str]]:
+    """(line, text) of each numbered exercise, its answer included, in the README's Exercises section."""
+    items, inside = [], False
+    for n, line in enumerate(readme.read_text(encoding="utf-8").splitlines(), 1):
+        if line.startswith("## "):
+            inside = bool(EXERCISES_HEADING.match(line))
+        elif inside and re.match(r"^\d+\.\s", line):
+            items.append((n, line))
+        elif inside and items:
+            items[-1] = (items[-1][0], items[-1][1] + "\n" + line)
+    return items
+
+
+def answer_problems(readme: Path) -> list[str]:
+    """Each exercise is followed by its answer in <details>; a number in an answer is read from a results file
+    (a marker), or stands in code or $math$, never typed into the prose."""
+    summary, problems = ANSWER_SUMMARY[RESULTS.language(readme)], []
+    items = exercise_items(readme)
+    if not items:
+        return [f"{readme}: no numbered exercises under Exercises / 練習"]
+    for n, text in items:
+        m = re.search(r"<details>\s*\n?\s*" + re.escape(summary) + r"(.*?)</details>", text, re.S)
+        if not m or not re.sub(r"<[^>]+>|\s", "", m.group(1)):
+            problems.append(f"{readme}:{n}: exercise without an answer ({summary} … </details>)")
+            continue
+        body = re.sub(r"<!-- results: .*?<!-- /results -->|<!-- r: .*?<!-- /r -->", "", m.group(1), flags=re.S)
+        body = re.sub(r"```.*?```|<sub>.*?</sub>|\$[^$\n]+\$", "", body, flags=re.S)
+        typed = MEASURED_NUMBER.search(INLINE_CODE.sub("", body))
+        if typed:
+            problems.append(f"{readme}:{n}: '{typed.group(0)}' typed into an answer; quote it from its results file")
+    return problems
+
+
+@pytest.mark.parametrize("readme", MODULE_READMES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_exercise_has_a_measured_answer(readme):
+    assert answer_problems(readme) == []
+
+
+def test_a_missing_answer_or_a_typed_number_fails(tmp_path):
+    readme = tmp_path / "README.md"
+    answer = "<details><summary>Answer</summary>\n\nIt solves <!-- r: x.solved -->3/5<!-- /r --> with `--tau 0.1`.\n"
+    readme.write_text(f"# T\n\n## Exercises\n\n1. Try it.\n\n{answer}\n</details>\n\n2. Again.\n", encoding="utf-8")
+    assert [int(p.split(":")[1]) for p in answer_problems(readme)] == [13]
+    readme.write_text(f"# T\n\n## Exercises\n\n1. Try it.\n\n{answer}It drops by 4.5.\n</details>\n", encoding="utf-8")
+    assert [int(p.split(":")[1]) for p in answer_problems(readme)] == [5]
+    readme.write_text(f"# T\n\n## Exercises\n\n1. Try it.\n\n{answer}\n</details>\n", encoding="utf-8")
+    assert answer_problems(readme) == []
+
+
+# ----------------------------------------------------------------------------- figures drawn from their results
+FIGURES = load_script("tools/figures.py")
+IMAGE_SUFFIXES = (".png", ".gif")
+
+
+def shown_images(readme: Path) -> list[Path]:
+    """Every image file of the repository that a README shows."""
+    text = readme.read_text(encoding="utf-8")
+    targets = [m.group(1) for m in LINK.finditer(text)] + IMG_TAG.findall(text)
+    found = []
+    for target in targets:
+        path = (readme.parent / unquote(target.split("#")[0])).resolve()
+        if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() and path not in found:
+            found.append(path)
+    return found
+
+
+@pytest.mark.parametrize("readme", RESULTS.markdown_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_figures_are_drawn_from_their_current_results_file(readme):
+    problems = [p for image in shown_images(readme) if (p := FIGURES.check(image, RESULTS.RESULTS_DIR))]
+    assert problems == []
+
+
+def test_an_unstamped_or_stale_figure_fails(tmp_path):
+    """Catches: a figure with no stamp, one whose results file changed since, and one whose results file is gone."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1, 1))
+    ax.plot([0, 1])
+    image, results_file = tmp_path / "curve.png", tmp_path / "run.txt"
+    fig.savefig(image)
+    plt.close(fig)
+    results_file.write_text("# {}\n\nstep=1 return=2.0\n")
+    assert "records no results file" in FIGURES.check(image, tmp_path)
+    image.write_bytes(FIGURES.stamp(image, "run.txt", FIGURES.digest(results_file)))
+    assert FIGURES.check(image, tmp_path) is None
+    results_file.write_text("# {}\n\nstep=1 return=2.5\n")
+    assert "stale" in FIGURES.check(image, tmp_path)
+    results_file.unlink()
+    assert "gone" in FIGURES.check(image, tmp_path)

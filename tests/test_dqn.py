@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import NamedTuple
 
 import jax
@@ -186,7 +187,7 @@ def test_td_target_matches_hand_computed_numbers():
     y = dqn.td_target(r, next_q_target, next_q_online, terminated, truncated, config)
     # y = r + γ·(1 − terminated)·max_a' Q⁻(s', a')
     np.testing.assert_allclose(y, [1 + 0.9 * 2, 1.0, 1 + 0.9 * 5, 0.5 + 0.9 * -1], rtol=1e-6)
-    # the original guide's merged flag (done = terminated or truncated) cuts the bootstrap of row 2
+    # one merged flag (done = terminated or truncated), a common bug, cuts the bootstrap of row 2
     config = dqn.TrainConfig(gamma=0.9, double_dqn=False, bootstrap_truncated=False)
     y = dqn.td_target(r, next_q_target, next_q_online, terminated, truncated, config)
     np.testing.assert_allclose(y, [2.8, 1.0, 1.0, 0.5 - 0.9], rtol=1e-6)
@@ -1164,3 +1165,68 @@ def test_dqn_jax_time_counts_the_flops_and_prints_every_row(tmp_path):
     for bad_flags in (["--total-timesteps", "1008"], ["--rounds", "0"]):  # no training call yet; no warm run
         bad = run_script("tools/dqn_jax_time.py", *bad_flags, cwd=tmp_path)
         assert bad.returncode == 1 and bad.stderr.startswith("error: ") and len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.unit
+def test_cart_drift_tool_tells_the_side_the_cart_left_on():
+    """tools/dqn_cart_drift.py counts, over test episodes, on which side the cart left the track. A PD balance of the
+    pole around θ = −0.05 (leaning left) pushes the cart left until it leaves the track, and the mirror policy right
+    (test_evaluation_tells_how_episodes_ended: 7 of these 8 episodes end off the track). Mutations caught: the sides
+    swapped, x read after the autoreset (neither side), a threshold other than the track's end."""
+    drift = load_script("tools/dqn_cart_drift.py")
+
+    def lean(offset):
+        return lambda obs: ((obs[:, 2] + 0.5 * obs[:, 3] + offset) > 0).astype(np.int32)
+
+    assert drift.sides_left(dqn, lean(0.05), 8, 0) == {"left": 7, "right": 0}
+    assert drift.sides_left(dqn, lean(-0.05), 8, 0) == {"left": 0, "right": 7}
+    assert drift.sides_left(dqn, lean(0.01), 8, 0) == {"left": 0, "right": 0}  # upright enough: no episode drifts
+
+
+@pytest.mark.unit
+def test_q_near_limit_tool_values_a_policy_that_never_fails():
+    """tools/dqn_q_near_limit.py's reference: bootstrapped at the cut, V = 1/(1 − γ) at every step; with the cut
+    treated as a failure, the discounted sum of the 500 − t rewards left. Mutations caught: the two cases swapped,
+    an off-by-one in the rewards left (V_499 would be 0 or 1 + γ)."""
+    tool = load_script("tools/dqn_q_near_limit.py")
+    assert tool.value_if_never_failing(0.999, 0, True) == pytest.approx(1000.0)
+    assert tool.value_if_never_failing(0.999, 499, True) == pytest.approx(1000.0)
+    assert tool.value_if_never_failing(0.999, 499, False) == pytest.approx(1.0)
+    assert tool.value_if_never_failing(0.999, 0, False) == pytest.approx(sum(0.999**k for k in range(500)))
+
+
+@pytest.mark.integration
+def test_q_near_limit_tool_prints_both_agents_and_every_step(tmp_path):
+    """The tool end to end on two tiny runs (2,000 env steps): a line per agent, then one row per listed step, each
+    with both agents' Q-values or '(ended)' once an episode is over."""
+    tool = load_script("tools/dqn_q_near_limit.py")
+    proc = run_script("tools/dqn_q_near_limit.py", "--total-timesteps", "2000", "--out", str(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("bootstrap: seed=0 bootstrap_truncated=True ")
+    assert lines[1].startswith("no_bootstrap: seed=0 bootstrap_truncated=False ")
+    rows = [line for line in lines if re.match(r"^\s*\d+ \|", line)]
+    assert [int(row.split("|")[0]) for row in rows] == list(tool.STEPS)
+    assert "1000.0" in rows[0] and f"{tool.value_if_never_failing(0.999, 0, False):.1f}" in rows[0]
+
+
+@pytest.mark.unit
+def test_every_mutation_of_the_mutant_tool_is_found_in_the_script():
+    """tools/dqn_mutants.py breaks the script by replacing exact pieces of its source; each piece must occur once,
+    and each named test must exist here, or the list has gone stale."""
+    tool = load_script("tools/dqn_mutants.py")
+    source = open(dqn.__file__).read()
+    tests = set(globals())
+    for name, (_, piece, replacement, names) in tool.MUTANTS.items():
+        assert source.count(piece) == 1 and piece != replacement, name
+        assert set(names) <= tests, names
+
+
+@pytest.mark.integration
+def test_every_mutation_is_caught_by_its_test(tmp_path):
+    """tools/dqn_mutants.py: each mutation of the script, applied in a scratch copy, fails the test named for it (and
+    those tests pass on the unmutated copy first)."""
+    n = len(load_script("tools/dqn_mutants.py").MUTANTS)
+    proc = run_script("tools/dqn_mutants.py", cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == f"{n} of {n} mutations caught"

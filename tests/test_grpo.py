@@ -15,6 +15,7 @@ import http.server
 import importlib.util
 import json
 import math
+import re
 import struct
 import threading
 from dataclasses import replace
@@ -465,6 +466,71 @@ def test_dr_grpo_advantage_is_the_centred_reward_without_the_std():
     flat = rewards.reshape(8, 1)  # batch mean 5/8
     np.testing.assert_allclose(np.asarray(g.batch_advantages(flat, 1e-4, "none")), np.asarray(flat) - 0.625)
     assert g.GRPOConfig.from_args(g.Args(adv_norm="none")).adv_norm == "none"
+
+
+def global_norm(arrays) -> float:
+    return float(np.sqrt(sum(np.sum(np.square(a)) for a in arrays)))
+
+
+@pytest.mark.unit
+def test_without_the_std_the_kl_term_weighs_more_and_the_loss_scale_does_not_move_adam():
+    """What --adv-norm none (Dr. GRPO's advantage) changes, on fixed tensors: two groups of G = 4 with one right
+    answer each (std √3/4), ratios away from 1, π_ref another policy, β = 0.1, k3. Without the division every
+    advantage is (std + ε) times smaller, so the surrogate's gradient is (std + ε) times smaller while the β·KL
+    term's is the same: the KL term's share ‖∇ β·KL‖ / ‖∇ surrogate‖ grows by 1/(std + ε), more than 2 for 0/1
+    rewards. That alone would not move the policy less: Adam takes the same steps when the loss is rescaled. And
+    groups are weighed differently: a group with 1 of 8 right carries less of Σ|A| against a half-right one.
+    Catches: --adv-norm none still dividing by the std; a β·KL term scaled with the advantages."""
+    policy, reference = g.Policy(3, 8, 16, rngs=nnx.Rngs(0)), g.Policy(3, 8, 16, rngs=nnx.Rngs(1))
+    x = jax.random.uniform(jax.random.key(0), (4, 784))
+    strips = g.make_strips(x, jnp.array([3, 1, 4, 1]), jnp.array([[0, 1, 2], [3, 0, 1]]), jnp.array([3, 2]))
+    tokens = jnp.array(
+        [[3, EOS, 0], [3, 7, EOS], [1, 2, 3], [EOS, 0, 0], [4, 1, EOS], [1, EOS, 0], [2, 2, 2], [9, 9, 9]]
+    )
+    rewards = jnp.array([[1.0, 0, 0, 0], [0, 1.0, 0, 0]])
+    std, eps = np.sqrt(3) / 4, 1e-4
+
+    @nnx.jit
+    def rollout_of(policy, reference, adv):
+        prompt = jnp.repeat(policy.encode(strips.images, strips.slots), 4, axis=0)
+        shift = jax.random.uniform(jax.random.key(1), tokens.shape, minval=-0.5, maxval=0.5)  # ratios ≠ 1
+        logp_old = g.token_logp(policy(prompt, tokens), tokens) + shift
+        ref_prompt = jnp.repeat(reference.encode(strips.images, strips.slots), 4, axis=0)
+        return g.Rollout(tokens, g.completion_mask(tokens), logp_old, adv, reference(ref_prompt, tokens))
+
+    def parts(norm):
+        """(∇ surrogate, ∇ β·KL) under the advantage `norm`: grpo_loss at β = 0, and the rest at β = 0.1."""
+        rollout = rollout_of(policy, reference, g.group_advantages(rewards, eps, norm).reshape(-1, 1))
+        surrogate = params(_jit_grad(policy, strips, rollout, grpo_config(batch_size=2, beta=0.0)))
+        total = params(_jit_grad(policy, strips, rollout, grpo_config(batch_size=2, beta=0.1, kl="k3")))
+        return surrogate, [t - s for t, s in zip(total, surrogate)]
+
+    (s_std, kl_std), (s_none, kl_none) = parts("std"), parts("none")
+    assert global_norm(kl_std) > 1e-4
+    np.testing.assert_allclose(global_norm(kl_none), global_norm(kl_std), rtol=1e-4)  # the KL term is untouched
+    np.testing.assert_allclose(global_norm(s_none) / global_norm(s_std), std + eps, rtol=1e-4)
+    share = {n: global_norm(kl) / global_norm(s) for n, s, kl in (("std", s_std, kl_std), ("none", s_none, kl_none))}
+    np.testing.assert_allclose(share["none"] / share["std"], 1 / (std + eps), rtol=1e-4)
+    assert share["none"] > 2 * share["std"]
+
+    # Adam: the same three steps whether the gradients are scaled by std + ε or not
+    def adam_steps(scale):
+        tx, out = optax.adam(1e-3), []
+        state = tx.init(s_std)
+        for step in range(3):
+            updates, state = tx.update([scale * (step + 1) * a for a in s_std], state)
+            out.append(updates)
+        return out
+
+    for a, b in zip(adam_steps(1.0), adam_steps(std + eps)):
+        for u, v in zip(a, b):
+            np.testing.assert_allclose(u, v, atol=1e-5)  # 1 % of a step of 1e-3: Adam's ε 1e-8 shows on tiny entries
+
+    # the groups' weights: Σ|A| of a group with 1 of 8 right against a half-right group
+    eight = jnp.array([[1.0, 0, 0, 0, 0, 0, 0, 0], [1.0, 1, 1, 1, 0, 0, 0, 0]])
+    weight = {n: np.abs(np.asarray(g.group_advantages(eight, eps, n))).sum(axis=1) for n in ("std", "none")}
+    np.testing.assert_allclose(weight["none"][0] / weight["none"][1], 1.75 / 4, rtol=1e-6)
+    np.testing.assert_allclose(weight["std"][0] / weight["std"][1], (1.75 / np.sqrt(7 / 64)) / 8, rtol=1e-3)
 
 
 @pytest.mark.unit
@@ -1059,9 +1125,9 @@ def fake_figure_run(zero_signal: float, all_right: float) -> dict:
 def test_the_figures_tool_draws_every_figure_and_splits_the_equal_groups(tmp_path, capsys, monkeypatch):
     """tools/grpo_figures.py's drawing and report on fake runs: the four PNGs are written, the sharpening figure's
     two panels are the script's own score panel (plot_scores, once per run, k = 8), and the report splits each
-    zero-signal share into its all-right part (here 0.25 of 0.75). Catches: a figure that needs a metric the script
-    does not log, a run the figures name but RUNS lacks, a tool that redraws the script's curve its own way, the
-    all-right split dropped from the report."""
+    zero-signal share into its all-right and all-wrong parts (here 0.25 and 0.5 of 0.75). Catches: a figure that
+    needs a metric the script does not log, a run the figures name but RUNS lacks, a tool that redraws the script's
+    curve its own way, the all-right split dropped from the report."""
     figures = load_script("tools/grpo_figures.py")
     runs = {name: fake_figure_run(0.75, 0.25) for name in figures.RUNS}
     drawn, plot_scores = [], g.plot_scores
@@ -1079,7 +1145,104 @@ def test_the_figures_tool_draws_every_figure_and_splits_the_equal_groups(tmp_pat
     )
     figures.report(runs)
     text = capsys.readouterr().out
-    assert "default run: zero_signal 0.7500 (all right 0.2500) in the first RL block" in text
+    assert "default run: zero_signal 0.7500 (all right 0.2500, all wrong 0.5000) in the first RL block" in text
+
+
+# ------------------------------------------------------------------ unit: the peer checks' results files
+TUNIX = load_script("benchmarks/peers/tunix_grpo_loss.py")  # needs no Tunix until its Tunix side is called
+
+
+TUNIX_CASE_NAMES = {case.name: case for case in TUNIX.cases()}
+TUNIX_SPOT_CHECKS = [
+    TUNIX.Case("ragged", "std", "β=0", "seq-mean-token-mean"),
+    TUNIX.Case("ragged", "std", "β=0", "token-mean"),
+    TUNIX.Case("ragged", "std", "β=0", "dr-grpo"),
+    TUNIX.Case("ragged", "none", "k1", "seq-mean-token-mean"),
+    TUNIX.Case("dropped", "std", "k3", "token-mean"),
+    TUNIX.Case("dropped", "none", "k3", "dr-grpo"),
+]
+
+
+def results_lines(name: str) -> list[str]:
+    """The output lines of benchmarks/results/NAME.txt (after its header line and the blank line)."""
+    return (REPO / "benchmarks" / "results" / f"{name}.txt").read_text(encoding="utf-8").splitlines()[2:]
+
+
+@pytest.mark.unit
+def test_the_tunix_table_holds_for_the_script_as_it_is():
+    """benchmarks/results/tunix_grpo_loss.txt, checked against this script without Tunix: it lists every case of
+    the peer script once, in order; in every case the losses, gradients, clip fractions and KL means of the two
+    sides differ by at most 1e-6; the course's loss it records is what grpo_loss gives on the same tensors now
+    (six cases that cover every aggregation, KL mode, advantage and mask); and the advantages differ per group by
+    (sample std + 1e-6) / (population std + --adv-eps), within 0.3 % of √(G/(G−1)). Catches: a results file made
+    from another grpo_loss (a changed aggregation, KL sign or mask), a case left out, a row that disagrees."""
+    lines = results_lines("tunix_grpo_loss")
+    rows = {line[:42].rstrip(): line[42:].split() for line in lines if line[:42].rstrip() in TUNIX_CASE_NAMES}
+    assert list(rows) == list(TUNIX_CASE_NAMES)
+    for cells in rows.values():
+        diffs = [float(c) for i, c in enumerate(cells) if i in (1, 2, 4, 5) and c != "–"]
+        assert max(diffs) <= 1e-6, cells
+    t = TUNIX.tensors()
+    for case in TUNIX_SPOT_CHECKS:
+        np.testing.assert_allclose(TUNIX.course_side(t, case)["loss"], float(rows[case.name][0]), rtol=1e-5)
+
+    rewards, G = TUNIX.REWARDS.astype(np.float64), TUNIX.G
+    expected = (rewards.std(axis=1, ddof=1) + 1e-6) / (rewards.std(axis=1) + g.Args().adv_eps)
+    start = next(i for i, line in enumerate(lines) if line.startswith("group rewards"))
+    for b, line in enumerate(lines[start + 1 : start + 1 + TUNIX.B]):
+        if rewards[b].max() == rewards[b].min():
+            assert "both 0 (all equal)" in line and float(line.split()[-1]) == 0.0
+            continue
+        low, high = (float(v) for v in re.search(r"(\d\.\d+)…(\d\.\d+)", line).groups())
+        assert low == pytest.approx(expected[b], abs=1.5e-4) and high == pytest.approx(expected[b], abs=1.5e-4)
+        assert abs(expected[b] - np.sqrt(G / (G - 1))) < 3e-3 * np.sqrt(G / (G - 1))
+        assert float(line.split()[-1]) <= 1e-6  # --adv-norm none against Tunix's drgrpo
+    loss_line, std_line, none_line = lines[-3:]  # the summary the module README quotes
+    assert all(float(v) <= 1e-6 for v in re.findall(r"(\d\.\de[+-]\d+) in", loss_line))
+    low, high = (float(v) for v in re.search(r"(\d\.\d+)…(\d\.\d+) in every group", std_line).groups())
+    signal = rewards.max(axis=1) > rewards.min(axis=1)
+    assert min(expected[signal]) == pytest.approx(low, abs=1.5e-4)
+    assert max(expected[signal]) == pytest.approx(high, abs=1.5e-4)
+    assert f"√(G/(G−1)) = {np.sqrt(G / (G - 1)):.4f}" in std_line and "0 on both sides" in none_line
+
+
+@pytest.mark.unit
+def test_tunix_grpo_loss_and_advantages_agree_where_tunix_is_installed():
+    """Where google-tunix is installed (benchmarks/peers/requirements_tunix.txt; skipped otherwise): Tunix's
+    grpo_loss_fn and this script's grpo_loss agree in loss and gradient in the spot-check cases, and Tunix's drgrpo
+    advantages are --adv-norm none's. Catches: a change on either side that the results file has not seen."""
+    pytest.importorskip("tunix")
+    t = TUNIX.tensors()
+    for case in TUNIX_SPOT_CHECKS:
+        ours, theirs = TUNIX.course_side(t, case), TUNIX.tunix_side(t, case)
+        np.testing.assert_allclose(ours["loss"], theirs["loss"], atol=1e-6)
+        np.testing.assert_allclose(ours["grad"], theirs["grad"], atol=1e-6)
+    np.testing.assert_allclose(TUNIX.advantages("none"), TUNIX.tunix_advantages()["drgrpo"], atol=1e-6)
+
+
+@pytest.mark.unit
+def test_the_adv_norm_measurement_says_what_the_readme_says():
+    """benchmarks/results/grpo_adv_norm.txt (tools/grpo_adv_norm.py), its summary, read as module 4's insight 3 reads
+    it. On each run's final policy --adv-norm none shrinks the surrogate's gradient (× at most 1/2 for 0/1 rewards)
+    and leaves the β·KL term's, so the KL term's share grows (× more than 1.5), and the lopsided groups (1 or G − 1
+    right) carry less of Σ|A|. The run with --adv-norm none ends closer to π_ref and lower in pass@1, with a higher
+    clip_frac and more groups with signal (a lower zero_signal). Catches: a re-measured file (another default, seed or
+    machine) whose numbers no longer say what the README says: then the README's sentence changes with it."""
+    lines = results_lines("grpo_adv_norm")
+    start = next(i for i, line in enumerate(lines) if line.startswith("summary:"))
+    header, rows = lines[start + 1], [line.split() for line in lines[start + 2 : start + 4]]
+    assert header.split()[:4] == ["run", "KL", "share", "std"]
+    assert [r[:2] for r in rows] == [["--adv-norm", "std"], ["--adv-norm", "none"]]
+    runs = {}
+    for row in rows:
+        share_std, share_none, times_share, times_surrogate, lopsided_std, lopsided_none = map(float, row[2:8])
+        assert share_none > share_std and times_share > 1.5 and times_surrogate <= 0.5
+        assert times_share == pytest.approx(share_none / share_std, rel=0.05)
+        assert lopsided_none < lopsided_std
+        runs[row[1]] = dict(zip(("pass1", "kl_ref", "clip_frac", "outside_frac", "zero_signal"), map(float, row[8:13])))
+    std, none = runs["std"], runs["none"]
+    assert none["kl_ref"] < std["kl_ref"] and none["pass1"] < std["pass1"]
+    assert none["clip_frac"] > std["clip_frac"] and none["zero_signal"] < std["zero_signal"]
 
 
 @pytest.mark.unit

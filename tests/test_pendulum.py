@@ -3,15 +3,17 @@ the broken code it catches.
 
 unit: GAE with a termination and a truncation, the true final observation at an autoreset, the clipped loss and its
 zero gradient, the clip fractions (clip_frac where the clip binds, outside_frac), the Normal against closed forms,
-the value-loss shapes, the guide preset and the reinforce rungs' rollout size, the input checks (InputError),
-save_checkpoint / load_checkpoint and normalize_obs; train_config's flags and sizes; ppo_update on a fixed Rollout
-(GAE targets, KL and clip bands, the clip); the JAX port of Pendulum-v1 against gymnasium step for step, its in-scan
-autoreset, make_train's run with a seed inside the vmap against the same seed alone and train(key) = run(init(key));
-Monte-Carlo returns, the REINFORCE loss, each rung's steps, tools/pg_variance.py's statistics, seed_summary against
-the saved 20-seed results and tools/seeds.py. smoke: the CLI with tiny flags, a --load round trip, a GIF,
---norm-obs, --preset guide, another seed another run, --backend jax with four seeds on two devices (and a --load of
-its params.npz reproducing seed 0's score), the pg tools, bad input. learning: a short fixed-seed run reaches −300
-and its critic's loss falls tenfold; four vmapped JAX seeds each reach −200.
+the unclipped action and its log-prob in the rollout, the fresh actors' entropies that the README quotes, the
+value-loss shapes, the untuned preset (and its retired name) and the reinforce rungs' rollout size, the input checks
+(InputError), save_checkpoint / load_checkpoint and normalize_obs; train_config's flags and sizes; ppo_update on a
+fixed Rollout (GAE targets, KL and clip bands, the clip); the JAX port of Pendulum-v1 against gymnasium step for
+step, its in-scan autoreset, make_train's run with a seed inside the vmap against the same seed alone and
+train(key) = run(init(key)); Monte-Carlo returns, the REINFORCE loss, each rung's steps, tools/pg_variance.py's
+statistics, seed_summary against the saved 20-seed results and tools/seeds.py. smoke: the CLI with tiny flags, a
+--load round trip, a GIF, --norm-obs, --preset untuned, another seed another run, --backend jax with four seeds on
+two devices (and a --load of its params.npz reproducing seed 0's score), bad input. integration: the pg tools,
+tools/ppo_compare.py and tools/ppo_value_map.py over two runs. learning: a short fixed-seed run reaches −300 and its
+critic's loss falls tenfold; four vmapped JAX seeds each reach −200.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import load_script, run_script
+from conftest import REPO, load_script, run_script
 
 SCRIPT = "3_Pendulum/pendulum.py"
 RANDOM_RETURN = -1182.0  # uniform-random actions on the 20 evaluation seeds, measured (README)
@@ -199,6 +201,50 @@ def test_policy_normal_matches_the_hand_formula(pen):
 
 
 @pytest.mark.unit
+def test_rollout_keeps_the_unclipped_action_and_its_log_prob(pen):
+    """The env runs clip(a, ±2), but the rollout keeps the a the Normal drew and log π(a|s) of that a: the ratio and
+    the gradient must score the sampled action. With σ = e² most samples leave [−2, 2]. Mutations caught: storing
+    np.clip(a) in Rollout.actions, or a log-prob of the clipped action (in act or in collect_rollout)."""
+    from flax import nnx
+
+    args = pen.Args(num_envs=2, num_steps=16)
+    actor = pen.Actor(3, 1, 16, "param", "tanh", 2.0, rngs=nnx.Rngs(0))
+    act_fn = jax.jit(partial(pen.act, nnx.graphdef(actor)))
+    envs = pen.RecordEpisodeStatistics(pen.make_envs(2))
+    obs, _ = envs.reset(seed=[0, 1])
+    rollout, *_ = pen.collect_rollout(envs, act_fn, nnx.state(actor), obs, jax.random.key(0), None, args, 0)
+    envs.close()
+    a = rollout.actions.reshape(-1, 1)
+    outside = np.abs(a[:, 0]) > pen.MAX_TORQUE
+    assert outside.mean() > 0.5, outside.mean()  # the unclipped samples are kept
+    dist = actor(jnp.asarray(rollout.obs.reshape(-1, 3)))
+    np.testing.assert_allclose(rollout.logp.reshape(-1), dist.log_prob(a).sum(-1), rtol=1e-5, atol=1e-5)
+    clipped = np.asarray(dist.log_prob(np.clip(a, -2.0, 2.0)).sum(-1))
+    assert np.all(np.abs(clipped - rollout.logp.reshape(-1))[outside] > 1e-3)  # clip(a) would score another action
+
+
+@pytest.mark.unit
+def test_the_reading_tables_first_entropies_are_the_fresh_actors(pen):
+    """The reading table's healthy `entropy` starts at H = ½ + ½ log 2π + log σ of a fresh actor: 1.42 with
+    --sigma param (σ = e⁰ = 1) and 1.05 with --sigma state (σ = softplus(≈0) + 1e-5 ≈ 0.69, the head's gain is 0.01),
+    in both languages. Mutations caught: a README that gives 1.42 for both, a σ head through exp instead of softplus,
+    a log_std_init other than 0."""
+    from flax import nnx
+
+    obs = jnp.asarray(np.random.default_rng(0).normal(size=(64, 3)), jnp.float32)
+    first = {}
+    for sigma in ("param", "state"):
+        actor = pen.Actor(3, 1, 64, sigma, "tanh", pen.Args().log_std_init, rngs=nnx.Rngs(0))
+        h = np.asarray(actor(obs).entropy().sum(-1))
+        assert np.ptp(h) < 0.05, (sigma, np.ptp(h))  # nearly the same σ in every state
+        first[sigma] = f"{h.mean():.2f}"
+    assert first == {"param": "1.42", "state": "1.05"}, first
+    for name in ("README.md", "README_ch.md"):
+        row = next(ln for ln in (REPO / "3_Pendulum" / name).read_text().splitlines() if ln.startswith("| `entropy`"))
+        assert first["param"] in row and first["state"] in row and "--sigma state" in row, (name, row)
+
+
+@pytest.mark.unit
 def test_value_loss_shapes(pen):
     from flax import nnx
 
@@ -218,25 +264,36 @@ def test_value_loss_shapes(pen):
 
 
 @pytest.mark.unit
-def test_guide_preset_sets_defaults_and_explicit_flags_win(pen, tmp_path):
-    """The original guide's table, written out here: 1 env × 2,048 steps, K = 10, minibatch 64, γ 0.99, λ 0.95,
-    ε 0.2, Adam 3e-4 / 1e-3 without decay, entropy bonus, gradient clip, observation or reward scaling, σ(s) by a
-    softplus head, ReLU, 64 units, and a time limit treated as termination. Mutations caught: a preset that forgets
-    or changes one of them (e.g. bootstrap_truncated, or ε), or that overrides a flag given explicitly."""
-    guide = dict(num_envs=1, num_steps=2048, update_epochs=10, minibatch_size=64, gamma=0.99, gae_lambda=0.95)
-    guide.update(clip_eps=0.2, actor_learning_rate=3e-4, critic_learning_rate=1e-3, anneal_lr=False, ent_coef=0.0)
-    guide.update(max_grad_norm=0.0, norm_obs=False, reward_scale=1.0, bootstrap_truncated=False, sigma="state")
-    guide.update(activation="relu", hidden_size=64)
-    a = pen.parse_args(["--preset", "guide"])
-    assert {name: getattr(a, name) for name in guide} == guide
-    b = pen.parse_args(["--preset", "guide", "--gamma", "0.9", "--bootstrap-truncated"])
+def test_untuned_preset_sets_defaults_and_explicit_flags_win(pen, tmp_path):
+    """The untuned preset, written out here: 1 env × 2,048 steps, K = 10, minibatch 64, γ 0.99, λ 0.95, ε 0.2,
+    Adam 3e-4 / 1e-3 without decay, no entropy bonus, gradient clip, observation or reward scaling, σ(s) by a softplus
+    head, ReLU, 64 units, and a time limit treated as termination. Mutations caught: a preset that forgets or
+    changes one of them (e.g. bootstrap_truncated, or ε), or that overrides a flag given explicitly."""
+    untuned = dict(num_envs=1, num_steps=2048, update_epochs=10, minibatch_size=64, gamma=0.99, gae_lambda=0.95)
+    untuned.update(clip_eps=0.2, actor_learning_rate=3e-4, critic_learning_rate=1e-3, anneal_lr=False, ent_coef=0.0)
+    untuned.update(max_grad_norm=0.0, norm_obs=False, reward_scale=1.0, bootstrap_truncated=False, sigma="state")
+    untuned.update(activation="relu", hidden_size=64)
+    a = pen.parse_args(["--preset", "untuned"])
+    assert {name: getattr(a, name) for name in untuned} == untuned
+    b = pen.parse_args(["--preset", "untuned", "--gamma", "0.9", "--bootstrap-truncated"])
     assert b.gamma == 0.9 and b.num_steps == 2048 and b.bootstrap_truncated is True
     c = pen.parse_args([])
     assert c.gamma == 0.99 and c.sigma == "param" and c.total_timesteps == 100_000 and c.bootstrap_truncated
     pen.validate(dataclasses.replace(a, out=str(tmp_path)))  # the parsed preset is valid ...
-    pen.validate(pen.Args(preset="guide", out=str(tmp_path), **pen.GUIDE_PRESET))  # ... and so is the same in Python
+    pen.validate(pen.Args(preset="untuned", out=str(tmp_path), **pen.UNTUNED_PRESET))  # ... and so is it in Python
     with pytest.raises(pen.InputError, match="applied by parse_args"):  # but not a preset that was never applied
-        pen.validate(pen.Args(preset="guide"))
+        pen.validate(pen.Args(preset="untuned"))
+
+
+@pytest.mark.unit
+def test_the_retired_preset_name_is_refused_in_one_line_that_names_untuned(pen, capsys):
+    """The preset's earlier name is refused before any work, in one line that lists `untuned`. Mutation caught:
+    keeping the old name as a choice (it would parse), or an error that does not name the preset to use."""
+    with pytest.raises(SystemExit) as e:
+        pen.parse_args(["--preset", "guide"])
+    message = str(e.value)
+    assert message.startswith("error: ") and "\n" not in message, message
+    assert "--preset" in message and "guide" in message and "untuned" in message, message
 
 
 @pytest.mark.unit
@@ -462,13 +519,13 @@ def test_norm_obs_run_saves_its_statistics_and_loads_back(pen, tmp_path):
 
 
 @pytest.mark.smoke
-def test_guide_preset_tiny_run(pen, tmp_path):
+def test_untuned_preset_tiny_run(pen, tmp_path):
     m = pen.main(
         pen.parse_args(
-            ["--preset", "guide", "--total-timesteps", "2048", "--eval-episodes", "2", "--out", str(tmp_path)]
+            ["--preset", "untuned", "--total-timesteps", "2048", "--eval-episodes", "2", "--out", str(tmp_path)]
         )
     )
-    assert m["env_steps"] == 2048 and m["preset"] == "guide"  # one rollout of 1 env × 2,048 steps
+    assert m["env_steps"] == 2048 and m["preset"] == "untuned"  # one rollout of 1 env × 2,048 steps
     assert "actor/sigma_head/kernel" in np.load(tmp_path / "params.npz", allow_pickle=False).files  # the σ(s) head
     # 10 epochs × 32 minibatches moved the policy, by a KL in the usual PPO range (mutation caught: an actor that
     # never steps gives 0; a clip that does nothing, with its 320 steps, more than 0.05)
@@ -765,6 +822,10 @@ def test_pg_tools_write_their_tables_and_figures(tmp_path):
     assert p.returncode == 0, p.stderr
     res = json.loads((tmp_path / "var" / "pg_variance.json").read_text())["results"][0]
     assert res["batches"] == 4 and len(res["rows"]) == 3 and [s["seed"] for s in res["seeds"]] == [0, 1]
+    # E Ψ and E Ψ² of each estimator: every reward is negative, so REINFORCE's G_t is; and E Ψ² >= (E Ψ)². Mutations
+    # caught: the two moments swapped, or a G_t with the wrong sign.
+    assert res["rows"]["G_t (REINFORCE)"]["psi_mean"] < 0
+    assert all(row["psi_sq_mean"] >= row["psi_mean"] ** 2 for row in res["rows"].values())
     assert (tmp_path / "var" / "pg_variance.png").stat().st_size > 0
     for algo, scores in (("reinforce", [-1100.0, -900.0]), ("ppo", [-150.0, -170.0])):  # two 2-seed runs' files
         (tmp_path / algo).mkdir()
@@ -789,6 +850,31 @@ def test_pg_tools_write_their_tables_and_figures(tmp_path):
     assert bad.returncode != 0 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr
 
 
+@pytest.mark.integration
+def test_compare_and_value_map_tools_read_each_run(tmp_path):
+    """tools/ppo_compare.py (two tiny runs that differ in --sigma) prints one row per run from that run's own
+    metrics.json and draws the field it is asked for; tools/ppo_value_map.py over both runs prints one row each and
+    draws one figure. Mutations caught: a row read from another run's file, a first/last entropy swapped, a value
+    map that reads only the first run."""
+    tiny = " ".join(TINY)
+    argv = ["--out", str(tmp_path / "cmp"), "--plot", "entropy", "--", tiny, f"{tiny} --sigma state"]
+    p = run_script("tools/ppo_compare.py", *argv, cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr
+    rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| `")]
+    assert len(rows) == 2 and "--sigma state" in rows[1] and "--sigma state" not in rows[0], rows
+    for i, row in enumerate(rows):
+        m = json.loads((tmp_path / "cmp" / f"run_{i}" / "metrics.json").read_text())
+        first, last = m["history"][0]["entropy"], m["history"][-1]["entropy"]
+        assert f"| {m['eval_return_mean']:.1f} | {first:.2f} → {last:.2f} |" in row, (row, first, last)
+    assert (tmp_path / "cmp" / "entropy.png").stat().st_size > 0
+    two = [str(tmp_path / "cmp" / "run_0"), str(tmp_path / "cmp" / "run_1")]
+    v = run_script("tools/ppo_value_map.py", *two, "--grid", "11", "--out", str(tmp_path / "maps"), cwd=tmp_path)
+    assert v.returncode == 0, v.stderr
+    runs = [ln.split("|")[1].strip() for ln in v.stdout.splitlines() if ln.startswith("| /")]
+    assert runs == two, v.stdout
+    assert (tmp_path / "maps" / "value_map.png").stat().st_size > 0
+
+
 @pytest.mark.unit
 def test_pg_variance_statistics_hand_computed():
     """tools/pg_variance.py's tr Σ, unbiased ‖E ĝ‖² and SNR on K = 2 estimates g = [[1, 0], [3, 2]]: per-coordinate
@@ -804,7 +890,7 @@ def test_pg_variance_statistics_hand_computed():
     assert tool.snr_stats(np.array([[1.0, 0.0], [3.0, 2.0]])) == pytest.approx((4.0, 3.0, 0.75))
     # across seeds: two seeds whose SNRs are 0.1 and 0.4 (and so on) give the mean 0.25 and the range [0.1, 0.4], the
     # figure's bar and whiskers. Mutations caught: one seed's value as the mean, or the range of a single seed.
-    stats = dict(total_variance=1.0, mean_sq_norm=2.0, cos_to_reinforce_mean=1.0)
+    stats = dict(total_variance=1.0, mean_sq_norm=2.0, cos_to_reinforce_mean=1.0, psi_mean=-1.0, psi_sq_mean=3.0)
     seeds = [dict(rows={n: dict(stats, snr=snr) for n in tool.ESTIMATORS}) for snr in (0.1, 0.4)]
     row = tool.across_seeds(seeds)[tool.ESTIMATORS[2]]
     assert row["snr"] == pytest.approx(0.25) and row["snr_range"] == pytest.approx([0.1, 0.4])

@@ -3,23 +3,28 @@
 unit:     the TD update, the ε schedule, value iteration and finite-horizon evaluation against hand-computed
           numbers; the best stationary policy against the time-dependent optimum; seed 0 on the grid optimal after
           the 20 episodes its README shows; sampled success within 3 standard errors of the exact one; the learning
-          curve's inset on the gap between the two optima; bad settings raise InputError, and main turns it into one
-          line.
+          curve's inset on the gap between the two optima; the enumeration of every policy a table can hold
+          (tools/q_stationary_optimum.py) against horizon_values, the local search as its lower bound, and the 4^11
+          check's results file against the script's reference; bad settings raise InputError, and main turns it into
+          one line.
 smoke:    the CLI in a subprocess, on the grid and on FrozenLake, writes metrics.json and both figures.
 learning: the default grid run is optimal on seeds 0–4; slippery FrozenLake reaches the best stationary
           policy's exact success within 100 steps (gap 0, never negative).
+integration: the 4^11 check again, in full.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
-from conftest import load_script, run_script
+from conftest import REPO, load_script, run_script
 
 SCRIPT = "1_Q_Learning/Q_Learning.py"
 ql = load_script(SCRIPT)
+qso = load_script("tools/q_stationary_optimum.py")  # every policy a table can hold, scored exactly
 
 
 # ------------------------------------------------------------------------------------------------
@@ -256,6 +261,75 @@ def test_best_stationary_policy_improves_on_value_iteration_where_it_can():
     assert success[1] < ql.horizon_values(model, 30)[1][model.start]  # still below the time-dependent optimum
     model = ql.env_model(ql.make_env(ql.Args(env="frozenlake")))
     assert ql.horizon_values(model, 100, ql.best_stationary_policy(model, 100))[1][model.start] == 1.0
+
+
+SMALL_LAKE = ["SFFF", "FHFH", "FFFG"]  # 3x4, slippery: 9 squares neither hole nor goal, 4^9 table policies
+
+
+def small_lake_model():
+    import gymnasium as gym
+
+    return ql.env_model(gym.make("FrozenLake-v1", desc=SMALL_LAKE, is_slippery=True))
+
+
+@pytest.mark.unit
+def test_every_stationary_policy_is_scored_like_horizon_values():
+    """tools/q_stationary_optimum.py scores all 4^n policies a table can hold, in batches (its own recursion, numbered
+    by base-4 digits). Catches a wrong numbering, a wrong batch edge or a different recursion: spot checks against
+    the script's horizon_values, one policy at each edge of a batch."""
+    model = small_lake_model()
+    free = qso.free_states(model)
+    assert len(free) == 9
+    success = qso.stationary_successes(model, 12, batch=10_000)  # 4^9 = 262,144: the last batch is a short one
+    assert success.shape == (4**9,)
+    for k in (0, 9_999, 10_000, 4**9 - 1, 12_345, 254_321):
+        policy = np.zeros(model.reward.shape[0], dtype=int)
+        policy[free] = qso.policy_actions(np.array([k]), len(free))[0]
+        assert qso.policy_number(policy, free) == k
+        assert success[k] == pytest.approx(ql.horizon_values(model, 12, policy)[1][model.start], abs=1e-14)
+
+
+@pytest.mark.unit
+def test_the_local_search_is_a_lower_bound_that_the_enumeration_checks():
+    """best_stationary_policy is a local search: never above the best of all table policies, and on this small lake
+    with a 5-step limit it stops short of it (no single change helps), which only the enumeration can see. With 20
+    steps it finds the best. Catches an enumeration that misses policies (its best would fall below the search's) and
+    a check that cannot fail (the 5-step case must differ)."""
+    model = small_lake_model()
+    free = qso.free_states(model)
+    gaps = {}
+    for horizon in (5, 20):
+        success = qso.stationary_successes(model, horizon)
+        found = success[qso.policy_number(ql.best_stationary_policy(model, horizon), free)]
+        gaps[horizon] = success.max() - found
+    assert gaps[5] > 1e-3 and abs(gaps[20]) < 1e-12
+
+
+@pytest.mark.unit
+def test_the_slippery_reference_is_the_best_of_all_4_to_the_11_table_policies():
+    """The README quotes benchmarks/results/q_stationary_optimum.txt: every policy a table can hold on the slippery
+    4x4 map, scored within 100 steps, and the script's reference among the best. Catches a reference that changes
+    (a different local search, start or step limit) without the check being run again:
+    `python tools/capture.py q_stationary_optimum -- python tools/q_stationary_optimum.py`."""
+    text = (REPO / "benchmarks" / "results" / "q_stationary_optimum.txt").read_text(encoding="utf-8")
+    assert json.loads(text.split("\n", 1)[0].removeprefix("# "))["command"] == "python tools/q_stationary_optimum.py"
+    assert "100 steps: 11 free squares" in text and "4,194,304 deterministic stationary policies" in text
+    best = float(re.search(r"best success over all of them: ([0-9.]+)", text)[1])
+    _, _, model, reference = slippery_reference()
+    assert reference.optimal_success == pytest.approx(best, abs=1e-10)
+    tiles = ql.board(ql.make_env(ql.Args(env="frozenlake", slippery=True))).flatten()
+    arrows = "".join(t if t in "HG" else ql.ARROWS[a] for t, a in zip(tiles, reference.optimal_policy))
+    shown = [row.replace(" ", "") for row in re.findall(r"a best policy, row by row: (.+)", text)]
+    assert arrows in shown
+    assert "local_search_is_the_best_stationary_policy=True gap=0" in text
+
+
+@pytest.mark.integration
+def test_no_table_policy_beats_the_slippery_reference():
+    """The check itself, run again: all 4^11 policies within 100 steps (minutes; see its results file)."""
+    _, _, model, reference = slippery_reference()
+    success = qso.stationary_successes(model, 100)
+    assert success.max() == pytest.approx(reference.optimal_success, abs=1e-12)
 
 
 def slippery_final(eval_episodes: int):

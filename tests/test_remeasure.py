@@ -61,3 +61,43 @@ def test_every_results_file_names_a_command_that_exists():
 def test_an_unknown_name_is_one_error():
     with pytest.raises(remeasure.RemeasureError, match="no results file named nope"):
         remeasure.main(["nope"])
+
+
+capture = load_script("tools/capture.py")
+figures = load_script("tools/figures.py")
+DRAW = (
+    "import sys, matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot as plt; "
+    "fig, ax = plt.subplots(figsize=(1, 1)); ax.plot([0, float(sys.argv[2])]); fig.savefig(sys.argv[1]); "
+    "print('drew', sys.argv[2])"
+)
+
+
+@pytest.mark.unit
+def test_a_capture_stamps_the_figures_its_command_drew(tmp_path, monkeypatch):
+    """Catches: a figure copied without its stamp, a stamp that names another file or an older digest, a header
+    that forgets the figures (remeasure could not draw them again), and an old image stamped as new."""
+    drawn, shown = tmp_path / "curve.png", tmp_path / "assets" / "curve.png"
+    shown.parent.mkdir()
+    command = [sys.executable, "-c", DRAW, str(drawn), "2"]
+    path = capture.capture("run", command, tmp_path, [(str(drawn), str(shown))])
+    assert figures.read_stamp(shown) == {"results": "run.txt", "sha256": figures.digest(path)}
+    assert figures.check(shown, tmp_path) is None and figures.read_stamp(drawn) is None
+    header = json.loads(path.read_text().split("\n", 1)[0].removeprefix("# "))
+    assert header["figures"] == [f"{drawn}={shown}"]
+    assert remeasure.recorded(tmp_path)["run"]["figures"] == [f"{drawn}={shown}"]
+    calls = []
+    monkeypatch.setattr(remeasure, "run", lambda argv: calls.append(argv) or 0.0)
+    remeasure.remeasure("run", remeasure.recorded(tmp_path)["run"])
+    assert calls[0][:5] == [sys.executable, "tools/capture.py", "run", "--figure", f"{drawn}={shown}"]
+    old = shown.read_bytes()
+    with pytest.raises(capture.CaptureError, match="did not draw"):  # the command draws nothing this time
+        capture.capture("run", [sys.executable, "-c", "print(1)"], tmp_path, [(str(drawn), str(shown))])
+    assert shown.read_bytes() == old and figures.check(shown, tmp_path) is None  # nothing written
+
+
+@pytest.mark.unit
+def test_a_figure_flag_is_src_equals_dest_or_one_path():
+    assert capture.parse_figure("a.png=b/a.png") == ("a.png", "b/a.png")
+    assert capture.parse_figure("b/a.png") == ("b/a.png", "b/a.png")
+    with pytest.raises(capture.CaptureError):
+        capture.parse_figure("a.png=")

@@ -244,25 +244,37 @@ def test_8b_example_arithmetic():
     assert n == 8_030_261_248
     norms = 4096 * (2 * 32 + 1)  # replicated under every rule set
     sizes = {"data": 4, "model": 2}
-    dp = sm.big_model_memory(sm.RULE_SETS["dp"], sizes, (2, 2, 4))
-    assert dp.params_gb == pytest.approx(n * 2 / 1e9) and dp.adam_gb == pytest.approx(n * 4 / 1e9)
-    assert dp.total_gb == pytest.approx(64.24, abs=0.01)  # the guide's 16 + 16 + 32 GB
-    tp = sm.big_model_memory(sm.RULE_SETS["tp"], sizes, (2, 2, 4))  # every non-norm weight has vocab/heads/mlp
-    assert tp.total_gb == pytest.approx(((n - norms) / 2 + norms) * 8 / 1e9)
-    fsdp = sm.big_model_memory(sm.RULE_SETS["fsdp"], sizes, (2, 2, 4))
-    assert fsdp.total_gb == pytest.approx(((n - norms) / 8 + norms) * 8 / 1e9)
-    # fp32 weights, grads and Adam: plain data parallelism no longer fits an 80 GB chip, tensor parallelism does
-    assert sm.big_model_memory(sm.RULE_SETS["dp"], sizes, (4, 4, 8)).total_gb == pytest.approx(128.48, abs=0.01)
-    assert sm.big_model_memory(sm.RULE_SETS["tp"], sizes, (4, 4, 8)).total_gb < 80
+    mixed, bf16 = sm.MEMORY_COUNTS["mixed"][0], sm.MEMORY_COUNTS["bf16"][0]
+    assert mixed == (2, 2, 4, 8) and sum(mixed) == 16 and sum(bf16) == 8  # bytes per trained parameter
+    dp = sm.big_model_memory(sm.RULE_SETS["dp"], sizes)  # mixed-precision Adam is the default count
+    assert dp.params_gb == pytest.approx(n * 2 / 1e9) and dp.master_gb == pytest.approx(n * 4 / 1e9)
+    assert dp.adam_gb == pytest.approx(n * 8 / 1e9) and dp.total_gb == pytest.approx(n * 16 / 1e9)
+    assert dp.total_gb == pytest.approx(128.48, abs=0.01)  # plain data parallelism does not fit an 80 GB chip
+    tp = sm.big_model_memory(sm.RULE_SETS["tp"], sizes)  # every non-norm weight has vocab/heads/mlp
+    assert tp.total_gb == pytest.approx(((n - norms) / 2 + norms) * 16 / 1e9) and tp.total_gb < 80
+    fsdp = sm.big_model_memory(sm.RULE_SETS["fsdp"], sizes)
+    assert fsdp.total_gb == pytest.approx(((n - norms) / 8 + norms) * 16 / 1e9)
+    # counted all in bf16, half as much: plain data parallelism seems to fit
+    assert sm.big_model_memory(sm.RULE_SETS["dp"], sizes, bf16).total_gb == pytest.approx(64.24, abs=0.01)
 
 
 @pytest.mark.unit
-def test_report_8b_flags_what_fits():
+def test_report_8b_flags_what_fits_and_prints_its_count(capsys):
     big = sm.report_8b(80.0)
-    assert list(big) == list(sm.PRECISIONS) and all(list(r) == list(sm.RULE_SETS) for r in big.values())
-    assert big["fp32"]["dp"]["fits"] is False and big["fp32"]["tp"]["fits"] is True
-    assert big["bf16 (guide)"]["dp"]["total_gb"] == pytest.approx(64.24, abs=0.01)
-    assert list(big["fp32"]["fsdp"]) == ["params_gb", "grads_gb", "adam_gb", "total_gb", "fits"]
+    assert big["memory_count"] == "mixed" and big["bytes_per_param"] == 16
+    assert list(big["rule_sets"]) == list(sm.RULE_SETS)
+    assert big["rule_sets"]["dp"]["fits"] is False and big["rule_sets"]["tp"]["fits"] is True
+    assert big["rule_sets"]["dp"]["total_gb"] == pytest.approx(128.48, abs=0.01)
+    assert list(big["rule_sets"]["fsdp"]) == ["params_gb", "grads_gb", "master_gb", "adam_gb", "total_gb", "fits"]
+    out = capsys.readouterr().out
+    parts = "bf16 weight 2 + bf16 gradient 2 + fp32 master 4 + fp32 adam 8 = 16"
+    assert f"  bytes per parameter (--memory-count mixed): {parts}\n" in out
+    miscount = sm.report_8b(80.0, "bf16")
+    assert miscount["bytes_per_param"] == 8 and miscount["rule_sets"]["dp"]["fits"] is True
+    assert (
+        "(--memory-count bf16): bf16 weight 2 + bf16 gradient 2 + no master 0 + bf16 adam 4 = 8\n"
+        in capsys.readouterr().out
+    )
 
 
 # ---------------------------------------------------------------- unit: shardings of the whole state
@@ -287,6 +299,28 @@ def test_state_shardings_follow_the_logical_names_for_params_and_adam():
     assert opt["opt_state"][0]["mu"]["mlp_in"]["kernel"].spec == P("data", "model")
     assert opt["opt_state"][0]["count"].spec == P() and opt["step"].spec == P()
     assert all(s.mesh == mesh for s in jax.tree.leaves(shardings))
+
+
+@pytest.mark.smoke
+def test_the_step_donates_the_state_and_host_copies_leave_it_donatable():
+    """compile_step donates `state`: after a call every array of the state it was given is deleted (XLA wrote the new
+    state into its buffers), and the host copy taken before still holds the old values. Catches a jit without
+    donate_argnames, and a to_host that returns np.asarray's view of a CPU buffer: the view keeps that buffer alive,
+    so XLA silently does not donate it."""
+    config = sm.ModelConfig.from_args(sm.Args())
+    graphdef, abstract = sm.abstract_state(config)
+    mesh, rules = sm.make_mesh((1, 1), jax.devices()[:1]), sm.RULE_SETS["dp"]
+    shardings = sm.state_shardings(abstract, mesh, rules)
+    state = sm.init_sharded(config, shardings)
+    before = sm.to_host(state)
+    step = sm.compile_step(graphdef, shardings)
+    new, _, _ = step(state, sm.place_batch(sm.make_batches(sm.Args(steps=2))[0], mesh, rules))
+    assert all(x.is_deleted() for x in jax.tree.leaves(state))
+    assert not any(x.is_deleted() for x in jax.tree.leaves(new))
+    assert sm.max_abs_diff(before, sm.to_host(sm.init_sharded(config, shardings))) == 0  # the copy kept its values
+    kept = sm.compile_step(graphdef, shardings, donate=False)  # --no-donate: the step leaves its input alone
+    newer, _, _ = kept(new, sm.place_batch(sm.make_batches(sm.Args(steps=2))[1], mesh, rules))
+    assert not any(x.is_deleted() for x in jax.tree.leaves(new))
 
 
 @pytest.mark.unit
@@ -468,7 +502,8 @@ def test_cli_fsdp_compiles_without_full_rematerialization(tmp_path, axis_types):
 def _assert_compiled_memory(m, rule_set, batch_rows):
     """XLA's memory_analysis of the compiled step, per device, against the state measured from the shards:
     its arguments are exactly the weights + Adam state + this device's rows of the (B, L+1) int32 batch; its
-    outputs hold the new state and the gradients (plus the loss and a few small buffers); temporaries exist."""
+    outputs hold the new state and the gradients (plus the loss and a few small buffers), the new state in the
+    donated buffers of the old (catches a jit without donate_argnames: aliased 0); temporaries exist."""
     compiled, state = (
         m["rule_sets"][rule_set]["compiled_memory_per_device"],
         m["rule_sets"][rule_set]["bytes_per_device"],
@@ -477,6 +512,8 @@ def _assert_compiled_memory(m, rule_set, batch_rows):
     assert all(isinstance(v, int) and v > 0 for v in compiled.values()), compiled
     assert compiled["arguments"] == state["params"] + state["adam"] + batch_rows * 17 * 4
     assert state["total"] <= compiled["outputs"] <= state["total"] + 1024
+    # the step donates its state: the new weights and Adam state are written into the old ones' buffers
+    assert compiled["aliased"] == state["params"] + state["adam"]
     assert compiled["temporaries"] > 0 and compiled["peak"] >= compiled["arguments"]
 
 
@@ -670,10 +707,25 @@ def test_mesh_bytes_tables_read_every_run():
         _fake_metrics(8, (4, 2), {"dp": 800, "fsdp": 200}, 3e-8),
     ]
     lines = tool.tables(runs).splitlines()
-    assert lines[0].startswith("bytes per device on 8 (4x2) devices")
-    assert lines[3].split() == ["fsdp", "50", "50", "100", "200", "0.25"]  # params grads adam total, vs dp
-    assert "1 (1x1)" in lines[6] and "8 (4x2)" in lines[6]
-    assert lines[8].split() == ["fsdp", "800", "200"]  # the total on each mesh
-    assert lines[13].split() == ["fsdp", "n/a", "3.00e-08"]  # the check: n/a on one device
-    assert "1: n/a, 8: True" in lines[14]
-    assert lines[-1].split() == ["fsdp", "0.00e+00", "3.00e-07"]  # step 1 of two separate runs
+    assert lines[0].startswith("total bytes per device")
+    assert "1 (1x1)" in lines[1] and "8 (4x2)" in lines[1] and lines[1].endswith("vs dp")
+    assert lines[3].split() == ["fsdp", "800", "200", "0.25"]  # the total on each mesh, vs dp on the largest
+    assert lines[-2].split() == ["fsdp", "n/a", "[0.00e+00]", "3.00e-08", "[3.00e-07]"]  # n/a on one device
+    assert "1: n/a, 8: True" in lines[-1]
+
+
+@pytest.mark.unit
+def test_mesh_answers_changes_match_the_script_and_the_fallback_moves_only_pos_embed(capsys):
+    """tools/mesh_answers.py measures the exercises' answers on changed copies of the script: each change it makes
+    (and the README shows as a diff) must match the script exactly once, or the answers went stale. Exercise 1's
+    answer: the fallback ('embed', 'model') in tp changes pos_embed's spec only."""
+    tool = load_script("tools/mesh_answers.py")
+    source = (REPO / SCRIPT).read_text()
+    for change, (piece, replacement) in tool.CHANGES.items():
+        assert source.count(piece) == 1, change
+        assert tool.changed_source(change) == source.replace(piece, replacement)
+    assert set(tool.CATCHING_TEST) <= set(tool.CHANGES)
+    tool.fallback()
+    out = capsys.readouterr().out
+    assert "weights whose spec changes: pos_embed\n" in out
+    assert "pos_embed               ('length', 'embed')         P(None, None)           P(None, 'model')" in out

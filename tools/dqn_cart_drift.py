@@ -10,7 +10,8 @@ script's X_LIMIT and THETA_LIMIT, where CartPole-v1 ends an episode):
     python tools/dqn_cart_drift.py                  # seed 0 -> 2_Cart_Pole_DQN/assets/cart_drift.png
     python tools/dqn_cart_drift.py --seed 3 --figure runs/dqn_cart_drift/seed3.png
 
-It prints one line per agent: γ, the training run's 100-episode evaluation, and how this episode went.
+It prints one line per agent: γ, the training run's 100-episode evaluation (how its test episodes ended, and on which
+side the cart left the track), and how this episode went (x at its end: x < 0 is left of the centre, x > 0 right).
 The course script is imported by path; the script itself imports nothing from here.
 """
 
@@ -21,6 +22,7 @@ import contextlib
 import json
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +65,22 @@ def greedy_episode(q_network, episode_seed: int) -> tuple[np.ndarray, bool]:
         trajectory.append(obs)
     env.close()
     return np.array(trajectory), bool(truncated)
+
+
+def sides_left(dqn, act, n_episodes: int, seed: int) -> dict:
+    """Of `n_episodes` episodes played side by side as the script's evaluate() plays its test episodes (reset seed
+    `seed`), with act(obs (n, 4)) -> actions (n,): how many ended with the cart off the track on the left (x < −2.4)
+    and on the right (x > 2.4)."""
+    envs = dqn.make_envs(n_episodes)
+    obs, _ = envs.reset(seed=seed)
+    last_x, alive = np.zeros(n_episodes), np.ones(n_episodes, bool)
+    while alive.any():
+        obs, _, terminated, truncated, _ = envs.step(np.asarray(act(obs)))
+        ended = alive & (terminated | truncated)
+        last_x[ended] = obs[ended, 0]  # NEXT_STEP autoreset: the ending step returns the final observation
+        alive &= ~ended
+    envs.close()
+    return dict(left=int((last_x < -dqn.X_LIMIT).sum()), right=int((last_x > dqn.X_LIMIT).sum()))
 
 
 def how_it_ended(dqn, trajectory: np.ndarray, truncated: bool) -> str:
@@ -112,6 +130,9 @@ def main(argv=None) -> None:
     os.chdir(REPO)  # --out and --figure are relative to the repository root
     dqn = load_script("2_Cart_Pole_DQN/cart_pole_dqn.py")
     dqn.use_sequential_xla_scheduler()  # as the script's command line does, before JAX starts its backend
+    import jax.numpy as jnp
+    from flax import nnx
+
     episode_seed = dqn.Args().eval_seed if args.episode_seed is None else args.episode_seed
     runs = {}
     for gamma in GAMMAS:
@@ -120,10 +141,14 @@ def main(argv=None) -> None:
         ended = how_it_ended(dqn, trajectory, truncated)
         runs[gamma] = (trajectory, ended)
         ends = " ".join(f"{k}={v}" for k, v in metrics["eval_ends"].items())
+        act = nnx.jit(lambda model, obs: jnp.argmax(model(obs), axis=-1))
+        sides = sides_left(dqn, partial(act, q_network), metrics["eval_episodes"], dqn.Args().eval_seed)
         print(
             f"gamma={gamma:g} seed={args.seed}: 100-episode evaluation eval_return_mean="
-            f"{metrics['eval_return_mean']:.1f} ({ends}); episode seed {episode_seed}: "
-            f"{len(trajectory) - 1} steps, ended {ended}, max |x|={np.abs(trajectory[:, 0]).max():.3f}, "
+            f"{metrics['eval_return_mean']:.1f} ({ends}; off the track left={sides['left']} "
+            f"right={sides['right']}); episode seed {episode_seed}: "
+            f"{len(trajectory) - 1} steps, ended {ended} at x={trajectory[-1, 0]:+.3f}, "
+            f"max |x|={np.abs(trajectory[:, 0]).max():.3f}, "
             f"max |θ|={np.degrees(np.abs(trajectory[:, 2])).max():.1f}°",
             flush=True,
         )

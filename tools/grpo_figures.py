@@ -220,10 +220,9 @@ def report(m: dict) -> None:
     for name, text in named:
         rl_rows = [r for r in m[name]["history"] if r["phase"] == "rl"]
         first, last = rl_rows[0], rl_rows[-1]
-        print(
-            f"{text}: zero_signal {first['zero_signal']:.4f} (all right {first['all_right']:.4f}) in the first RL "
-            f"block, {last['zero_signal']:.4f} (all right {last['all_right']:.4f}) in the last"
-        )
+        shares = [(r["zero_signal"], r["all_right"], r["zero_signal"] - r["all_right"]) for r in (first, last)]
+        split = [f"{z:.4f} (all right {right:.4f}, all wrong {wrong:.4f})" for z, right, wrong in shares]
+        print(f"{text}: zero_signal {split[0]} in the first RL block, {split[1]} in the last")
     args = m["default"]["args"]
     print(
         f"defaults: G={args['group_size']}, μ={args['inner_steps']}, β={args['beta']}, kl {args['kl']}, "

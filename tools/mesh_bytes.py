@@ -1,11 +1,10 @@
 """Bytes per device for every rule set of 5_Sharding_Mesh/sharding_mesh.py on 1, 2, 4 and 8 devices, and its check.
 
 Runs the script once per device count (`--host-devices N`, the default mesh for N, every rule set, the default
-model and steps), reads each run's metrics.json, and prints four tables: the params / grads / Adam bytes on the
-largest mesh, the total per device on every mesh, the equivalence check's largest |sharded - single device|, and
-the same difference after step 1 of two separate runs (not checked).
-Every number is measured from the arrays' shards; the script itself stops if one differs from the analytic count.
-Draws the first two tables as one figure.
+model and steps), reads each run's metrics.json, and prints two tables: the total bytes per device on every mesh,
+and the equivalence check's largest |sharded - single device| beside the same difference after step 1 of two separate
+runs (not checked). Every number is measured from the arrays' shards; the script itself stops if one differs from the
+analytic count. The figure draws the params / grads / Adam bytes on the largest mesh and the first table.
 
     python tools/mesh_bytes.py                       # writes 5_Sharding_Mesh/assets/bytes_per_device.png
     python tools/mesh_bytes.py --devices 2,4 --figure ''   # no figure
@@ -40,39 +39,32 @@ def mesh_label(metrics: dict) -> str:
 
 
 def tables(runs: list[dict]) -> str:
-    """The three tables, as text, from the runs' metrics (ordered by device count)."""
+    """The two tables, as text, from the runs' metrics (ordered by device count)."""
     rule_sets = runs[0]["rules"]
     largest = runs[-1]
-    lines = [f"bytes per device on {mesh_label(largest)} devices, measured from the shards (float32):"]
-    lines.append(f"  {'rule set':<9}" + "".join(f"{p:>10}" for p in (*PARTS, "total")) + f"{'vs dp':>8}")
-    dp_total = largest["rule_sets"]["dp"]["bytes_per_device"]["total"] if "dp" in rule_sets else None
+    lines = ["total bytes per device, measured from the shards (float32), by device count (mesh data x model):"]
+    lines.append(f"  {'rule set':<9}" + "".join(f"{mesh_label(m):>12}" for m in runs) + f"{'vs dp':>8}")
+    dp_total = largest["bytes_per_device"].get("dp")
     for name in rule_sets:
-        measured = largest["rule_sets"][name]["bytes_per_device"]
-        ratio = f"{measured['total'] / dp_total:8.2f}" if dp_total else ""
-        lines.append(f"  {name:<9}" + "".join(f"{measured[p]:>10,}" for p in (*PARTS, "total")) + ratio)
+        ratio = f"{largest['bytes_per_device'][name] / dp_total:8.2f}" if dp_total else ""
+        lines.append(f"  {name:<9}" + "".join(f"{m['bytes_per_device'][name]:>12,}" for m in runs) + ratio)
 
-    lines.append("\ntotal bytes per device, by device count (mesh data x model):")
-    lines.append(f"  {'rule set':<9}" + "".join(f"{mesh_label(m):>14}" for m in runs))
-    for name in rule_sets:
-        lines.append(f"  {name:<9}" + "".join(f"{m['bytes_per_device'][name]:>14,}" for m in runs))
-
-    lines.append("\nthe check: largest |sharded - single device| over the loss and every updated value, last step:")
-    lines.append(f"  {'rule set':<9}" + "".join(f"{mesh_label(m):>14}" for m in runs))
+    lines.append("\nthe check: largest |sharded - single device| over the loss and every updated value, last step;")
+    lines.append(
+        "[in brackets, not the check: the same after step 1 of two separate runs, each from a fresh Adam state]"
+    )
+    lines.append(f"  {'rule set':<9}" + "".join(f"{mesh_label(m):>21}" for m in runs))
     for name in rule_sets:
         cells = []
         for m in runs:
-            diff = m["rule_sets"][name]["max_abs_diff_vs_single_device"]
-            cells.append(f"{diff:>14.2e}" if m["devices"] > 1 else f"{'n/a':>14}")
+            r = m["rule_sets"][name]
+            check = f"{r['max_abs_diff_vs_single_device']:.2e}" if m["devices"] > 1 else "n/a"
+            cells.append(f"{check} [{r['fresh_adam_step1_max_abs_diff']:.2e}]".rjust(21))
         lines.append(f"  {name:<9}" + "".join(cells))
     verdicts = ", ".join(f"{m['devices']}: {'n/a' if m['check_passed'] is None else m['check_passed']}" for m in runs)
     lines.append(
         f"  n/a: one device, nothing is sharded. Check passed (tolerance {largest['tolerance']:g}): {verdicts}"
     )
-    lines.append("\nnot the check: the same after step 1 of two separate runs, each from a fresh Adam state:")
-    lines.append(f"  {'rule set':<9}" + "".join(f"{mesh_label(m):>14}" for m in runs))
-    for name in rule_sets:
-        cells = [f"{m['rule_sets'][name]['fresh_adam_step1_max_abs_diff']:>14.2e}" for m in runs]
-        lines.append(f"  {name:<9}" + "".join(cells))
     return "\n".join(lines)
 
 

@@ -15,6 +15,8 @@ of each Ψ it reports
     signal-to-noise ‖E ĝ‖² / tr Σ                   (how much of one batch's gradient is signal; ‖E ĝ‖² is
                                                      estimated without bias as ‖mean_k ĝ‖² − tr Σ / K)
     cos(mean ĝ, mean ĝ_G)                           (a baseline leaves the expectation alone; GAE does not)
+    E Ψ, E Ψ²                                       (over every step of the K batches, in rewards × --reward-scale:
+                                                     a Ψ far from 0 on average scales up the noise of ∇ log π)
 
 with 95 % percentile-bootstrap intervals (200 resamples of the K batches) for tr Σ and the SNR, per seed. θ depends
 on the seed, so the table and the figure give each statistic's mean over the seeds and its [min, max] across them.
@@ -96,14 +98,15 @@ def gradient_estimator(pen, args, graphdef, actor_def, batches):
         agent = nnx.merge(graphdef, state)
         values, next_values = agent.critic(rollout.obs), agent.critic(rollout.next_obs)
         obs, act = rollout.obs.reshape(-1, 3), rollout.actions.reshape(-1, 1)
-        out = []
+        out, moments = [], []
         for rung in rungs:
             psi, _ = pen.signal_and_targets(rung, rollout, values, next_values, config.gamma, config.gae_lambda)
             grads = nnx.grad(lambda a, psi=psi: pen.reinforce_loss(a(obs).log_prob(act).sum(-1), psi.reshape(-1)))(
                 agent.actor
             )
             out.append(jnp.concatenate([x.ravel() for x in jax.tree.leaves(nnx.state(grads, nnx.Param))]))
-        return out
+            moments.append(jnp.stack([psi.mean(), jnp.mean(psi**2)]))  # E Ψ and E Ψ² over the batch's steps
+        return out, moments
 
     chunk = 64 if batches % 64 == 0 else batches  # vmap 64 batches at a time (a scan over chunks) to bound memory
 
@@ -113,9 +116,15 @@ def gradient_estimator(pen, args, graphdef, actor_def, batches):
     compiled = jax.jit(over_chunks)
 
     def estimates(state, key):
+        """({Ψ: (K, P) gradient estimates}, {Ψ: (E Ψ, E Ψ²) over all K batches' steps})."""
         keys = jax.random.split(key, batches).reshape(batches // chunk, chunk)
-        res = [r.reshape(batches, -1) for r in compiled(state, keys)]
-        return {name: np.asarray(r, np.float64) for name, r in zip(ESTIMATORS, res)}
+        grads, moments = compiled(state, keys)
+        res = [r.reshape(batches, -1) for r in grads]
+        mom = [np.asarray(m, np.float64).reshape(batches, 2).mean(0) for m in moments]
+        return (
+            {name: np.asarray(r, np.float64) for name, r in zip(ESTIMATORS, res)},
+            {name: (float(m[0]), float(m[1])) for name, m in zip(ESTIMATORS, mom)},
+        )
 
     return estimates
 
@@ -156,7 +165,7 @@ def across_seeds(per_seed: list[dict]) -> dict:
     rows = {}
     for name in ESTIMATORS:
         rows[name] = {}
-        for stat in ("total_variance", "mean_sq_norm", "snr", "cos_to_reinforce_mean"):
+        for stat in ("total_variance", "mean_sq_norm", "snr", "cos_to_reinforce_mean", "psi_mean", "psi_sq_mean"):
             v = np.array([seed["rows"][name][stat] for seed in per_seed])
             rows[name][stat] = float(v.mean())
             rows[name][stat + "_range"] = [float(v.min()), float(v.max())]
@@ -226,13 +235,17 @@ def main(argv=None):
             runner, _ = run(init(jax.random.key(seed)))
             keys[seed], k = jax.random.split(keys[seed])
             ret = float(np.asarray(jnp.nanmean(runner.last_ret)))
-            rows = summarise(estimates(runner.state, k))
+            grads, moments = estimates(runner.state, k)
+            rows = summarise(grads)
+            for name, (psi_mean, psi_sq_mean) in moments.items():
+                rows[name].update(psi_mean=psi_mean, psi_sq_mean=psi_sq_mean)
             per_seed.append(dict(seed=seed, train_return=None if not np.isfinite(ret) else ret, rows=rows))
             print(f"θ after {done_steps} steps, seed {seed} (latest training return {ret:.0f}):", flush=True)
             for name, r in rows.items():
                 print(
                     f"  {name:34s} tr Σ={r['total_variance']:.4g}  ‖E ĝ‖²={r['mean_sq_norm']:.4g}  "
-                    f"SNR={r['snr']:.4g}  cos(mean, mean_G)={r['cos_to_reinforce_mean']:.3f}",
+                    f"SNR={r['snr']:.4g}  cos(mean, mean_G)={r['cos_to_reinforce_mean']:.3f}  "
+                    f"E Ψ={r['psi_mean']:.3g}  E Ψ²={r['psi_sq_mean']:.3g}",
                     flush=True,
                 )
         results.append(
@@ -252,8 +265,8 @@ def main(argv=None):
         f"`{cmd.strip()}`",
         "",
         f"| θ (PPO steps) | Ψ | total variance tr Σ, mean [min, max] over seeds {seeds} | ‖E ĝ‖² (mean) "
-        "| SNR ‖E ĝ‖²/tr Σ, mean [min, max] | cos(mean, mean of G_t) (mean) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| SNR ‖E ĝ‖²/tr Σ, mean [min, max] | cos(mean, mean of G_t) (mean) | E Ψ, E Ψ² (mean) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         for name, row in r["rows"].items():
@@ -261,7 +274,7 @@ def main(argv=None):
             lines.append(
                 f"| {r['train_steps']:,} | {name} | {row['total_variance']:.3g} [{v[0]:.3g}, {v[1]:.3g}] | "
                 f"{row['mean_sq_norm']:.3g} | {row['snr']:.3g} [{snr[0]:.3g}, {snr[1]:.3g}] | "
-                f"{row['cos_to_reinforce_mean']:.2f} |"
+                f"{row['cos_to_reinforce_mean']:.2f} | {row['psi_mean']:.3g}, {row['psi_sq_mean']:.3g} |"
             )
     Path(a.out, "pg_variance.md").write_text("\n".join(lines) + "\n")
     Path(a.out, "pg_variance.json").write_text(json.dumps(dict(command=cmd.strip(), results=results), indent=1))

@@ -1,9 +1,9 @@
-"""Break 1_Q_Learning/Q_Learning.py on purpose, one mutation at a time, and check that the test meant to catch each
-mutation fails (a test that cannot fail is a defect).
+"""Break 1_Q_Learning/Q_Learning.py (and tools/q_stationary_optimum.py, which checks its reference) on purpose, one
+mutation at a time, and check that the test meant to catch each mutation fails (a test that cannot fail is a defect).
 
     python tools/q_mutants.py            # every mutation; exit 1 if a test survives its mutation
 
-Each mutation replaces one exact piece of the script's source in a copy of the repository in a temporary folder
+Each mutation replaces one exact piece of a file's source in a copy of the repository in a temporary folder
 (the repository itself is not touched) and runs the named tests there with pytest. A mutation whose source piece
 is not found is reported as an error, so the list cannot silently go stale.
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = "1_Q_Learning/Q_Learning.py"
+TOOL = "tools/q_stationary_optimum.py"
 TESTS = "tests/test_q_learning.py"
 
 # (what breaks, source piece, its replacement, the tests that must fail)
@@ -106,38 +107,73 @@ MUTANTS = [
         '"success_gap": float(reference.time_dependent_success - final.exact_success)',
         ["test_success_gap_uses_the_exact_success_and_is_never_negative"],
     ),
+    (
+        "the reference is searched for a shorter step limit than the run's",
+        "policy = best_stationary_policy(model, args.max_steps)",
+        "policy = best_stationary_policy(model, 30)",
+        ["test_the_slippery_reference_is_the_best_of_all_4_to_the_11_table_policies"],
+    ),
+]
+
+# the same, in the tool that scores every policy a table can hold
+TOOL_MUTANTS = [
+    (
+        "the enumeration leaves out a quarter of the policies",
+        "total = n_a**n",
+        "total = n_a ** (n - 1)",
+        ["test_every_stationary_policy_is_scored_like_horizon_values"],
+    ),
+    (
+        "the enumeration scores one step fewer than the limit",
+        "        for _ in range(horizon):\n            g = goal_pi",
+        "        for _ in range(horizon - 1):\n            g = goal_pi",
+        ["test_every_stationary_policy_is_scored_like_horizon_values"],
+    ),
+    (
+        "policies are numbered with the last square first",
+        "return (indices[:, None] // 4 ** np.arange(n)[None, :]) % 4",
+        "return (indices[:, None] // 4 ** np.arange(n)[::-1][None, :]) % 4",
+        ["test_every_stationary_policy_is_scored_like_horizon_values"],
+    ),
+    (
+        "the enumeration keeps only the first batch",
+        "out = np.empty(total)",
+        "out = np.zeros(total)\n    total = min(total, batch)",
+        ["test_the_local_search_is_a_lower_bound_that_the_enumeration_checks"],
+    ),
 ]
 
 
-def run_mutant(root: Path, original: str, piece: str, replacement: str, tests: list[str]) -> str:
-    """'caught', 'SURVIVED' or 'not found' for one mutation, tested in the copy at root."""
+def run_mutant(root: Path, path: str, original: str, piece: str, replacement: str, tests: list[str]) -> str:
+    """'caught', 'SURVIVED' or 'not found' for one mutation of the file at `path`, tested in the copy at root."""
     if original.count(piece) != 1:
         return "not found"
-    (root / SCRIPT).write_text(original.replace(piece, replacement))
+    (root / path).write_text(original.replace(piece, replacement))
     select = " or ".join(tests)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "", TESTS, "-k", select],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "", TESTS, "-k", select],
         cwd=root,
         capture_output=True,
         text=True,
     )
-    (root / SCRIPT).write_text(original)
+    (root / path).write_text(original)
     return "caught" if proc.returncode == 1 else "SURVIVED" if proc.returncode == 0 else f"error {proc.returncode}"
 
 
 def main() -> int:
-    original = (REPO / SCRIPT).read_text()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        for part in ("1_Q_Learning", "tests"):
+        for part in ("1_Q_Learning", "tests", "tools", "benchmarks/results"):
             shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__", "assets"))
         shutil.copy(REPO / "pytest.ini", root / "pytest.ini")
-        bad = 0
-        for what, piece, replacement, tests in MUTANTS:
-            verdict = run_mutant(root, original, piece, replacement, tests)
-            bad += verdict != "caught"
-            print(f"{verdict:9s} {what}  ({', '.join(tests)})", flush=True)
-    print(f"{len(MUTANTS) - bad} of {len(MUTANTS)} mutations caught")
+        bad, total = 0, 0
+        for path, mutants in ((SCRIPT, MUTANTS), (TOOL, TOOL_MUTANTS)):
+            original = (REPO / path).read_text()
+            for what, piece, replacement, tests in mutants:
+                verdict = run_mutant(root, path, original, piece, replacement, tests)
+                bad, total = bad + (verdict != "caught"), total + 1
+                print(f"{verdict:9s} {what}  ({', '.join(tests)})", flush=True)
+    print(f"{total - bad} of {total} mutations caught")
     return 1 if bad else 0
 
 

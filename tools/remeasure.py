@@ -13,6 +13,7 @@ reads those commands back and runs them again, each through the tool that writes
     python tools/remeasure.py dqn_seeds dqn_run      # these two, again
     python tools/remeasure.py --stale                # every file measured on another JAX, cheapest first
                                                      # (`NAME_py311` files: only from a Python 3.11 venv)
+    python tools/remeasure.py --figures              # every capture that draws a figure: every figure, again
 
 A few captures read the folders of earlier runs (`runs/…`); PREREQUISITES runs those first. Then
 `python tools/results.py` fills the READMEs from the new files.
@@ -42,6 +43,13 @@ LADDER = [
 PREREQUISITES = {
     "ppo_ladder": LADDER,
     "ppo_value_map": ["python 3_Pendulum/pendulum.py"],
+    "dqn_video": ["python 2_Cart_Pole_DQN/cart_pole_dqn.py --out runs/capture/dqn"],  # the q_network.npz it loads
+    "ppo_video": ["python 3_Pendulum/pendulum.py"],
+    "ppo_ex5_value_maps": [
+        "python 3_Pendulum/pendulum.py",
+        "python 3_Pendulum/pendulum.py --no-bootstrap-truncated --out runs/ex5/no_bootstrap",
+        "python 3_Pendulum/pendulum.py --algo a2c --out runs/ex5/a2c",
+    ],
 }
 
 
@@ -66,6 +74,7 @@ def recorded(results_dir: Path = RESULTS_DIR) -> dict[str, dict]:
     for path in sorted(results_dir.glob("*.txt")):
         header = json.loads(path.read_text().split("\n", 1)[0].removeprefix("# "))
         found[path.stem] = dict(kind="capture", command=header["command"], seconds=header.get("seconds"))
+        found[path.stem]["figures"] = header.get("figures", [])
         found[path.stem].update(jax=header["versions"].get("jax"), date=header["date"])
     return found
 
@@ -99,13 +108,15 @@ def remeasure(name: str, entry: dict) -> float:
     argv = argv_of(entry["command"])
     if entry["kind"] == "seeds" or argv[1] in WRITES_ITS_OWN:
         return run(argv)
-    return run([sys.executable, "tools/capture.py", name, "--", *argv_of(entry["command"])])
+    figures = [a for f in entry.get("figures", []) for a in ("--figure", f)]
+    return run([sys.executable, "tools/capture.py", name, *figures, "--", *argv_of(entry["command"])])
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("names", nargs="*", help="results files to measure again (without .json / .txt)")
     p.add_argument("--stale", action="store_true", help="every file whose recorded JAX is not this environment's")
+    p.add_argument("--figures", action="store_true", help="every capture that draws a README's figure")
     p.add_argument("--list", action="store_true", help="only list the files and their commands; run nothing")
     args = p.parse_args(argv)
     entries = recorded()
@@ -117,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.stale:  # a `NAME_py311` file is measured on Python 3.11 on purpose: only a 3.11 run can renew it
         on_311 = sys.version_info[:2] == (3, 11)
         names = [n for n in names if entries[n]["jax"] != jax_here and n.endswith("_py311") == on_311]
+    if args.figures:
+        names = [n for n in names if entries[n].get("figures")]
     if args.list:
         for n in names:
             e = entries[n]
