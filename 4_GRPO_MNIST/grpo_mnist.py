@@ -621,6 +621,9 @@ def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
     state = place(state, args.rules)  # weights and Adam's moments, split by the rules over the mesh
     policy_def, ref_state = nnx.graphdef(policy), state["policy"]  # π_ref: the same arrays, so the same layout
     x, y = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
+    val = fixed_strips(data.x_val, data.y_val, n_slots)
+    if not jax.sharding.get_mesh().empty:  # every device keeps all the images: copied once here, not at every call
+        x, y, val = jax.device_put((x, y, val), jax.P())
     labelled = labelled_count(args, len(y))  # the training images are shuffled: SFT reads the first ones' labels
     rl = GRPOConfig.from_args(args)
     sft = replace(rl, objective="supervised", ref_refresh=0)
@@ -629,7 +632,7 @@ def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
         phases.append(Phase("rl", rl, args.iterations, x, y))
     else:  # the baseline: more of the same supervised steps
         phases.append(Phase("supervised", sft, args.iterations, x[:labelled], y[:labelled]))
-    val, key = fixed_strips(data.x_val, data.y_val, n_slots), streams.train
+    key = streams.train
     score = jax.jit(partial(evaluate, policy_def), static_argnums=4)  # the same streams.val at every score: less noise
     history, t0 = [], time.perf_counter()
 
