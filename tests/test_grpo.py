@@ -1098,7 +1098,7 @@ def test_the_validation_sweep_never_scores_the_test_set(tmp_path, monkeypatch):
 
     def fake_seeds_main(argv):
         calls.append(argv)
-        return {"mean": 0.5, "min": 0.5, "per_seed": {"0": 0.5}, "median_seconds": 1.0}
+        return {"mean": 0.5, "min": 0.5, "per_seed": {"0": 0.5}, "median_seconds": 1.0, "seconds_per_seed": {"0": 1.0}}
 
     monkeypatch.setattr(sweep.seeds, "main", fake_seeds_main)
     sweep.main(["--task", "digit", "--seeds", "0", "--out", str(tmp_path / "o"), "--results-dir", str(tmp_path)])

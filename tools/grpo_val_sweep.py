@@ -32,6 +32,7 @@ import argparse
 import json
 import re
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -250,6 +251,8 @@ def main(argv: list[str] | None = None) -> dict:
     header["seconds"] = round(time.perf_counter() - start, 1)
 
     n = len(seeds.parse_seeds(a.seeds))
+    per_run = [s for r in rows for s in r["metrics"][METRIC]["seconds_per_seed"].values()]
+    runs, run_seconds = len(per_run), sum(per_run)
     lines = [
         f"`{command}`: task {a.task}, every configuration on seeds {a.seeds} ({n} runs), chosen on the mean "
         f"val_pass1 (sampled at temperature 1), shown with the IQM of the runs and its 95 % bootstrap CI; the other "
@@ -259,6 +262,8 @@ def main(argv: list[str] | None = None) -> dict:
         *table(rows, chosen, a.seeds),
         "",
         *(f"chosen on validation, {objective}: {' '.join(flags)}" for objective, flags in chosen.items()),
+        f"cost: {runs} runs, {run_seconds / 3600:.1f} h in all (each run's whole process, reused runs included; "
+        f"median {statistics.median(per_run):.0f} s a run)",
     ]
     text = "\n".join(lines) + "\n"
     path = results / f"grpo_val_sweep_{a.task}.txt"
