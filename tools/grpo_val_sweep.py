@@ -23,7 +23,9 @@ scored afterwards, once, with `tools/seeds.py`. Every run's flags are written ou
 script's defaults), so the table keeps its meaning when the defaults change.
 
 Writes `benchmarks/results/grpo_val_sweep_<task>.txt` (a provenance header line, as tools/capture.py writes it,
-then the table; `--results-dir` moves it), and `<out>/summary.json` with every row.
+then the table; `--results-dir` moves it), `grpo_val_sweep_<task>.first.json` and `.second.json` beside it (the
+chosen GRPO row and the runner-up, as tools/seeds.py summarises seeds, with their flags), and `<out>/summary.json`
+with every row.
 """
 
 from __future__ import annotations
@@ -268,6 +270,16 @@ def main(argv: list[str] | None = None) -> dict:
     text = "\n".join(lines) + "\n"
     path = results / f"grpo_val_sweep_{a.task}.txt"
     path.write_text("# " + json.dumps(header, ensure_ascii=False) + "\n\n" + text)
+    ranked = sorted(
+        (r for r in rows if r["objective"] == "grpo" and r["stage"] != "ref"),
+        key=lambda r: r["metrics"][METRIC]["mean"],
+        reverse=True,
+    )
+    for place, r in zip(("first", "second"), ranked):  # the chosen GRPO row and the runner-up, for the READMEs
+        top = {**r["metrics"][METRIC], "flags": " ".join(r["flags"]), "provenance": header}
+        (results / f"grpo_val_sweep_{a.task}.{place}.json").write_text(
+            json.dumps(top, indent=2, ensure_ascii=False) + "\n"
+        )
     summary = {"provenance": header, "rows": rows, "chosen": chosen}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     print("\n" + text + f"wrote {path} and {out / 'summary.json'} ({header['seconds']:.0f} s)", flush=True)
