@@ -102,12 +102,12 @@ class Args:
     )
     group_size: int = flag(8, "G, answers sampled per prompt (prompt mode needs G >= 2)", min=1)
     batch_size: int = flag(64, "B, prompts per rollout and update", min=1)
-    inner_steps: int = flag(4, "μ, gradient steps per rollout (1: the ratio stays 1, the clip never acts)", min=1)
+    inner_steps: int = flag(2, "μ, gradient steps per rollout (1: the ratio stays 1, the clip never acts)", min=1)
     iterations: int = flag(1500, "RL iterations (rollout + μ steps), or supervised steps after the warm start", min=1)
     eval_every: int = flag(150, "iterations between validation scores and progress lines", min=1)
-    learning_rate: float = flag(5e-4, "Adam learning rate (SFT and RL)", gt=0)
+    learning_rate: float = flag(1e-3, "Adam learning rate (SFT and RL)", gt=0)
     clip_eps: float = flag(0.2, "ε: each token's ratio π/π_old is clipped to [1 − ε, 1 + ε]", gt=0, max=1)
-    beta: float = flag(0.01, "β, weight of the per-token KL penalty towards π_ref; 0 turns it off", min=0)
+    beta: float = flag(0.0, "β, weight of the per-token KL penalty towards π_ref; 0 turns it off", min=0)
     kl: str = flag(
         "k3",
         "per-token KL: exact (summed over the vocabulary), k1 or k3 (estimates on the sampled token)",

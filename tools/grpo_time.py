@@ -41,7 +41,7 @@ Timings need a quiet machine: the load average is printed at the start and at th
 this process starts JAX, and --rounds 0 leaves it out.
 
     python tools/grpo_time.py                       # the default --task number run
-    python tools/grpo_time.py --rounds 0 -- --task digit --group-size 16 --inner-steps 2 --beta 0.1 --kl exact
+    python tools/grpo_time.py --rounds 0 -- --task digit --beta 0.1 --kl exact
     python tools/capture.py grpo_time -- python tools/grpo_time.py
 
 Flags after -- go to the script for parts 1 and 2 (part 3 always times the two commands above).
@@ -69,7 +69,7 @@ from course import REPO, load_script  # noqa: E402
 from time_tests import timed  # noqa: E402
 
 SCRIPT = "4_GRPO_MNIST/grpo_mnist.py"
-DIGIT = ["--task", "digit", "--group-size", "16", "--inner-steps", "2", "--beta", "0.1", "--kl", "exact"]
+DIGIT = ["--task", "digit", "--beta", "0.1", "--kl", "exact"]
 # 3: the libraries the script imports at its top, and pyplot, which its figure imports
 IMPORTS = (
     "import jax, jax.numpy, numpy, optax, flax.nnx, matplotlib.pyplot; import tensorflow_probability.substrates.jax"
