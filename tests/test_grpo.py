@@ -1456,13 +1456,13 @@ def test_load_scores_the_saved_policy_as_its_run_did(tmp_path, cli_run, capsys):
 
 
 # ------------------------------------------------------------------ learning: short real runs
-# Measured with seed 0 on this machine (busy, jax 0.12, the defaults of μ 4, β 0.01, learning rate 5e-4), validation
-# pass@1 / greedy: --task digit, 150 iterations: 0.869 / 0.888 (chance 0.10). --task number: right after the 300 SFT
-# steps 0.176, after 100 RL iterations 0.277. The bars below leave a wide margin under those values.
+# Measured with seed 0 (jax 0.12, the defaults μ 2, β 0, learning rate 1e-3): --task digit, 150 iterations,
+# validation pass@1 / greedy 0.881 / 0.895 (chance 0.10); the bar below leaves a wide margin. The --task number
+# test's bars are read from the files that measured its command over seeds 0-4 (short_run_bars).
 @pytest.mark.learning
 def test_digit_task_learns_well_above_chance(tmp_path):
     """--task digit, the other flags at their defaults but 150 iterations: validation pass@1 (one answer sampled at
-    temperature 1) and greedy accuracy far above chance (10 %): measured 0.869 and 0.888, the bar is 0.6. Catches:
+    temperature 1) and greedy accuracy far above chance (10 %): measured 0.881 and 0.895, the bar is 0.6. Catches:
     a flipped advantage sign, a broken baseline or verifier, a sampler that ignores the prompt."""
     result = g.main(g.Args(task="digit", iterations=150, eval_every=50, score_test=False, out=str(tmp_path)))
     assert result["history"][0]["val_pass1"] < 0.2  # untrained: near chance
@@ -1485,15 +1485,13 @@ def short_run_bars() -> tuple[list[str], dict, dict]:
 def check_short_run(script, out: Path) -> dict:
     """Run the shortened default (short_run_bars) with `script`, seed 0, and check it against the measured files:
     validation pass@1 after SFT is far above its untrained value, and at the end it is above the midpoint of the
-    IQMs of GRPO and of SFT alone over seeds 0-4, and above the post-SFT value by at least half the smallest gain
-    over SFT alone that any seed measured. Returns the run's metrics."""
+    IQMs of GRPO and of SFT alone for as many iterations, over seeds 0-4. Returns the run's metrics."""
     flags, grpo, sft = short_run_bars()
     result = script.main(script.parse_args([*flags, "--seed", "0", "--out", str(out)]))
     history = result["history"]
     post_sft = [row for row in history if row["phase"] == "sft"][-1]
     assert history[0]["val_pass1"] < 0.05 < post_sft["val_pass1"], (history[0]["val_pass1"], post_sft["val_pass1"])
     assert history[-1]["phase"] == "rl" and result["val_pass1"] > (grpo["iqm"] + sft["iqm"]) / 2
-    assert result["val_pass1"] > post_sft["val_pass1"] + (grpo["min"] - sft["max"]) / 2
     return result
 
 
