@@ -1489,8 +1489,8 @@ def check_short_run(script, out: Path) -> dict:
     flags, grpo, sft = short_run_bars()
     result = script.main(script.parse_args([*flags, "--seed", "0", "--out", str(out)]))
     history = result["history"]
-    post_sft = [row for row in history if row["phase"] == "sft"][-1]
-    assert history[0]["val_pass1"] < 0.05 < post_sft["val_pass1"], (history[0]["val_pass1"], post_sft["val_pass1"])
+    sft_rows = [row for row in history if row["phase"] == "sft"]
+    assert sft_rows and history[0]["val_pass1"] < 0.05 < sft_rows[-1]["val_pass1"], "no warm start, or one that failed"
     assert history[-1]["phase"] == "rl" and result["val_pass1"] > (grpo["iqm"] + sft["iqm"]) / 2
     return result
 
@@ -1498,7 +1498,9 @@ def check_short_run(script, out: Path) -> dict:
 @pytest.mark.learning
 def test_the_default_number_run_shortened_learns_as_measured(tmp_path):
     """The default --task number run cut to 300 RL iterations (check_short_run, bars from the files measured over
-    seeds 0-4). Catches (each tried on a copy of the script, each failed here): a flipped advantage sign, the ratio
-    inverted (π_old / π_θ), a verifier that compares each answer with another prompt's target, μ steps that never
-    update the policy, RL from scratch (the SFT warm start skipped)."""
+    seeds 0-4; measured 0.5226 on seed 0, against a bar of about 0.49). Catches (each tried on a copy of the script,
+    each failed here): a flipped advantage sign, the ratio inverted (π_old / π_θ), a verifier that compares each
+    answer with another prompt's target, μ steps that never update the policy, RL from scratch (the SFT warm start
+    skipped). Losses on the tokens after EOS (an all-ones mask) still pass it (0.5164): the mask tests above catch
+    that."""
     check_short_run(g, tmp_path)
