@@ -1508,3 +1508,17 @@ def test_the_default_number_run_shortened_learns_as_measured(tmp_path):
     inverted (π_old / π_θ), a verifier that compares each answer with another prompt's target, μ steps that never
     update the policy, RL from scratch (the SFT warm start skipped)."""
     check_short_run(g, tmp_path)
+
+
+def test_each_exercise_change_of_grpo_answers_meets_the_script_once():
+    """tools/grpo_answers.py makes an exercise's change on a copy of the repository and runs the tests named for it.
+    A piece of source that no longer occurs exactly once, or a named test that no longer exists, would measure
+    nothing: the tool refuses the first, and this test catches both."""
+    answers = load_script("tools/grpo_answers.py")
+    source = (REPO / answers.SCRIPT).read_text(encoding="utf-8")
+    assert answers.CHANGES and set(answers.CHANGES) == set(answers.CATCHING_TESTS)
+    for change, (piece, replacement) in answers.CHANGES.items():
+        assert source.count(piece) == 1, change
+        changed = answers.changed_source(change)
+        assert changed != source and changed.count(replacement) == 1, change
+        assert all(callable(globals().get(test)) for test in answers.CATCHING_TESTS[change]), change
