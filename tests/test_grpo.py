@@ -1225,10 +1225,14 @@ def test_the_adv_norm_measurement_says_what_the_readme_says():
     """benchmarks/results/grpo_adv_norm.txt (tools/grpo_adv_norm.py), its summary, read as module 4's insight 3 reads
     it. On each run's final policy --adv-norm none shrinks the surrogate's gradient (× at most 1/2 for 0/1 rewards)
     and leaves the β·KL term's, so the KL term's share grows (× more than 1.5), and the lopsided groups (1 or G − 1
-    right) carry less of Σ|A|. The run with --adv-norm none ends closer to π_ref and lower in pass@1, with a higher
-    clip_frac and more groups with signal (a lower zero_signal). Catches: a re-measured file (another default, seed or
-    machine) whose numbers no longer say what the README says: then the README's sentence changes with it."""
+    right) carry less of Σ|A|. Both runs have a KL term (the tool's --beta 0.01 --kl k3; the default has none). The
+    run with --adv-norm none ends closer to π_ref and lower in pass@1, with more groups with signal (a lower
+    zero_signal) and, on this seed, a lower clip_frac. Catches: a re-measured file (another default, seed or machine)
+    whose numbers no longer say what the README says, as the file measured at μ 4 and learning rate 5e-4 (its
+    clip_frac was higher with --adv-norm none): then the README's sentence changes with it; a file measured
+    without a KL term (β = 0: no KL share to compare)."""
     lines = results_lines("grpo_adv_norm")
+    assert "β=0.01, kl k3" in lines[0]  # the KL term insight 3 names: --beta 0.01 --kl k3
     start = next(i for i, line in enumerate(lines) if line.startswith("summary:"))
     header, rows = lines[start + 1], [line.split() for line in lines[start + 2 : start + 4]]
     assert header.split()[:4] == ["run", "KL", "share", "std"]
@@ -1242,7 +1246,7 @@ def test_the_adv_norm_measurement_says_what_the_readme_says():
         runs[row[1]] = dict(zip(("pass1", "kl_ref", "clip_frac", "outside_frac", "zero_signal"), map(float, row[8:13])))
     std, none = runs["std"], runs["none"]
     assert none["kl_ref"] < std["kl_ref"] and none["pass1"] < std["pass1"]
-    assert none["clip_frac"] > std["clip_frac"] and none["zero_signal"] < std["zero_signal"]
+    assert none["clip_frac"] < std["clip_frac"] and none["zero_signal"] < std["zero_signal"]
 
 
 @pytest.mark.unit
@@ -1504,3 +1508,17 @@ def test_the_default_number_run_shortened_learns_as_measured(tmp_path):
     skipped). Losses on the tokens after EOS (an all-ones mask) still pass it (0.5164): the mask tests above catch
     that."""
     check_short_run(g, tmp_path)
+
+
+def test_each_exercise_change_of_grpo_answers_meets_the_script_once():
+    """tools/grpo_answers.py makes an exercise's change on a copy of the repository and runs the tests named for it.
+    A piece of source that no longer occurs exactly once, or a named test that no longer exists, would measure
+    nothing: the tool refuses the first, and this test catches both."""
+    answers = load_script("tools/grpo_answers.py")
+    source = (REPO / answers.SCRIPT).read_text(encoding="utf-8")
+    assert answers.CHANGES and set(answers.CHANGES) == set(answers.CATCHING_TESTS)
+    for change, (piece, replacement) in answers.CHANGES.items():
+        assert source.count(piece) == 1, change
+        changed = answers.changed_source(change)
+        assert changed != source and changed.count(replacement) == 1, change
+        assert all(callable(globals().get(test)) for test in answers.CATCHING_TESTS[change]), change
