@@ -62,7 +62,7 @@ def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
 
 @dataclass
 class Args:
-    seed: int = flag(0, "seeds everything: jax.random.key (prompts, sampling) and nnx.Rngs (weights)", min=0)
+    seed: int = flag(0, "seeds everything: one split of jax.random.key(seed) gives weights, training, val, test", min=0)
     host_devices: int = flag(0, "fake N CPU devices before JAX starts (0: the devices there are)", min=0)
     mesh: str = flag("", "device mesh as DATAxMODEL, e.g. 2x2 (empty: every device on 'data')")
     rules: str = flag(
@@ -107,12 +107,12 @@ class Args:
     )
     group_size: int = flag(8, "G, answers sampled per prompt (prompt mode needs G >= 2)", min=1)
     batch_size: int = flag(64, "B, prompts per rollout and update", min=1)
-    inner_steps: int = flag(4, "μ, gradient steps per rollout (1: the ratio stays 1, the clip never acts)", min=1)
+    inner_steps: int = flag(2, "μ, gradient steps per rollout (1: the ratio stays 1, the clip never acts)", min=1)
     iterations: int = flag(1500, "RL iterations (rollout + μ steps), or supervised steps after the warm start", min=1)
     eval_every: int = flag(150, "iterations between validation scores and progress lines", min=1)
-    learning_rate: float = flag(5e-4, "Adam learning rate (SFT and RL)", gt=0)
+    learning_rate: float = flag(1e-3, "Adam learning rate (SFT and RL)", gt=0)
     clip_eps: float = flag(0.2, "ε: each token's ratio π/π_old is clipped to [1 − ε, 1 + ε]", gt=0, max=1)
-    beta: float = flag(0.01, "β, weight of the per-token KL penalty towards π_ref; 0 turns it off", min=0)
+    beta: float = flag(0.0, "β, weight of the per-token KL penalty towards π_ref; 0 turns it off", min=0)
     kl: str = flag(
         "k3",
         "per-token KL: exact (summed over the vocabulary), k1 or k3 (estimates on the sampled token)",
@@ -186,9 +186,12 @@ def named(names: tuple[str, str]) -> dict:
 
 # ---- The policy: a causal model over answer tokens
 class Policy(nnx.Module):
-    """π_θ(y_t | x, y_<t). encode: each image slot → hidden_size features (one Linear + ReLU, shared by the slots;
-    empty slots give zeros). __call__: at position t, the prompt's features, the one-hot tokens before t and a
-    one-hot of t → decoder_size → VOCAB logits. The causal mask makes position t blind to tokens t, t+1, …"""
+    """π_θ(y_t | x, y_<t). The decoder's first layer reads, at position t, the prompt's features, the one-hot tokens
+    before t and a one-hot of t; its kernel stacks one block of rows per part, W = [W_x; W_y; W_t], so
+    h_t = relu(W_x·x + W_y·y_<t + W_t·t + b) → VOCAB logits. encode: each image slot → hidden_size features (one
+    Linear + ReLU, shared by the slots; empty slots give zeros), then W_x·x, the prompt's share, the same at every
+    position and for every answer: computed once per prompt, as a language model keeps its prompt's keys and values.
+    The causal mask makes position t blind to tokens t, t+1, …"""
 
     def __init__(self, n_slots: int, hidden_size: int, decoder_size: int, *, rngs: nnx.Rngs):
         self.n_slots = n_slots  # N: image slots, and the longest answer
@@ -198,18 +201,25 @@ class Policy(nnx.Module):
         self.head = nnx.Linear(decoder_size, VOCAB, **named(("hidden", "vocab")), rngs=rngs)
 
     def encode(self, images: jax.Array, slots: jax.Array) -> jax.Array:
-        """images (P, N, 784), slots (P, N) → prompt features (P, N · hidden_size)."""
+        """images (P, N, 784), slots (P, N) → the prompt's share of the decoder's first layer, W_x·x,
+        (P, decoder_size)."""
         h = nnx.relu(self.encoder(images)) * slots[..., None]
-        return h.reshape(h.shape[0], -1)
+        features = h.reshape(h.shape[0], -1)  # x, (P, N · hidden_size)
+        return features @ self.decoder.kernel[: features.shape[-1]]
 
-    def __call__(self, prompt: jax.Array, tokens: jax.Array) -> jax.Array:
-        """prompt (S, F), tokens (S, N) → logits (S, N, VOCAB); row t depends on tokens[:, :t] only."""
+    def __call__(self, prompt: jax.Array, tokens: jax.Array, at: jax.Array | None = None) -> jax.Array:
+        """prompt (S, decoder_size) from encode, tokens (S, N) → logits (S, R, VOCAB) at the R positions `at`
+        (default: all N, in order); the row of position t sees tokens[:, :t] only. A one-hot code times a matrix
+        is one row of the matrix, so W_y·y_<t is a lookup, as a language model's token embedding: for each slot
+        s < t, the row of W_y that belongs to slot s and token y_s; W_t·t is row t of W_t."""
         S, N = tokens.shape
-        before = jnp.tril(jnp.ones((N, N)), k=-1)  # before[t, s] = 1 iff s < t
-        seen = before[None, :, :, None] * jax.nn.one_hot(tokens, VOCAB)[:, None]  # (S, N, N, VOCAB)
-        position = jnp.broadcast_to(jnp.eye(N), (S, N, N))  # (S, N, N): a one-hot of t in row t
-        context = jnp.broadcast_to(prompt[:, None], (S, N, prompt.shape[-1]))
-        h = nnx.relu(self.decoder(jnp.concatenate([context, seen.reshape(S, N, -1), position], axis=-1)))
+        at = jnp.arange(N) if at is None else at
+        n_x = self.decoder.kernel.shape[0] - N * (VOCAB + 1)  # W_x's rows, then W_y's N·VOCAB, then W_t's N
+        w_y = self.decoder.kernel[n_x : n_x + N * VOCAB].reshape(N, VOCAB, -1)  # (N, VOCAB, D): slot s, token v
+        w_t = self.decoder.kernel[n_x + N * VOCAB :]  # (N, D): one row per position
+        rows = w_y[jnp.arange(N), tokens]  # (S, N, D): the row of token y_s in slot s's block, for every s
+        before = jnp.tril(jnp.ones((N, N)), k=-1)[at]  # (R, N): before[r, s] = 1 iff s < at[r], the causal mask
+        h = nnx.relu(prompt[:, None] + jnp.einsum("rs,bsd->brd", before, rows) + w_t[at] + self.decoder.bias)
         return self.head(h)
 
 
@@ -220,13 +230,14 @@ def token_logp(logits: jax.Array, tokens: jax.Array) -> jax.Array:
 
 # ---- Sampling: N decoding steps in lax.scan; step t fills token t from the logits at position t
 def generate(policy: Policy, prompt: jax.Array, key, greedy: bool = False) -> jax.Array:
-    """prompt (S, F) → tokens (S, N), sampled at temperature 1 (greedy: the argmax). Tokens after the first EOS
-    are sampled too; `completion_mask` leaves them out of every loss and score."""
+    """prompt (S, decoder_size) from Policy.encode → tokens (S, N), sampled at temperature 1 (greedy: the argmax).
+    Step t computes position t's logits alone. Tokens after the first EOS are sampled too; `completion_mask` leaves
+    them out of every loss and score."""
     n = policy.n_slots
 
     def step(tokens, inputs):
         t, step_key = inputs
-        logits = policy(prompt, tokens)[:, t]  # (S, VOCAB): position t sees tokens[:, :t] only
+        logits = policy(prompt, tokens, at=t[None])[:, 0]  # (S, VOCAB): position t alone, seeing tokens[:, :t]
         token = jnp.argmax(logits, -1) if greedy else jax.random.categorical(step_key, logits)
         return tokens.at[:, t].set(token), None
 
@@ -268,7 +279,7 @@ def group_advantages(rewards: jax.Array, eps: float, norm: str = "std") -> jax.A
     """Real GRPO. rewards (B, G): row b holds the G answers to prompt b.
     A_bg = (r_bg − mean_g r_b·) / (std_g r_b· + ε), or r_bg − mean_g r_b· with norm="none" (Dr. GRPO);
     a group whose rewards are all equal gets A = 0 exactly. Equality is decided with max == min: eight float32
-    rewards of 1/3 have a std of about 3e-8, not 0."""
+    rewards of 1/3 can have a std of about 3e-8 (jnp.std sums them in an order that does not cancel), not 0."""
     centred = rewards - rewards.mean(axis=1, keepdims=True)  # (B, G)
     if norm == "std":
         centred = centred / (rewards.std(axis=1, keepdims=True) + eps)  # population std, (B, 1)
@@ -355,7 +366,7 @@ class Rollout(NamedTuple):
 
 def grpo_loss(policy: Policy, strips: Strips, rollout: Rollout, config: GRPOConfig):
     """−aggregate(min(ρ_t A, clip(ρ_t) A) − β·KL_t) over the answer tokens; returns (loss, metrics)."""
-    prompt = jnp.repeat(policy.encode(strips.images, strips.slots), config.group_size, axis=0)  # (S, F)
+    prompt = jnp.repeat(policy.encode(strips.images, strips.slots), config.group_size, axis=0)  # (S, decoder_size)
     logits = policy(prompt, rollout.tokens)  # (S, N, VOCAB)
     logp = token_logp(logits, rollout.tokens)
     objective, binds, outside = clipped_surrogate(logp, rollout.logp_old, rollout.adv, config.clip_eps)
@@ -382,7 +393,7 @@ def sft_loss(policy: Policy, strips: Strips):
 def rollout_groups(policy: Policy, reference: Policy, strips: Strips, key, config: GRPOConfig):
     """Sample G answers per prompt from π_old (the current policy), score them, and fix everything the μ steps
     reuse. Returns (Rollout, metrics)."""
-    prompt = jnp.repeat(policy.encode(strips.images, strips.slots), config.group_size, axis=0)  # (S, F)
+    prompt = jnp.repeat(policy.encode(strips.images, strips.slots), config.group_size, axis=0)  # (S, decoder_size)
     tokens = generate(policy, prompt, key)
     logp_old = jax.lax.stop_gradient(token_logp(policy(prompt, tokens), tokens))
     target = jnp.repeat(strips.target, config.group_size, axis=0)
@@ -478,7 +489,7 @@ def evaluate(policy_def, state, ref_state, strips: Strips, key, n_samples: int) 
     policy, reference = nnx.merge(policy_def, state), nnx.merge(policy_def, ref_state)
     prompt = policy.encode(strips.images, strips.slots)
     greedy = verify(generate(policy, prompt, key, greedy=True), strips.target).mean()
-    prompts = jnp.repeat(prompt, n_samples, axis=0)  # (P·n, F)
+    prompts = jnp.repeat(prompt, n_samples, axis=0)  # (P·n, decoder_size)
     tokens = generate(policy, prompts, key)
     right = verify(tokens, jnp.repeat(strips.target, n_samples, axis=0))  # (P·n,) exact match, 0 or 1
     mask = completion_mask(tokens)
@@ -506,6 +517,21 @@ class Data(NamedTuple):
 
 
 SPLIT_SEED = 0  # the fixed shuffles behind --split-test-set, --val-size and the evaluation strips
+
+
+class RunKeys(NamedTuple):
+    """The four random streams of a run, from one split of --seed's key, so no two of them share a key."""
+
+    init: jax.Array  # nnx.Rngs(init) draws the initial weights' keys: fold_in(init, 0), fold_in(init, 1), …
+    train: jax.Array  # split once per block: the block's prompts and sampled answers
+    val: jax.Array  # the same key at every validation score: the rows differ only by the policy
+    test: jax.Array  # the test set's sampled answers, scored once
+
+
+def run_keys(seed: int) -> RunKeys:
+    """split(key(seed), 4). nnx.Rngs(seed) itself would draw fold_in(key(seed), n), and split(k)[i] equals
+    fold_in(k, i): keys taken from key(seed) directly would repeat the initial weights' keys."""
+    return RunKeys(*jax.random.split(jax.random.key(seed), 4))
 
 
 def fixed_strips(x, y, n_slots: int) -> Strips:
@@ -593,13 +619,16 @@ class Phase(NamedTuple):
 def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
     """Returns (policy, reference, history, timings). π_ref is the policy RL starts from: after the SFT warm
     start, or the initial policy without one. The test images are not touched here."""
-    n_slots, n, key = slots_for(args), args.eval_samples, jax.random.key(args.seed)
-    policy = Policy(n_slots, args.hidden_size, args.decoder_size, rngs=nnx.Rngs(args.seed))
+    n_slots, n, streams = slots_for(args), args.eval_samples, run_keys(args.seed)
+    policy = Policy(n_slots, args.hidden_size, args.decoder_size, rngs=nnx.Rngs(streams.init))
     optimizer = nnx.Optimizer(policy, optax.adam(args.learning_rate), wrt=nnx.Param)
     graphdef, state = nnx.split(TrainState(policy, optimizer))
     state = place(state, args.rules)  # weights and Adam's moments, split by the rules over the mesh
     policy_def, ref_state = nnx.graphdef(policy), state["policy"]  # π_ref: the same arrays, so the same layout
     x, y = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
+    val = fixed_strips(data.x_val, data.y_val, n_slots)
+    if not jax.sharding.get_mesh().empty:  # every device keeps all the images: copied once here, not at every call
+        x, y, val = jax.device_put((x, y, val), jax.P())
     labelled = labelled_count(args, len(y))  # the training images are shuffled: SFT reads the first ones' labels
     rl = GRPOConfig.from_args(args)
     sft = replace(rl, objective="supervised", ref_refresh=0)
@@ -608,13 +637,13 @@ def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
         phases.append(Phase("rl", rl, args.iterations, x, y))
     else:  # the baseline: more of the same supervised steps
         phases.append(Phase("supervised", sft, args.iterations, x[:labelled], y[:labelled]))
-    val, (key, eval_key) = fixed_strips(data.x_val, data.y_val, n_slots), jax.random.split(key)
-    score = jax.jit(partial(evaluate, policy_def), static_argnums=4)  # the same eval_key at every score: less noise
+    key = streams.train
+    score = jax.jit(partial(evaluate, policy_def), static_argnums=4)  # the same streams.val at every score: less noise
     history, t0 = [], time.perf_counter()
 
     def record(row: dict, state, ref_state) -> None:
         """Score the policy in `state` on validation; the row joins the history only once it is scored."""
-        row.update(scores(score(state["policy"], ref_state, val, eval_key, n), n, args.pass_k, "val_"))
+        row.update(scores(score(state["policy"], ref_state, val, streams.val, n), n, args.pass_k, "val_"))
         history.append(row)
         print_progress(row)
 
@@ -1195,7 +1224,7 @@ def mesh_memory(args: Args, data: Data, mesh: jax.sharding.Mesh) -> dict:
     def adam(model):
         return nnx.Optimizer(model, optax.adam(args.learning_rate), wrt=nnx.Param)
 
-    policy = Policy(*sizes, rngs=nnx.Rngs(args.seed))
+    policy = Policy(*sizes, rngs=nnx.Rngs(run_keys(args.seed).init))
     graphdef, state = nnx.split(TrainState(policy, adam(policy)))
     state = place(state, args.rules)  # as train() places it
     critic = critic_layers(*sizes, rngs=nnx.Rngs(args.seed))
@@ -1236,8 +1265,10 @@ def count_params(model: nnx.Module) -> int:
     return sum(int(p.size) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
-BYTES_PER_PARAM = 2 + 2 + 2 * 2  # bf16 weight + bf16 gradient + Adam's m and v in bf16 (the original guide's module 6)
-LLM_ACTOR_PARAMS = 8e9  # the original guide's 8B example
+# Mixed-precision Adam, per trained parameter: a bfloat16 weight and gradient, and float32 master weight, m and v
+BYTES_PER_PARAM = 2 + 2 + 4 + 4 + 4
+MEMORY_RULE = "bf16 weight 2 + bf16 gradient 2 + fp32 master weight 4 + Adam's fp32 m 4 and v 4 = 16 B"
+LLM_ACTOR_PARAMS = 8e9  # the policy size the table scales to, a common language model's
 
 
 def param_table(args: Args) -> tuple[str, dict]:
@@ -1251,7 +1282,8 @@ def param_table(args: Args) -> tuple[str, dict]:
         ("critic V(x) (PPO only)", critic),
         ("policy + critic (PPO)", actor + critic),
     ]
-    lines = [f"{'model':<24}{'params here':>13}{'scaled to 8B policy':>21}{'train state, 8 B/param':>25}"]
+    lines = [f"memory per trained parameter, mixed-precision Adam: {MEMORY_RULE}"]
+    lines.append(f"{'model':<24}{'params here':>13}{'scaled to 8B policy':>21}{'train state, 16 B/param':>25}")
     for name, count in rows:
         lines.append(
             f"{name:<24}{count:>13,}{count * scale / 1e9:>20.2f}B{count * scale * BYTES_PER_PARAM / 1e9:>22.1f} GB"
@@ -1421,7 +1453,7 @@ def print_header(args: Args, data: Data, label: str, mesh: jax.sharding.Mesh) ->
 def score_test_set(args: Args, policy: Policy, reference: Policy, data: Data) -> dict:
     """evaluate() on the held-out test prompts, called once, after training: test_pass1, test_pass{k}, ..."""
     strips = fixed_strips(data.x_test, data.y_test, slots_for(args))
-    key = jax.random.fold_in(jax.random.key(args.seed), 2)
+    key = run_keys(args.seed).test
     evaluate_test = jax.jit(partial(evaluate, nnx.graphdef(policy)), static_argnums=4)
     raw = evaluate_test(nnx.state(policy), nnx.state(reference), strips, key, args.eval_samples)
     return scores(raw, args.eval_samples, args.pass_k, "test_")
@@ -1431,11 +1463,11 @@ def evaluate_saved(args: Args, data: Data, out: Outputs) -> dict:
     """--load: score a saved policy as a training run scores its final policy (validation with train()'s
     evaluation key, the test set with score_test_set's, both drawn from --seed), so the run's flags reproduce its
     final scores; writes <out>/eval/metrics.json. policy.npz holds no π_ref, so no KL to it is reported."""
-    policy = Policy(slots_for(args), args.hidden_size, args.decoder_size, rngs=nnx.Rngs(args.seed))
+    policy = Policy(slots_for(args), args.hidden_size, args.decoder_size, rngs=nnx.Rngs(0))  # filled from --load
     load_checkpoint(args.load, {"policy": policy}, LOAD_HINT)
     nnx.update(policy, place(nnx.state(policy), args.rules))  # laid out on the mesh as train() lays it out
     print(f"data: {data.source}\nloaded {args.load}", flush=True)
-    _, eval_key = jax.random.split(jax.random.key(args.seed))  # train()'s evaluation key
+    eval_key = run_keys(args.seed).val  # train()'s validation key
     score = jax.jit(partial(evaluate, nnx.graphdef(policy)), static_argnums=4)
     val = fixed_strips(data.x_val, data.y_val, slots_for(args))
     state = nnx.state(policy)  # also π_ref's stand-in, here and on test: that KL (0) is dropped below

@@ -1,8 +1,9 @@
 """What `--adv-norm none` (Dr. GRPO's advantage, A = r − mean without the std) changes in GRPO's gradient.
 
 Two runs of 4_GRPO_MNIST/grpo_mnist.py, `--task number`, seed 0, the script's defaults except `--adv-norm`: std
-(the default) and none. Then, on each run's final policy and its π_ref, and on the same fixed rollouts (--batches
-batches of the default B prompts × G answers from the training images, sampled from that policy), the gradient at
+(the default) and none; both with a KL term, `--beta 0.01 --kl k3` (this tool's --beta, --kl), since the default
+has none (β = 0). Then, on each run's final policy and its π_ref, and on the same fixed rollouts (--batches batches
+of the default B prompts × G answers from the training images, sampled from that policy), the gradient at
 θ = θ_old (the first inner step: every ratio is 1) of the two parts of grpo_loss, computed under both advantages:
 
     surrogate   −aggregate(min(ρA, clip(ρ)A))   (grpo_loss with β = 0)
@@ -41,9 +42,11 @@ def parse(argv=None):
     p.add_argument("--iterations", type=int, default=0, help="RL iterations of both runs (0: the script's default)")
     p.add_argument("--batches", type=int, default=8, help="rollouts (B prompts × G answers each) to measure on")
     p.add_argument("--seed", type=int, default=0, help="the runs' --seed")
+    p.add_argument("--beta", type=float, default=0.01, help="the runs' --beta: a KL term to compare (> 0)")
+    p.add_argument("--kl", choices=("exact", "k1", "k3"), default="k3", help="the runs' --kl")
     a = p.parse_args(argv)
-    if a.iterations < 0 or a.batches < 1:
-        p.exit(1, "error: --iterations must be >= 0 and --batches >= 1\n")
+    if a.iterations < 0 or a.batches < 1 or a.beta <= 0:
+        p.exit(1, "error: --iterations must be >= 0, --batches >= 1 and --beta > 0\n")
     return a
 
 
@@ -171,10 +174,10 @@ def main(argv=None) -> None:
 
     g.use_compile_cache(g.Args().compile_cache)
     shorter = {"iterations": a.iterations} if a.iterations else {}
-    base = g.Args(task="number", seed=a.seed, score_test=False, **shorter)
+    base = g.Args(task="number", seed=a.seed, score_test=False, beta=a.beta, kl=a.kl, **shorter)
     data = g.load_data(base)._replace(x_test=None, y_test=None)  # no test digit is read
     print(
-        f"--task number, seed {a.seed}, the script's defaults except --adv-norm: G={base.group_size}, "
+        f"--task number, seed {a.seed}, the script's defaults except --adv-norm and the KL term: G={base.group_size}, "
         f"μ={base.inner_steps}, β={base.beta}, kl {base.kl}, {base.loss_agg}, learning rate {base.learning_rate}, "
         f"{base.iterations} RL iterations; {a.batches} rollouts of {base.batch_size} prompts × {base.group_size} "
         "answers per measured policy"

@@ -128,13 +128,16 @@ def sharpening(m: dict, assets: Path) -> None:
 
 def kl_curves(m: dict, assets: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    for name, style, text in (
+    lines = [
         ("kl_exact", "o-", f"exact, β = {KL_BETA}"),
         ("kl_k1", "x--", f"k1, β = {KL_BETA}"),
         ("kl_k3", "s-", f"k3, β = {KL_BETA}"),
         ("beta_0", "^:", "β = 0 (no KL term)"),
         ("default", "d-.", "the default: {kl}, β = {beta}".format(**m["default"]["args"])),
-    ):
+    ]
+    if m["default"] is m["beta_0"]:  # β = 0 is the default: one line, named so
+        lines = [*lines[:3], ("beta_0", "^:", "β = 0, no KL term (the default)")]
+    for name, style, text in lines:
         h = rl_part(m[name]["history"])
         x = [r["iteration"] if r["phase"] == "rl" else 0 for r in h]
         # π_ref is the policy RL starts from, so the KL is 0 at x = 0 (the warm row's kl_ref is to the initial policy)

@@ -23,7 +23,9 @@ scored afterwards, once, with `tools/seeds.py`. Every run's flags are written ou
 script's defaults), so the table keeps its meaning when the defaults change.
 
 Writes `benchmarks/results/grpo_val_sweep_<task>.txt` (a provenance header line, as tools/capture.py writes it,
-then the table; `--results-dir` moves it), and `<out>/summary.json` with every row.
+then the table; `--results-dir` moves it), `grpo_val_sweep_<task>.first.json` and `.second.json` beside it (the
+chosen GRPO row and the runner-up, as tools/seeds.py summarises seeds, with their flags), and `<out>/summary.json`
+with every row.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import argparse
 import json
 import re
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -157,13 +160,20 @@ def measure(flags: list[str], a: argparse.Namespace, root: Path) -> dict:
     return found or {METRIC: summary}
 
 
+def interval(summary: dict) -> str:
+    """'0.7812 [0.7650, 0.7901]': the IQM of the seeds' scores and its 95 % bootstrap CI ('–' below 2 seeds)."""
+    ci = summary.get("iqm_ci95")
+    return f"{summary['iqm']:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "–"
+
+
 def cell(values: dict | None, key: str) -> str:
     return "–" if values is None or key not in values else f"{values[key]['mean']:.4f}"
 
 
 def table(rows: list[dict], chosen: dict, seeds_text: str) -> list[str]:
     """The markdown table of every configuration, its cells padded so it also reads as plain text."""
-    head = ["objective", "stage", *COLUMNS, "pass@1", "per seed", "pass@8", "greedy", "length", "wrong len"]
+    head = ["objective", "stage", *COLUMNS, "pass@1", "IQM [95 % CI]", "per seed", "pass@8", "greedy", "length"]
+    head += ["wrong len"]
     head += ["KL ref", "median s", "chosen"]
     body = []
     for r in rows:
@@ -180,6 +190,7 @@ def table(rows: list[dict], chosen: dict, seeds_text: str) -> list[str]:
                 str(r["stage"]),
                 *(pairs.get(f, "") for f in COLUMNS.values()),
                 f"{m[METRIC]['mean']:.4f}",
+                interval(m[METRIC]),
                 per_seed,
                 *(cell(m, k) for k in ("val_pass8", "val_greedy", "val_length", "val_wrong_length", "val_kl_ref")),
                 f"{m[METRIC]['median_seconds']:.1f}",
@@ -242,18 +253,33 @@ def main(argv: list[str] | None = None) -> dict:
     header["seconds"] = round(time.perf_counter() - start, 1)
 
     n = len(seeds.parse_seeds(a.seeds))
+    per_run = [s for r in rows for s in r["metrics"][METRIC]["seconds_per_seed"].values()]
+    runs, run_seconds = len(per_run), sum(per_run)
     lines = [
         f"`{command}`: task {a.task}, every configuration on seeds {a.seeds} ({n} runs), chosen on the mean "
-        f"val_pass1 (sampled at temperature 1); the other columns are means over the same runs.",
+        f"val_pass1 (sampled at temperature 1), shown with the IQM of the runs and its 95 % bootstrap CI; the other "
+        f"columns are means over the same runs.",
         f"Every run: python {SCRIPT} FLAGS {' '.join(map(shlex.quote, common))} --seed S",
         "",
         *table(rows, chosen, a.seeds),
         "",
         *(f"chosen on validation, {objective}: {' '.join(flags)}" for objective, flags in chosen.items()),
+        f"cost: {runs} runs, {run_seconds / 3600:.1f} h in all (each run's whole process, reused runs included; "
+        f"median {statistics.median(per_run):.0f} s a run)",
     ]
     text = "\n".join(lines) + "\n"
     path = results / f"grpo_val_sweep_{a.task}.txt"
     path.write_text("# " + json.dumps(header, ensure_ascii=False) + "\n\n" + text)
+    ranked = sorted(
+        (r for r in rows if r["objective"] == "grpo" and r["stage"] != "ref"),
+        key=lambda r: r["metrics"][METRIC]["mean"],
+        reverse=True,
+    )
+    for place, r in zip(("first", "second"), ranked):  # the chosen GRPO row and the runner-up, for the READMEs
+        top = {**r["metrics"][METRIC], "flags": " ".join(r["flags"]), "provenance": header}
+        (results / f"grpo_val_sweep_{a.task}.{place}.json").write_text(
+            json.dumps(top, indent=2, ensure_ascii=False) + "\n"
+        )
     summary = {"provenance": header, "rows": rows, "chosen": chosen}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     print("\n" + text + f"wrote {path} and {out / 'summary.json'} ({header['seconds']:.0f} s)", flush=True)
