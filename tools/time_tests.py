@@ -1,8 +1,7 @@
 """What JAX's persistent compilation cache saves: `pytest` and each module's first run, cold and warm.
 
 Every script that uses JAX keeps its compiled XLA programs in `--compile-cache` (default `~/.cache/jax-rl-course`),
-and so do the tests, which run the scripts with their defaults. Each module runs with its defaults, except GRPO,
-which runs its one-token task at that task's settings (the default --task number takes minutes). A *cold* run starts
+and so do the tests, which run the scripts with their defaults. Each module runs with its defaults. A *cold* run starts
 with that folder empty: every program is compiled. A *warm* run finds them all on disk. This tool times both, whole
 process, in a fresh HOME so the real cache is never touched (matplotlib keeps its own font cache through
 MPLCONFIGDIR):
