@@ -1023,7 +1023,9 @@ def learner_text(path: Path) -> list[tuple[int, str]]:
     if path.suffix != ".py":
         return [(n, line) for n, line in enumerate(source.splitlines(), 1) if "<sub>`python" not in line]
     tokens = tokenize.generate_tokens(io.StringIO(source).readline)
-    return [(t.start[0], t.string) for t in tokens if t.type in (tokenize.COMMENT, tokenize.STRING)]
+    # From Python 3.12 an f-string is split into FSTRING_START / FSTRING_MIDDLE / FSTRING_END tokens, not one STRING.
+    text = {tokenize.COMMENT, tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)}
+    return [(t.start[0], t.string) for t in tokens if t.type in text]
 
 
 def check_build_words(path: Path) -> list[str]:
@@ -1291,8 +1293,11 @@ def test_a_named_guide_or_a_history_sentence_fails(tmp_path):
     )
     assert [int(p.split(":")[1]) for p in standalone_problems(page)] == [3, 5, 7, 9, 19]
     script = tmp_path / "demo.py"
-    script.write_text('x = 1  # the guide\'s merged flag\nhelp = "one learned log σ"\n', encoding="utf-8")
-    assert [int(p.split(":")[1]) for p in standalone_problems(script)] == [1]
+    script.write_text(
+        'x = 1  # the guide\'s merged flag\nhelp = "one learned log σ"\nerror = f"{x} no longer matches"\n',
+        encoding="utf-8",
+    )
+    assert [int(p.split(":")[1]) for p in standalone_problems(script)] == [1, 3]  # an f-string's text too
 
 
 # ----------------------------------------------------------------------------- every exercise has a measured answer

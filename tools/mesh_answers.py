@@ -62,7 +62,7 @@ def changed_source(change: str) -> str:
     piece, replacement = CHANGES[change]
     source = (REPO / SCRIPT).read_text()
     if source.count(piece) != 1:
-        raise SystemExit(f"error: the change {change!r} no longer matches {SCRIPT} exactly once; update CHANGES")
+        raise SystemExit(f"error: the change {change!r} does not match {SCRIPT} exactly once; update CHANGES")
     return source.replace(piece, replacement)
 
 
