@@ -1,11 +1,15 @@
-"""What the tools share: the repository root, and a loader for the course's scripts (their numbered folders are not
-Python packages, so a tool imports a script by its path)."""
+"""What the tools share: the repository root, a loader for the course's scripts (their numbered folders are not
+Python packages, so a tool imports a script by its path), and a way to run tests on a copy of a script with one
+line changed (the exercises' "change this line" answers)."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,3 +40,25 @@ def unwritable(folder: str) -> str | None:
     except OSError as e:
         return e.strerror or type(e).__name__
     return None
+
+
+def changed_source(script: str, name: str, piece: str, replacement: str) -> str:
+    """REPO/script's source with `piece` replaced; the change called `name` must match the source exactly once."""
+    source = (REPO / script).read_text(encoding="utf-8")
+    if source.count(piece) != 1:
+        raise SystemExit(f"error: the change {name!r} does not match {script} exactly once; update CHANGES")
+    return source.replace(piece, replacement)
+
+
+def pytest_on_a_changed_copy(script: str, source: str, parts: tuple[str, ...], pytest_args: list[str]) -> str:
+    """Copy `parts` of the repository (and pytest.ini) into a temporary folder, write `source` as `script` there, run
+    pytest with `pytest_args` in that copy: 'fails', 'PASSES', or the error. The repository itself is not touched."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for part in parts:
+            shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__", "assets"))
+        shutil.copy(REPO / "pytest.ini", root / "pytest.ini")
+        (root / script).write_text(source, encoding="utf-8")
+        command = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-m", ""]
+        proc = subprocess.run([*command, *pytest_args], cwd=root, capture_output=True, text=True)
+    return {0: "PASSES", 1: "fails"}.get(proc.returncode, f"error (pytest exit status {proc.returncode})")

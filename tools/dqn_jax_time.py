@@ -51,10 +51,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -62,7 +60,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from course import REPO, load_script  # noqa: E402
-from time_tests import timed  # noqa: E402
+from time_tests import whole_processes  # noqa: E402
 
 SCRIPT = "2_Cart_Pole_DQN/cart_pole_dqn.py"
 REFERENCE_CALLS = 8  # d: training calls of one seed, timed after one that compiles
@@ -120,7 +118,7 @@ def main(argv=None) -> None:
     dqn = load_script(SCRIPT)
     load_at_start = os.getloadavg()[0]
     # 3 first, while this process has not started JAX: its whole-process runs have the machine to themselves
-    whole = whole_processes(whole_process_commands(args), rounds)
+    whole = whole_processes(whole_process_commands(args), rounds, SCRIPT)
     dqn.use_sequential_xla_scheduler()  # as the script's command line does, before JAX starts its backend
     import jax
     import jax.numpy as jnp
@@ -311,22 +309,6 @@ def whole_process_commands(args) -> dict:
         "gymnasium (the default, one seed)": [SCRIPT, "--total-timesteps", str(args.total_timesteps)],
         "its libraries alone: python -c 'import …'": ["-c", IMPORTS],
     }
-
-
-def whole_processes(commands: dict, rounds: int) -> dict:
-    """Run each command (the arguments after `python`) once cold and `rounds` times warm, alternating between the
-    commands round by round. Each command keeps its own HOME (tools/time_tests.py's `timed`), so the script's
-    compilation cache starts empty there and is warm from the second run on. Returns {name: (cold, warm)}, each a
-    list of (seconds, its metrics.json or None) per run."""
-    runs = {name: ([], []) for name in commands}
-    with tempfile.TemporaryDirectory(prefix="dqn_jax_time_") as tmp:
-        for i in range(rounds + 1):
-            for k, (name, argv) in enumerate(commands.items()):
-                home = Path(tmp, str(k))
-                seconds = timed(argv, home, home / "run")
-                metrics = json.loads((home / "run" / "metrics.json").read_text()) if argv[0] == SCRIPT else None
-                runs[name][0 if i == 0 else 1].append((seconds, metrics))
-    return runs
 
 
 if __name__ == "__main__":

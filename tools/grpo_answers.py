@@ -9,14 +9,12 @@ prints the change as a diff, then, for each test named for it, whether that test
 from __future__ import annotations
 
 import argparse
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from course import REPO  # noqa: E402
+from course import changed_source as course_changed_source  # noqa: E402
+from course import pytest_on_a_changed_copy  # noqa: E402
 
 SCRIPT = "4_GRPO_MNIST/grpo_mnist.py"
 
@@ -37,28 +35,17 @@ CATCHING_TESTS = {
 
 
 def changed_source(change: str) -> str:
-    piece, replacement = CHANGES[change]
-    source = (REPO / SCRIPT).read_text(encoding="utf-8")
-    if source.count(piece) != 1:
-        raise SystemExit(f"error: the change {change!r} does not match {SCRIPT} exactly once; update CHANGES")
-    return source.replace(piece, replacement)
+    return course_changed_source(SCRIPT, change, *CHANGES[change])
 
 
 def verdicts(change: str) -> list[str]:
     """Run each test named for `change` on a copy of the repository with the change made: 'fails' or 'PASSES'."""
-    lines = []
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        for part in ("4_GRPO_MNIST", "tests", "tools", "benchmarks"):
-            shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__", "assets"))
-        shutil.copy(REPO / "pytest.ini", root / "pytest.ini")
-        (root / SCRIPT).write_text(changed_source(change), encoding="utf-8")
-        command = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-m", ""]
-        for test in CATCHING_TESTS[change]:
-            proc = subprocess.run([*command, f"tests/test_grpo.py::{test}"], cwd=root, capture_output=True, text=True)
-            verdict = {0: "PASSES", 1: "fails"}.get(proc.returncode, f"error (pytest exit status {proc.returncode})")
-            lines.append(f"tests/test_grpo.py::{test} on a copy with this change: {verdict}")
-    return lines
+    parts, source = ("4_GRPO_MNIST", "tests", "tools", "benchmarks"), changed_source(change)
+    return [
+        f"tests/test_grpo.py::{test} on a copy with this change: "
+        + pytest_on_a_changed_copy(SCRIPT, source, parts, [f"tests/test_grpo.py::{test}"])
+        for test in CATCHING_TESTS[change]
+    ]
 
 
 def main(argv=None) -> None:

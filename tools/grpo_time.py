@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import math
 import os
 import statistics
@@ -66,7 +65,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from course import REPO, load_script  # noqa: E402
-from time_tests import timed  # noqa: E402
+from time_tests import whole_processes  # noqa: E402
 
 SCRIPT = "4_GRPO_MNIST/grpo_mnist.py"
 DIGIT = ["--task", "digit", "--beta", "0.1", "--kl", "exact"]
@@ -253,7 +252,9 @@ def main(argv=None) -> None:
     args, flags, rounds = parse(argv)
     os.chdir(REPO)
     load_at_start = os.getloadavg()[0]
-    whole = whole_processes(rounds) if rounds else {}  # 3 first: no JAX in this process yet
+    whole = (
+        whole_processes(whole_process_commands(), rounds, SCRIPT) if rounds else {}
+    )  # 3 first: no JAX in this process yet
 
     g = load_script(SCRIPT)
     import jax
@@ -485,21 +486,6 @@ def whole_process_commands() -> dict:
         "--task digit at its settings": [SCRIPT, *DIGIT],
         "its libraries alone: python -c 'import …'": ["-c", IMPORTS],
     }
-
-
-def whole_processes(rounds: int) -> dict:
-    """Each command once cold and `rounds` times warm, alternating round by round, each in its own HOME.
-    Returns {name: (cold, warm)}, lists of (seconds, its metrics.json or None)."""
-    commands = whole_process_commands()
-    runs = {name: ([], []) for name in commands}
-    with tempfile.TemporaryDirectory(prefix="grpo_time_") as tmp:
-        for i in range(rounds + 1):
-            for j, (name, argv) in enumerate(commands.items()):
-                home = Path(tmp, str(j))
-                seconds = timed(argv, home, home / "run")
-                metrics = json.loads((home / "run" / "metrics.json").read_text()) if argv[0] == SCRIPT else None
-                runs[name][0 if i == 0 else 1].append((seconds, metrics))
-    return runs
 
 
 if __name__ == "__main__":

@@ -19,14 +19,14 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from course import REPO, load_script  # noqa: E402
+from course import REPO, load_script, pytest_on_a_changed_copy  # noqa: E402
+from course import changed_source as course_changed_source  # noqa: E402
 
 SCRIPT = "5_Sharding_Mesh/sharding_mesh.py"
 
@@ -59,11 +59,7 @@ REMAT = "Involuntary full rematerialization"
 
 
 def changed_source(change: str) -> str:
-    piece, replacement = CHANGES[change]
-    source = (REPO / SCRIPT).read_text()
-    if source.count(piece) != 1:
-        raise SystemExit(f"error: the change {change!r} does not match {SCRIPT} exactly once; update CHANGES")
-    return source.replace(piece, replacement)
+    return course_changed_source(SCRIPT, change, *CHANGES[change])
 
 
 def show_change(change: str) -> None:
@@ -87,17 +83,10 @@ def run_changed(change: str, flags: list[str], folder: Path) -> subprocess.Compl
 
 def catching_test_fails(change: str) -> str:
     """Run the test named for `change` on a copy of the repository with the change made: 'fails' or 'PASSES'."""
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        for part in ("5_Sharding_Mesh", "tests", "tools"):
-            shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__", "assets"))
-        shutil.copy(REPO / "pytest.ini", root / "pytest.ini")
-        (root / SCRIPT).write_text(changed_source(change))
-        command = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-m", ""]
-        proc = subprocess.run(
-            [*command, "tests/test_sharding.py", "-k", CATCHING_TEST[change]], cwd=root, capture_output=True, text=True
-        )
-    verdict = {0: "PASSES", 1: "fails"}.get(proc.returncode, f"error (pytest exit status {proc.returncode})")
+    parts = ("5_Sharding_Mesh", "tests", "tools")
+    verdict = pytest_on_a_changed_copy(
+        SCRIPT, changed_source(change), parts, ["tests/test_sharding.py", "-k", CATCHING_TEST[change]]
+    )
     return f"tests/test_sharding.py::{CATCHING_TEST[change]} on a copy with this change: {verdict}"
 
 

@@ -17,6 +17,7 @@ prints the median of the rounds, with the size of the compilation cache that the
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -65,6 +66,22 @@ def timed(argv: list[str], home: Path, out: Path) -> float:
         last = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
         sys.exit(f"error: {' '.join(argv)} exited {proc.returncode}: {last[0]}")
     return seconds
+
+
+def whole_processes(commands: dict, rounds: int, script: str) -> dict:
+    """Run each command (the arguments after `python`) once cold and `rounds` times warm, alternating between the
+    commands round by round. Each command keeps its own HOME (`timed`), so a script's compilation cache starts empty
+    there and is warm from the second run on. Returns {name: (cold, warm)}, each a list of (seconds, its
+    metrics.json for a run of `script`, else None) per run."""
+    runs = {name: ([], []) for name in commands}
+    with tempfile.TemporaryDirectory(prefix="whole_process_") as tmp:
+        for i in range(rounds + 1):
+            for k, (name, argv) in enumerate(commands.items()):
+                home = Path(tmp, str(k))
+                seconds = timed(argv, home, home / "run")
+                metrics = json.loads((home / "run" / "metrics.json").read_text()) if argv[0] == script else None
+                runs[name][0 if i == 0 else 1].append((seconds, metrics))
+    return runs
 
 
 def main() -> None:
