@@ -13,13 +13,11 @@ pytestmark = pytest.mark.unit
 SCRIPTS = sorted(str(p.relative_to(REPO)) for p in REPO.glob("[0-9]_*/*.py"))
 # Plumbing: whichever of these a script defines must sit below the banner.
 PLUMBING = {
-    "InputError",
-    "WriteError",
-    "reports_input_errors",
-    "Outputs",
-    "OneLineParser",
+    "RunError",
+    "Run",
+    "stop",
+    "one_line",
     "parse_args",
-    "bounds_text",
     "check_flags",
     "validate",
     "save_checkpoint",

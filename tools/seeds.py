@@ -145,9 +145,9 @@ def run_seed(script: Path, seed: int, out: Path, flags: list[str], python: str =
         last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         raise SweepError(f"seed {seed} failed (exit {proc.returncode}): {last}  [log: {out / 'run.log'}]")
     try:
-        metrics = json.loads((out / "metrics.json").read_text())
+        metrics = json.loads((out / "latest" / "metrics.json").read_text())
     except (OSError, ValueError) as e:
-        raise SweepError(f"seed {seed}: cannot read {out / 'metrics.json'}: {e}") from None
+        raise SweepError(f"seed {seed}: cannot read {out / 'latest' / 'metrics.json'}: {e}") from None
     return metrics, seconds
 
 

@@ -79,7 +79,7 @@ def whole_processes(commands: dict, rounds: int, script: str) -> dict:
             for k, (name, argv) in enumerate(commands.items()):
                 home = Path(tmp, str(k))
                 seconds = timed(argv, home, home / "run")
-                metrics = json.loads((home / "run" / "metrics.json").read_text()) if argv[0] == script else None
+                metrics = json.loads((home / "run" / "latest" / "metrics.json").read_text()) if argv[0] == script else None
                 runs[name][0 if i == 0 else 1].append((seconds, metrics))
     return runs
 
