@@ -122,7 +122,7 @@ def test_sweep_runs_each_seed_and_writes_the_table(tmp_path):
     folder = tmp_path / "q_learning" / "episodes_3_seeds-0-2"
     summary = json.loads((folder / "summary.json").read_text())
     # Each run is really a separate run with its own seed and folder.
-    per_run = {s: json.loads((folder / f"seed_{s}" / "metrics.json").read_text()) for s in (0, 1, 2)}
+    per_run = {s: json.loads((folder / f"seed_{s}" / "latest" / "metrics.json").read_text()) for s in (0, 1, 2)}
     assert [per_run[s]["args"]["seed"] for s in (0, 1, 2)] == [0, 1, 2]
     assert all(per_run[s]["episodes"] == 3 for s in (0, 1, 2))
     assert summary["per_seed"] == {str(s): per_run[s]["greedy_return"] for s in (0, 1, 2)}

@@ -79,7 +79,8 @@ def whole_processes(commands: dict, rounds: int, script: str) -> dict:
             for k, (name, argv) in enumerate(commands.items()):
                 home = Path(tmp, str(k))
                 seconds = timed(argv, home, home / "run")
-                metrics = json.loads((home / "run" / "latest" / "metrics.json").read_text()) if argv[0] == script else None
+                latest = home / "run" / "latest" / "metrics.json"  # the run's own folder
+                metrics = json.loads(latest.read_text()) if argv[0] == script else None
                 runs[name][0 if i == 0 else 1].append((seconds, metrics))
     return runs
 
