@@ -348,8 +348,11 @@ def test_a_swallowed_signal_still_ends_the_run_before_it_is_complete(tmp_path, m
     metrics.json. Catches a stop lost (the run completes and exits 0) and Python's 'Exception ignored' lines."""
     ql = load_script("1_Q_Learning/Q_Learning.py")
     swallow_at_episode(ql, monkeypatch, 10, signal.SIGTERM)
+    ignored = []  # what Python would print as 'Exception ignored in: ...' (pytest's own hook turns it into a warning)
+    monkeypatch.setattr(sys, "unraisablehook", ignored.append)
     out = tmp_path / "out"
     assert exit_status(ql.main, ql.parse_args(["--episodes", "200", "--out", str(out)])) == 143
+    assert ignored == []
     (folder,) = new_folders(out)
     assert capsys.readouterr().err == (
         f"interrupted; kept in {folder}: learning_curve.png, q_map.png (not complete: no metrics.json)\n"
