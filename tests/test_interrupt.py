@@ -370,15 +370,16 @@ def test_a_second_ctrl_c_stops_the_run_when_the_first_was_swallowed(tmp_path, mo
         calls.append(None)
         if len(calls) == 2:
             send(signal.SIGINT)  # the second press
+        if len(calls) > 2:
+            raise AssertionError("the run went on after the second Ctrl-C")
         return real(*args)
 
     monkeypatch.setattr(ql, "evaluate_greedy", evaluate_greedy)
     out = tmp_path / "out"
     flags = ["--episodes", "1000000", "--evals", "1000", "--out", str(out)]
-    started = time.perf_counter()
     assert exit_status(ql.main, ql.parse_args(flags)) == 130
     assert capsys.readouterr().err == "interrupted; nothing written\n"
-    assert time.perf_counter() - started < 30 and len(calls) == 2
+    assert len(calls) == 2
 
 
 # ------------------------------------------------------------------ a full disk
