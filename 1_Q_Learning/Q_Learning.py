@@ -117,7 +117,6 @@ class Model:
     reward: np.ndarray  # (S, A):    E[r | s, a]
     p_goal: np.ndarray  # (S, A):    P(the step ends the episode at the goal | s, a)
     start: int
-    goal: int
 
 
 def build_model(P: dict, start: int, goal: int) -> Model:
@@ -133,15 +132,14 @@ def build_model(P: dict, start: int, goal: int) -> Model:
                     p_goal[s, a] += p * (s2 == goal)
                 else:
                     p_cont[s, a, s2] += p
-    return Model(p_cont, reward, p_goal, start, goal)
+    return Model(p_cont, reward, p_goal, start)
 
 
 def env_model(env) -> Model:
     if isinstance(env, GridWorld):
         return build_model(env.P, env.start, env.goal)
     u = env.unwrapped  # FrozenLake's known model: u.P[s][a] = [(p, s', r, terminated), ...]
-    goal = int(np.flatnonzero(u.desc.flatten() == b"G")[0])
-    return build_model(u.P, 0, goal)
+    return build_model(u.P, 0, int(np.flatnonzero(u.desc.flatten() == b"G")[0]))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -464,8 +462,8 @@ def one_line(main):
         cli, code, signals, hook = args is None, 0, {signal.SIGINT, signal.SIGTERM}, sys.unraisablehook
         handlers, Run.stops, Run.active = {s: signal.signal(s, stop) for s in signals}, [], None
         sys.unraisablehook = lambda u: u.exc_type is KeyboardInterrupt or hook(u)  # finish() sees a swallowed stop
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # one that came while the libraries loaded lands now
         try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # one that came while the libraries loaded lands now
             metrics = main(args or parse_args())
         except (RunError, OSError, KeyboardInterrupt) as e:
             signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # stopping already: one line, then the exit
@@ -623,9 +621,7 @@ def print_header(args: Args, reference: Reference) -> None:
     print(
         f"q-learning env={env_name(args)} episodes={n_episodes(args)} alpha={args.alpha}->{args.alpha_end} "
         f"gamma={args.gamma} optimal_return={reference.optimal_return:.4f} "
-        f"optimal_success={reference.optimal_success:.4f} "
-        f"time_dependent_success={reference.time_dependent_success:.4f}",
-        flush=True,
+        f"optimal_success={reference.optimal_success:.4f} time_dependent_success={reference.time_dependent_success:.4f}"
     )
 
 
@@ -644,8 +640,7 @@ def print_summary(env, q: np.ndarray, reference: Reference, m: dict, args: Args)
     print(
         f"summary: policy_is_optimal={m['policy_is_optimal']} value_gap={m['value_gap']:.3g} "
         f"episodes_to_optimal={m['episodes_to_optimal']} train_seconds={m['train_seconds']:.3f} "
-        f"env_steps={m['env_steps']}",
-        flush=True,
+        f"env_steps={m['env_steps']}"
     )
 
 
