@@ -58,7 +58,7 @@ class Args:
     eps_decay: float = flag(0.5, "fraction of the episodes over which ε falls linearly to --eps-end", min=0.0, max=1.0)
     evals: int = flag(20, "exact greedy-policy evaluations (and progress lines) during training", min=1)
     eval_episodes: int = flag(10_000, "rollouts of the final greedy policy (the grid is deterministic: 1)", min=1)
-    out: str = flag("runs/q_learning", "folder for metrics.json, learning_curve.png and q_map.png")
+    out: str = flag("runs/q_learning", "each run's own folder goes in here; latest -> the last complete one")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -628,8 +628,8 @@ def print_header(args: Args, reference: Reference) -> None:
 def print_summary(env, q: np.ndarray, reference: Reference, m: dict, args: Args) -> None:
     """The learned board next to value iteration's, then two summary lines of the metrics."""
     print(grid_text(env, greedy_policy(q), q.max(axis=1), "\nlearned greedy policy and max_a Q(s, a):"))
-    optimal, title = greedy_policy(reference.q_star), f"\nvalue iteration (γ={args.gamma}): π* and V*(s):"
-    print(grid_text(env, optimal, reference.v_star, title))
+    vi_title = f"\nvalue iteration (γ={args.gamma}): π* and V*(s):"
+    print(grid_text(env, greedy_policy(reference.q_star), reference.v_star, vi_title))
     n = m["eval_episodes"]
     print(
         f"\nsummary: env={m['env']} greedy_return={m['greedy_return']:.4f} optimal_return={m['optimal_return']:.4f} "
