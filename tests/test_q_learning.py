@@ -222,9 +222,13 @@ def test_seed_0_on_the_grid_is_optimal_after_its_documented_20_episodes(capsys):
 @pytest.mark.unit
 def test_env_steps_count_every_step_of_every_episode():
     """On the grid an episode's return fixes its length: 101 − return steps if it reached the goal, 100 if cut.
-    Catches a loop that loses or double-counts steps (for example the last step of an episode)."""
-    _, _, _, _, _, log = grid_run(episodes=40, evals=4)
+    Catches a loop that loses or double-counts steps (for example the last step of an episode). 40 episodes do not
+    divide into 3 evaluations: one every 13 episodes, and one more after the last, which scores the final table
+    (the summary's exact numbers). Catches a final evaluation of the table 1 episode before the end."""
+    _, _, _, _, q, log = grid_run(episodes=40, evals=3)
     assert len(log.returns) == 40 and log.train_seconds > 0
+    assert [e.episode for e in log.evals] == [13, 26, 39, 40]
+    assert log.evals[-1].policy.tolist() == ql.greedy_policy(q).tolist()
     lengths = [100 if r == -100.0 else 101 - r for r in log.returns]
     assert log.env_steps == sum(lengths)
 

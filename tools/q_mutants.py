@@ -72,6 +72,12 @@ MUTANTS = [
         ["test_env_steps_count_every_step_of_every_episode"],
     ),
     (
+        "no evaluation after the last episode: the final numbers score an older table",
+        "if (episode + 1) % eval_every == 0 or episode + 1 == episodes:",
+        "if (episode + 1) % eval_every == 0:",
+        ["test_env_steps_count_every_step_of_every_episode"],
+    ),
+    (
         "the reference is the time-dependent optimum again",
         "optimal_return, optimal_success = (x[model.start] for x in horizon_values(model, args.max_steps, policy))",
         "optimal_return, optimal_success = (x[model.start] for x in horizon_values(model, args.max_steps))",
