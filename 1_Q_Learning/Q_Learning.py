@@ -9,8 +9,9 @@ NumPy only.
 
 The file reads in the order a run goes: Args; the environments and their model as arrays; the Q-table update
 (ε-greedy action, TD target, one episode); the training loop; then the exact reference and the evaluation that the
-loop calls every few episodes (value iteration, policy evaluation, the success within the step limit). Below the
-`# Plumbing` banner: the command line, input checks, printing, figures, metrics.json and main.
+loop calls every few episodes and after the last (value iteration, policy evaluation, the success within the step
+limit), and the final policy's rollouts. Below the `# Plumbing` banner: the command line, input checks, printing,
+figures, metrics.json (in the run's own folder) and main.
 """
 
 from __future__ import annotations
