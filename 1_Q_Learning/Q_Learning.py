@@ -9,8 +9,9 @@ NumPy only.
 
 The file reads in the order a run goes: Args; the environments and their model as arrays; the Q-table update
 (ε-greedy action, TD target, one episode); the training loop; then the exact reference and the evaluation that the
-loop calls every few episodes (value iteration, policy evaluation, the success within the step limit). Below the
-`# Plumbing` banner: the command line, input checks, printing, figures, metrics.json and main.
+loop calls every few episodes and after the last (value iteration, policy evaluation, the success within the step
+limit), and the final policy's rollouts. Below the `# Plumbing` banner: the command line, input checks, printing,
+figures, metrics.json (in the run's own folder) and main.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class Args:
     eps_decay: float = flag(0.5, "fraction of the episodes over which ε falls linearly to --eps-end", min=0.0, max=1.0)
     evals: int = flag(20, "exact greedy-policy evaluations (and progress lines) during training", min=1)
     eval_episodes: int = flag(10_000, "rollouts of the final greedy policy (the grid is deterministic: 1)", min=1)
-    out: str = flag("runs/q_learning", "folder for metrics.json, learning_curve.png and q_map.png")
+    out: str = flag("runs/q_learning", "each run's own folder goes in here; latest -> the last complete one")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -117,7 +118,6 @@ class Model:
     reward: np.ndarray  # (S, A):    E[r | s, a]
     p_goal: np.ndarray  # (S, A):    P(the step ends the episode at the goal | s, a)
     start: int
-    goal: int
 
 
 def build_model(P: dict, start: int, goal: int) -> Model:
@@ -133,15 +133,14 @@ def build_model(P: dict, start: int, goal: int) -> Model:
                     p_goal[s, a] += p * (s2 == goal)
                 else:
                     p_cont[s, a, s2] += p
-    return Model(p_cont, reward, p_goal, start, goal)
+    return Model(p_cont, reward, p_goal, start)
 
 
 def env_model(env) -> Model:
     if isinstance(env, GridWorld):
         return build_model(env.P, env.start, env.goal)
     u = env.unwrapped  # FrozenLake's known model: u.P[s][a] = [(p, s', r, terminated), ...]
-    goal = int(np.flatnonzero(u.desc.flatten() == b"G")[0])
-    return build_model(u.P, 0, goal)
+    return build_model(u.P, 0, int(np.flatnonzero(u.desc.flatten() == b"G")[0]))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -333,7 +332,6 @@ class Reference(NamedTuple):
 
     v_star: np.ndarray  # (S,):   V*(s) under the discount γ the agent learns with
     q_star: np.ndarray  # (S, A): Q*(s, a), same γ
-    value_start: float  # V*(start)
     optimal_policy: np.ndarray  # (S,): best_stationary_policy, the one a greedy Q-table policy can reach
     optimal_return: float  # its undiscounted return within --max-steps steps, from the start
     optimal_success: float  # its P(reach the goal within --max-steps steps), from the start
@@ -346,16 +344,8 @@ def solve_reference(model: Model, args: Args) -> Reference:
     v_star, q_star = value_iteration(model, args.gamma)
     policy = best_stationary_policy(model, args.max_steps)
     optimal_return, optimal_success = (x[model.start] for x in horizon_values(model, args.max_steps, policy))
-    time_dependent_success = horizon_values(model, args.max_steps)[1][model.start]
-    return Reference(
-        v_star,
-        q_star,
-        float(v_star[model.start]),
-        policy,
-        float(optimal_return),
-        float(optimal_success),
-        float(time_dependent_success),
-    )
+    time_dependent = horizon_values(model, args.max_steps)[1][model.start]
+    return Reference(v_star, q_star, policy, float(optimal_return), float(optimal_success), float(time_dependent))
 
 
 def is_optimal(model: Model, policy: np.ndarray, v_star: np.ndarray, gamma: float) -> tuple[bool, float]:
@@ -365,8 +355,29 @@ def is_optimal(model: Model, policy: np.ndarray, v_star: np.ndarray, gamma: floa
     return gap <= 1e-6 * (1.0 + abs(float(v_star[model.start]))), gap
 
 
-def rollout(env, policy: np.ndarray, episodes: int) -> tuple[float, float]:
-    """Run the greedy policy in the real env; returns (mean return, success rate)."""
+class Evaluation(NamedTuple):
+    """The greedy policy of the Q-table, scored exactly from the model (so free of sampling noise)."""
+
+    episode: int  # training episodes done
+    policy: np.ndarray  # (S,): argmax_a Q(s, a)
+    exact_return: float  # undiscounted return within --max-steps steps, from the start
+    success: float  # P(reach the goal within --max-steps steps) from the start
+    optimal: bool  # V^π(start) = V*(start), see is_optimal
+    value_gap: float  # V*(start) − V^π(start) ≥ 0
+
+
+def evaluate_greedy(model: Model, q: np.ndarray, reference: Reference, episode: int, args: Args) -> Evaluation:
+    """Score the greedy policy of q exactly from the model. train calls it every few episodes and after the last one,
+    so the last evaluation scores the final table."""
+    policy = greedy_policy(q)
+    exact_return, success = (float(x[model.start]) for x in horizon_values(model, args.max_steps, policy))
+    return Evaluation(episode, policy, exact_return, success, *is_optimal(model, policy, reference.v_star, args.gamma))
+
+
+def evaluate_final(env, policy: np.ndarray, args: Args) -> tuple[float, float, int]:
+    """The final greedy policy in the real env, next to its exact numbers: --eval-episodes episodes, or one on the grid
+    (a deterministic env and policy: one is exact). Returns (mean return, success rate, episodes)."""
+    episodes = 1 if args.env == "grid" else args.eval_episodes
     total, wins = 0.0, 0
     for _ in range(episodes):
         s, _ = env.reset()
@@ -376,54 +387,7 @@ def rollout(env, policy: np.ndarray, episodes: int) -> tuple[float, float]:
             total += r
             done = terminated or truncated
         wins += bool(terminated and r > 0)
-    return total / episodes, wins / episodes
-
-
-class Evaluation(NamedTuple):
-    """One exact evaluation of the greedy policy during training (from the model, so free of sampling noise)."""
-
-    episode: int  # training episodes done
-    success: float  # P(reach the goal within --max-steps steps) from the start
-    optimal: bool  # V^π(start) = V*(start), see is_optimal
-
-
-def evaluate_greedy(model: Model, q: np.ndarray, reference: Reference, episode: int, args: Args) -> Evaluation:
-    """Score the greedy policy of q exactly from the model: its success probability and whether it is optimal."""
-    policy = greedy_policy(q)
-    success = float(horizon_values(model, args.max_steps, policy)[1][model.start])
-    return Evaluation(episode, success, is_optimal(model, policy, reference.v_star, args.gamma)[0])
-
-
-class FinalEvaluation(NamedTuple):
-    """The learned greedy policy at the end of training, scored exactly from the model and by real rollouts."""
-
-    policy: np.ndarray  # (S,): argmax_a Q(s, a)
-    optimal: bool
-    value_gap: float  # V*(start) − V^π(start) ≥ 0
-    exact_return: float  # undiscounted return within --max-steps steps, from the model
-    exact_success: float  # P(reach the goal within --max-steps steps), from the model
-    rollout_return: float  # mean return over `rollouts` episodes in the real env
-    rollout_success: float  # success rate over the same episodes
-    rollouts: int
-
-
-def evaluate_final(env, model: Model, q: np.ndarray, reference: Reference, args: Args) -> FinalEvaluation:
-    """The final greedy policy: exactly from the model, and by --eval-episodes rollouts in the real env."""
-    policy = greedy_policy(q)
-    optimal, value_gap = is_optimal(model, policy, reference.v_star, args.gamma)
-    exact_return, exact_success = (x[model.start] for x in horizon_values(model, args.max_steps, policy))
-    rollouts = 1 if args.env == "grid" else args.eval_episodes  # deterministic env and policy: 1 is exact
-    rollout_return, rollout_success = rollout(env, policy, rollouts)
-    return FinalEvaluation(
-        policy,
-        optimal,
-        value_gap,
-        float(exact_return),
-        float(exact_success),
-        float(rollout_return),
-        float(rollout_success),
-        rollouts,
-    )
+    return total / episodes, wins / episodes, episodes
 
 
 def episodes_to_optimal(evals: list[Evaluation]) -> int | None:
@@ -549,165 +513,107 @@ def env_name(args: Args) -> str:
 
 
 def board(env) -> np.ndarray:
-    """(4, 4) tiles: 'S' start, 'G' goal, 'H' hole, '.' or 'F' a free cell."""
+    """The 16 tiles, row by row: 'S' start, 'G' goal, 'H' hole, '.' or 'F' a free cell."""
     if hasattr(env, "unwrapped"):
-        return env.unwrapped.desc.astype(str)
-    tiles = np.full((4, 4), ".")
-    tiles[0, 0], tiles[3, 3] = "S", "G"
-    return tiles
+        return env.unwrapped.desc.astype(str).flatten()
+    return np.array(list("S..............G"))
 
 
 def grid_text(env, policy: np.ndarray, values: np.ndarray, title: str) -> str:
     """The 4x4 board: the policy's arrow in each state and a value under it; H = hole, G = goal."""
-    tiles = board(env)
-    lines = [title]
-    for row in range(4):
-        cells = []
-        for col in range(4):
-            s = row * 4 + col
-            mark = tiles[row, col] if tiles[row, col] in "HG" else ARROWS[policy[s]]
-            cells.append(f"{mark} {values[s]:7.2f}")
-        lines.append("  ".join(cells))
-    return "\n".join(lines)
+    cells = [f"{t if t in 'HG' else ARROWS[a]} {v:7.2f}" for t, a, v in zip(board(env), policy, values)]
+    return "\n".join([title] + ["  ".join(cells[row : row + 4]) for row in range(0, 16, 4)])
 
 
-def plot_curve(path: str, log: TrainLog, reference: Reference, title: str):
+def plot_curve(path: str, log: TrainLog, reference: Reference, args: Args):
     """Two panels: the return of every training episode (with a running mean) and the greedy success rate. Where the
-    time-dependent optimum is above the stationary one, an inset zooms on the gap between them. Returns the (closed)
-    figure."""
-    import matplotlib
+    time-dependent optimum is above the stationary one, an inset zooms on the gap between them. Returns the figure."""
+    from matplotlib.figure import Figure  # drawn straight into a file: no window, no pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    returns = log.returns
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    x = np.arange(1, len(returns) + 1)
-    if len(returns) <= 2000:  # beyond that the raw returns are a solid band; the running mean says it all
-        ax1.plot(x, returns, lw=0.6, alpha=0.4, label="episode return")
-    w = max(1, len(returns) // 20)
-    if w > 1:
-        ax1.plot(
-            x[w - 1 :],
-            np.convolve(returns, np.ones(w) / w, mode="valid"),
-            lw=1.8,
-            label=f"mean of the last {w} episodes",
-        )
-    ax1.axhline(
-        reference.optimal_return,
-        color="k",
-        ls="--",
-        lw=1,
-        label=f"best stationary policy {reference.optimal_return:.4g}",
-    )
+    fig = Figure(figsize=(11, 4), layout="tight")
+    ax1, ax2 = fig.subplots(1, 2)
+    x, w = np.arange(1, len(log.returns) + 1), max(1, len(log.returns) // 20)
+    if len(x) <= 2000:  # beyond that the raw returns are a solid band; the running mean says it all
+        ax1.plot(x, log.returns, lw=0.6, alpha=0.4, label="episode return")
+    mean = np.convolve(log.returns, np.ones(w) / w, "valid")
+    ax1.plot(x[w - 1 :], mean, lw=1.8, label=f"mean of the last {w} episodes")
+    stationary, clock = {"color": "k", "ls": "--", "lw": 1}, {"color": "tab:red", "ls": ":", "lw": 1}
+    ax1.axhline(reference.optimal_return, **stationary, label=f"best stationary policy {reference.optimal_return:.4g}")
     ax1.set(xlabel="episode", ylabel="return (ε-greedy, while training)", title="Return per episode")
     ax1.legend(loc="best")
+
     episodes, success = [e.episode for e in log.evals], [e.success for e in log.evals]
+    low, high = reference.optimal_success, reference.time_dependent_success
     ax2.plot(episodes, success, marker="o", ms=3, label="greedy policy (exact)")
-    ax2.axhline(
-        reference.optimal_success,
-        color="k",
-        ls="--",
-        lw=1,
-        label=f"best stationary policy {reference.optimal_success:.4f}",
-    )
-    clock = reference.time_dependent_success > reference.optimal_success + 5e-5  # a policy gains by reading it
-    if clock:
-        ax2.axhline(
-            reference.time_dependent_success,
-            color="tab:red",
-            ls=":",
-            lw=1,
-            label=f"best if the policy reads the clock {reference.time_dependent_success:.4f}",
-        )
-        # the gap no table can close is thinner than a line at full scale: zoom on the two optima
-        low, high = reference.optimal_success, reference.time_dependent_success
-        inset = ax2.inset_axes([0.38, 0.1, 0.58, 0.42])
+    ax2.axhline(low, **stationary, label=f"best stationary policy {low:.4f}")
+    if high > low + 5e-5:  # a policy gains by reading the clock, by a gap thinner than a line: zoom on the two optima
+        ax2.axhline(high, **clock, label=f"best if the policy reads the clock {high:.4f}")
+        inset = ax2.inset_axes([0.38, 0.1, 0.58, 0.42], ylim=(low - 4 * (high - low), high + 2 * (high - low)))
         inset.plot(episodes, success, marker="o", ms=3)
-        inset.axhline(low, color="k", ls="--", lw=1)
-        inset.axhline(high, color="tab:red", ls=":", lw=1)
-        x = 0.12 * (episodes[-1] if episodes else 1)
-        inset.annotate("", (x, high), (x, low), arrowprops=dict(arrowstyle="<->", lw=0.8))
-        inset.text(1.15 * x, (low + high) / 2, f"gap {high - low:.4f}", va="center", fontsize=8)
-        inset.set_ylim(low - 4 * (high - low), high + 2 * (high - low))
+        inset.axhline(low, **stationary)
+        inset.axhline(high, **clock)
         inset.tick_params(labelsize=7)
-        inset.set_title("zoom: the gap no table can close", fontsize=8)
-    ax2.set(
-        xlabel="episode",
-        ylabel="P(reach goal within step limit)",
-        ylim=(-0.03, 1.03),
-        title="Greedy success rate during training",
-    )
-    ax2.legend(loc="upper left" if clock else "best")  # the inset takes the lower right
-    fig.suptitle(title)
-    fig.tight_layout()
+        inset.set_title(f"zoom: the gap no table can close, {high - low:.4f}", fontsize=8)
+    ax2.set(xlabel="episode", ylabel="P(reach goal within step limit)", ylim=(-0.03, 1.03))
+    ax2.set_title("Greedy success rate during training")
+    ax2.legend(loc="upper left" if ax2.child_axes else "best")  # the inset takes the lower right
+    fig.suptitle(f"Q-learning on {env_name(args)}, seed {args.seed}")
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return fig
 
 
-def plot_q_map(path: str, env, q: np.ndarray, reference: Reference, args: Args, episodes: int) -> None:
+def plot_q_map(path: str, env, q: np.ndarray, reference: Reference, args: Args) -> None:
     """The Q-table as a map: max_a Q(s, a) as colour and the greedy arrow in each cell, next to value iteration's
     V*(s) and π*(s) on the same colour scale."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tiles = board(env)
     panels = [
         ("learned: max_a Q(s, a) and argmax", q.max(axis=1), greedy_policy(q)),
         (f"value iteration (γ = {args.gamma}): V*(s) and π*(s)", reference.v_star, greedy_policy(reference.q_star)),
     ]
-    low = min(float(v.min()) for _, v, _ in panels)
-    high = max(float(v.max()) for _, v, _ in panels)
-    fig, axes = plt.subplots(1, 2, figsize=(9.5, 4.6))
+    low = min(float(values.min()) for _, values, _ in panels)
+    high = max(float(values.max()) for _, values, _ in panels)
+    fig = Figure(figsize=(9.5, 4.6))
+    axes = fig.subplots(1, 2)
     for ax, (title, values, policy) in zip(axes, panels):
         image = ax.imshow(values.reshape(4, 4), cmap="viridis", vmin=low, vmax=high)
-        for s in range(16):
+        for s, tile in enumerate(board(env)):
             row, col = divmod(s, 4)
-            tile = tiles[row, col]
             if tile in "HG":
-                ax.add_patch(plt.Rectangle((col - 0.5, row - 0.5), 1, 1, color="0.85" if tile == "H" else "gold"))
+                ax.fill_between([col - 0.5, col + 0.5], row - 0.5, row + 0.5, color="0.85" if tile == "H" else "gold")
                 ax.text(col, row, "hole" if tile == "H" else "goal", ha="center", va="center", fontsize=11)
                 continue
-            light = values[s] < low + 0.55 * (high - low)
-            color = "white" if light else "black"
+            color = "white" if values[s] < low + 0.55 * (high - low) else "black"
             ax.text(col, row - 0.12, ARROWS[policy[s]], ha="center", va="center", fontsize=22, color=color)
             ax.text(col, row + 0.3, f"{values[s]:.2f}", ha="center", va="center", fontsize=9, color=color)
         ax.set(title=title, xticks=range(4), yticks=range(4), xlabel="column", ylabel="row")
         ax.title.set_fontsize(10)
     fig.colorbar(image, ax=axes, shrink=0.8, label="value")
-    fig.suptitle(f"Q-table as a map, {env_name(args)}, seed {args.seed}, {episodes} episodes")
+    fig.suptitle(f"Q-table as a map, {env_name(args)}, seed {args.seed}, {n_episodes(args)} episodes")
     fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
 
 
-def collect_metrics(args: Args, reference: Reference, log: TrainLog, final: FinalEvaluation, wall_start: float) -> dict:
-    """The numbers metrics.json records (main adds the run's flags under 'args')."""
-    run = {
+def collect_metrics(args: Args, reference: Reference, log: TrainLog, rollouts: tuple[float, float, int]) -> dict:
+    """The numbers metrics.json records and the summary prints (main adds the run's flags under 'args'). The last of
+    log.evals scored the final table exactly; `rollouts` is evaluate_final's sample of it in the real env."""
+    final = log.evals[-1]
+    return {
         "env": env_name(args),
+        "episodes": len(log.returns),
+        "env_steps": log.env_steps,
+        "train_seconds": log.train_seconds,
         "optimal_return": reference.optimal_return,
         "optimal_success_rate": reference.optimal_success,
         "time_dependent_success_rate": reference.time_dependent_success,
-        "optimal_value_start": reference.value_start,
-        "episodes_to_optimal": episodes_to_optimal(log.evals),
-        "episodes": len(log.returns),
-        "env_steps": log.env_steps,
-        "train_seconds": round(log.train_seconds, 4),
-        "wall_seconds": round(time.perf_counter() - wall_start, 4),
-    }
-    return {
-        **run,
-        "greedy_return": final.rollout_return,
-        "greedy_success_rate": final.rollout_success,
-        "success_gap": float(reference.optimal_success - final.exact_success),
+        "greedy_return": rollouts[0],
+        "greedy_success_rate": rollouts[1],
+        "eval_episodes": rollouts[2],
         "greedy_return_exact": final.exact_return,
-        "greedy_success_rate_exact": final.exact_success,
-        "policy_is_optimal": bool(final.optimal),
+        "greedy_success_rate_exact": final.success,
+        "success_gap": reference.optimal_success - final.success,
+        "policy_is_optimal": final.optimal,
         "value_gap": final.value_gap,
-        "greedy_value_start": float(reference.value_start - final.value_gap),
-        "eval_episodes": final.rollouts,
+        "episodes_to_optimal": episodes_to_optimal(log.evals),
     }
 
 
@@ -716,33 +622,26 @@ def print_header(args: Args, reference: Reference) -> None:
     print(
         f"q-learning env={env_name(args)} episodes={n_episodes(args)} alpha={args.alpha}->{args.alpha_end} "
         f"gamma={args.gamma} optimal_return={reference.optimal_return:.4f} "
-        f"optimal_success={reference.optimal_success:.4f} "
-        f"time_dependent_success={reference.time_dependent_success:.4f}",
-        flush=True,
+        f"optimal_success={reference.optimal_success:.4f} time_dependent_success={reference.time_dependent_success:.4f}"
     )
 
 
-def print_summary(env, q: np.ndarray, reference: Reference, log: TrainLog, final: FinalEvaluation, args: Args) -> None:
-    """The learned board next to value iteration's, then two summary lines."""
-    n = final.rollouts
-    print(grid_text(env, final.policy, q.max(axis=1), "\nlearned greedy policy and max_a Q(s, a):"))
+def print_summary(env, q: np.ndarray, reference: Reference, m: dict, args: Args) -> None:
+    """The learned board next to value iteration's, then two summary lines of the metrics."""
+    print(grid_text(env, greedy_policy(q), q.max(axis=1), "\nlearned greedy policy and max_a Q(s, a):"))
+    vi_title = f"\nvalue iteration (γ={args.gamma}): π* and V*(s):"
+    print(grid_text(env, greedy_policy(reference.q_star), reference.v_star, vi_title))
+    n = m["eval_episodes"]
     print(
-        grid_text(
-            env, greedy_policy(reference.q_star), reference.v_star, f"\nvalue iteration (γ={args.gamma}): π* and V*(s):"
-        )
+        f"\nsummary: env={m['env']} greedy_return={m['greedy_return']:.4f} optimal_return={m['optimal_return']:.4f} "
+        f"greedy_success_rate={m['greedy_success_rate']:.4f} "
+        f"(over {n} episode{'s' * (n > 1)}; exact {m['greedy_success_rate_exact']:.4f}) "
+        f"optimal_success_rate={m['optimal_success_rate']:.4f} success_gap={m['success_gap']:.4f}"
     )
     print(
-        f"\nsummary: env={env_name(args)} greedy_return={final.rollout_return:.4f} "
-        f"optimal_return={reference.optimal_return:.4f} greedy_success_rate={final.rollout_success:.4f} "
-        f"(over {n} episode{'s' * (n > 1)}; exact {final.exact_success:.4f}) "
-        f"optimal_success_rate={reference.optimal_success:.4f} "
-        f"success_gap={reference.optimal_success - final.exact_success:.4f}"
-    )
-    print(
-        f"summary: policy_is_optimal={final.optimal} value_gap={final.value_gap:.3g} "
-        f"episodes_to_optimal={episodes_to_optimal(log.evals)} train_seconds={log.train_seconds:.3f} "
-        f"env_steps={log.env_steps}",
-        flush=True,
+        f"summary: policy_is_optimal={m['policy_is_optimal']} value_gap={m['value_gap']:.3g} "
+        f"episodes_to_optimal={m['episodes_to_optimal']} train_seconds={m['train_seconds']:.3f} "
+        f"env_steps={m['env_steps']}"
     )
 
 
@@ -750,7 +649,6 @@ def print_summary(env, q: np.ndarray, reference: Reference, log: TrainLog, final
 def main(args: Args) -> dict:
     validate(args)  # flag values, before any work
     run = Run(args)  # this run's own folder under --out
-    wall_start = time.perf_counter()
     rng = np.random.default_rng(args.seed)
     env = make_env(args)
     env.reset(seed=args.seed)  # seeds FrozenLake's slipping; later resets continue that stream
@@ -759,14 +657,13 @@ def main(args: Args) -> dict:
     print_header(args, reference)
 
     q, log = train(env, model, reference, args, rng)
-    title = f"Q-learning on {env_name(args)}, seed {args.seed}"
-    run.save("learning_curve.png", plot_curve, log, reference, title)
-    run.save("q_map.png", plot_q_map, env, q, reference, args, len(log.returns))
+    run.save("learning_curve.png", plot_curve, log, reference, args)
+    run.save("q_map.png", plot_q_map, env, q, reference, args)
 
-    final = evaluate_final(env, model, q, reference, args)
-    metrics = collect_metrics(args, reference, log, final, wall_start)
+    rollouts = evaluate_final(env, log.evals[-1].policy, args)
+    metrics = collect_metrics(args, reference, log, rollouts)
     run.finish({**metrics, "args": asdict(args)})
-    print_summary(env, q, reference, log, final, args)
+    print_summary(env, q, reference, metrics, args)
     print(f"outputs: {run.folder} (metrics.json, learning_curve.png, q_map.png)", flush=True)
     return metrics
 

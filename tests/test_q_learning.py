@@ -5,9 +5,10 @@ unit:     the TD update, the ε schedule, value iteration and finite-horizon eva
           the 20 episodes its README shows; sampled success within 3 standard errors of the exact one; the learning
           curve's inset on the gap between the two optima; the enumeration of every policy a table can hold
           (tools/q_stationary_optimum.py) against horizon_values, the local search as its lower bound, and the 4^11
-          check's results file against the script's reference; bad settings raise InputError, and main turns it into
+          check's results file against the script's reference; bad settings raise RunError, and main turns it into
           one line.
-smoke:    the CLI in a subprocess, on the grid and on FrozenLake, writes metrics.json and both figures.
+smoke:    the CLI in a subprocess, on the grid and on FrozenLake, writes metrics.json and both figures into a run
+          folder of its own, which <out>/latest points at.
 learning: the default grid run is optimal on seeds 0–4; slippery FrozenLake reaches the best stationary
           policy's exact success within 100 steps (gap 0, never negative).
 integration: the 4^11 check again, in full.
@@ -16,6 +17,7 @@ integration: the 4^11 check again, in full.
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import numpy as np
@@ -167,7 +169,9 @@ def test_frozenlake_horizon_optimum():
 
 @pytest.mark.unit
 def test_episodes_to_optimal_is_the_start_of_the_last_optimal_stretch():
-    E = ql.Evaluation
+    def E(episode, success, optimal):  # an evaluation with the fields episodes_to_optimal reads
+        return ql.Evaluation(episode, None, 0.0, success, optimal, 0.0)
+
     evals = [E(10, 0.0, False), E(20, 1.0, True), E(30, 0.5, False), E(40, 1.0, True), E(50, 1.0, True)]
     assert ql.episodes_to_optimal(evals) == 40  # optimal at 20 too, but it did not stay optimal
     assert ql.episodes_to_optimal(evals[:2]) == 20
@@ -191,7 +195,7 @@ def test_grid_reference_matches_hand_computation():
     """Catches a wrong discount or a bootstrap through the goal in value iteration, and a reference policy that does
     not reach the goal: V*(start) = −(1 + γ + … + γ⁴) + 100·γ⁵ at γ = 0.99, the stationary optimum returns 95."""
     args, env, model, reference, _, _ = grid_run(episodes=1, evals=1)
-    assert reference.value_start == pytest.approx(100 * 0.99**5 - sum(0.99**k for k in range(5)), abs=1e-8)
+    assert reference.v_star[0] == pytest.approx(100 * 0.99**5 - sum(0.99**k for k in range(5)), abs=1e-8)
     assert (reference.optimal_return, reference.optimal_success, reference.time_dependent_success) == (95.0, 1.0, 1.0)
 
 
@@ -207,19 +211,24 @@ def test_seed_0_on_the_grid_is_optimal_after_its_documented_20_episodes(capsys):
     assert ql.episodes_to_optimal(log.evals) == 20
     assert [e.optimal for e in log.evals[2:4]] == [False, True]
     assert all(e.success == 1.0 for e in log.evals[3:])
-    final = ql.evaluate_final(env, model, q, reference, args)
+    final = log.evals[-1]  # the last evaluation scores the final table
+    assert final.policy.tolist() == ql.greedy_policy(q).tolist()
     assert final.optimal and final.value_gap == 0.0
-    assert (final.exact_return, final.exact_success) == (95.0, 1.0)
+    assert (final.exact_return, final.success) == (95.0, 1.0)
     # the model (backward induction) and the real env (one rollout) agree on the deterministic grid
-    assert (final.rollout_return, final.rollout_success, final.rollouts) == (95.0, 1.0, 1)
+    assert ql.evaluate_final(env, final.policy, args) == (95.0, 1.0, 1)
 
 
 @pytest.mark.unit
 def test_env_steps_count_every_step_of_every_episode():
     """On the grid an episode's return fixes its length: 101 − return steps if it reached the goal, 100 if cut.
-    Catches a loop that loses or double-counts steps (for example the last step of an episode)."""
-    _, _, _, _, _, log = grid_run(episodes=40, evals=4)
+    Catches a loop that loses or double-counts steps (for example the last step of an episode). 40 episodes do not
+    divide into 3 evaluations: one every 13 episodes, and one more after the last, which scores the final table
+    (the summary's exact numbers). Catches a final evaluation of the table 1 episode before the end."""
+    _, _, _, _, q, log = grid_run(episodes=40, evals=3)
     assert len(log.returns) == 40 and log.train_seconds > 0
+    assert [e.episode for e in log.evals] == [13, 26, 39, 40]
+    assert log.evals[-1].policy.tolist() == ql.greedy_policy(q).tolist()
     lengths = [100 if r == -100.0 else 101 - r for r in log.returns]
     assert log.env_steps == sum(lengths)
 
@@ -333,24 +342,25 @@ def test_no_table_policy_beats_the_slippery_reference():
 
 
 def slippery_final(eval_episodes: int):
-    """The reference policy itself as a learned table, scored by evaluate_final with seeded rollouts."""
+    """The reference policy itself as a learned table: its exact evaluation, and evaluate_final's seeded rollouts."""
     args, env, model, reference = slippery_reference()
     args.eval_episodes = eval_episodes
     env.reset(seed=0)
     q = np.eye(4)[reference.optimal_policy]  # greedy_policy(q) is the reference policy
-    return args, reference, ql.evaluate_final(env, model, q, reference, args)
+    final = ql.evaluate_greedy(model, q, reference, 0, args)
+    return args, reference, final, ql.evaluate_final(env, final.policy, args)
 
 
 @pytest.mark.unit
 def test_sampled_success_lies_within_3_standard_errors_of_the_exact_one():
     """Rollouts in gymnasium's env and backward induction on its model measure the same probability. Catches a
     rollout that counts a hole as a success or ignores the step limit, and a model built from the wrong transitions."""
-    _, _, final = slippery_final(eval_episodes=1000)
-    p = final.exact_success
-    standard_error = (p * (1 - p) / final.rollouts) ** 0.5
-    assert final.rollouts == 1000
-    assert abs(final.rollout_success - p) <= 3 * standard_error
-    assert final.rollout_return == final.rollout_success  # reward 1 at the goal, 0 otherwise
+    _, _, final, (rollout_return, rollout_success, rollouts) = slippery_final(eval_episodes=1000)
+    p = final.success
+    standard_error = (p * (1 - p) / rollouts) ** 0.5
+    assert rollouts == 1000
+    assert abs(rollout_success - p) <= 3 * standard_error
+    assert rollout_return == rollout_success  # reward 1 at the goal, 0 otherwise
 
 
 @pytest.mark.unit
@@ -358,11 +368,10 @@ def test_success_gap_uses_the_exact_success_and_is_never_negative():
     """The gap is the best stationary success minus the learned policy's exact success: 0 here, although these
     rollouts (seed 0) happen to succeed more often than the exact probability. Catches a gap taken from the sampled
     success (negative here) or from the time-dependent optimum (0.004 here)."""
-    args, reference, final = slippery_final(eval_episodes=2000)
-    assert final.rollout_success > final.exact_success  # the sampled value overshoots on this seed
-    log = ql.TrainLog([], [], 0, 0.0)
-    metrics = ql.collect_metrics(args, reference, log, final, wall_start=0.0)
-    assert metrics["success_gap"] == 0.0
+    args, reference, final, rollouts = slippery_final(eval_episodes=2000)
+    assert rollouts[1] > final.success  # the sampled value overshoots on this seed
+    metrics = ql.collect_metrics(args, reference, ql.TrainLog([], [final], 0, 0.0), rollouts)
+    assert metrics["success_gap"] == 0.0 and metrics["greedy_success_rate"] == rollouts[1]
     assert metrics["optimal_success_rate"] < metrics["time_dependent_success_rate"]
 
 
@@ -371,10 +380,11 @@ def test_learning_curve_zooms_on_the_gap_no_table_can_close(tmp_path):
     """On the slippery map the two optima (about 0.7402 and 0.7442) are one line at full scale, so plot_curve adds an
     inset to the success panel whose y-range holds both and is a few gaps tall; on the grid, where they are equal,
     there is none. Mutations caught: no inset; an inset at full scale (its y-range 0–1)."""
-    _, _, _, reference = slippery_reference()
-    evals = [ql.Evaluation(500, 0.3, False), ql.Evaluation(1000, reference.optimal_success, True)]
+    args, _, _, reference = slippery_reference()
+    policy = reference.optimal_policy
+    evals = [ql.Evaluation(500, policy, 0.3, 0.3, False, 0.1), ql.Evaluation(1000, policy, 0.74, 0.74, True, 0.0)]
     log = ql.TrainLog([0.0, 1.0] * 500, evals, 1000, 0.0)
-    fig = ql.plot_curve(str(tmp_path / "slippery.png"), log, reference, "slippery")
+    fig = ql.plot_curve(str(tmp_path / "slippery.png"), log, reference, args)
     assert (tmp_path / "slippery.png").stat().st_size > 10_000
     _, success = fig.axes
     assert len(success.child_axes) == 1  # the inset
@@ -382,16 +392,15 @@ def test_learning_curve_zooms_on_the_gap_no_table_can_close(tmp_path):
     gap = reference.time_dependent_success - reference.optimal_success
     assert low < reference.optimal_success < reference.time_dependent_success < high and high - low < 10 * gap
     grid = reference._replace(time_dependent_success=reference.optimal_success)
-    assert ql.plot_curve(str(tmp_path / "grid.png"), log, grid, "equal optima").axes[1].child_axes == []
+    assert ql.plot_curve(str(tmp_path / "grid.png"), log, grid, args).axes[1].child_axes == []
 
 
-BAD_SETTINGS = [  # (flags that validate must refuse, a word its one-line message must contain)
+BAD_SETTINGS = [  # (flags that validate must refuse, a word its one-line message must contain; argparse checks --env)
     ({"episodes": -5}, "--episodes"),
     ({"alpha": 0.0}, "--alpha"),
     ({"alpha": 1.5}, "--alpha"),
     ({"gamma": -0.1}, "--gamma"),
     ({"gamma": 1.01}, "--gamma"),
-    ({"env": "cliff"}, "--env"),
     ({"slippery": True}, "--slippery"),
     ({"evals": 0}, "--evals"),
     ({"seed": -1}, "--seed"),
@@ -402,30 +411,35 @@ BAD_SETTINGS = [  # (flags that validate must refuse, a word its one-line messag
 
 @pytest.mark.unit
 @pytest.mark.parametrize("bad, message", BAD_SETTINGS)
-def test_validate_raises_input_error(bad, message, tmp_path):
-    with pytest.raises(ql.InputError) as exc:
+def test_validate_raises_run_error(bad, message, tmp_path):
+    with pytest.raises(ql.RunError) as exc:
         ql.validate(ql.Args(out=str(tmp_path), **bad))
     text = str(exc.value)
     assert message in text and not text.startswith("error:") and "\n" not in text
 
 
 @pytest.mark.unit
-def test_an_unwritable_output_folder_is_refused_before_any_work(tmp_path):
-    """Outputs, which main creates right after checking the flags, takes the folder (its lock file) or refuses it."""
+def test_an_unwritable_output_folder_is_refused_before_any_work(tmp_path, capsys):
+    """Run, which main creates right after checking the flags, makes the run's own folder or refuses: one line on
+    stderr, exit status 1, no training. Catches a traceback, and a run that trains before it finds out."""
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    with pytest.raises(ql.InputError, match="--out .* is not a writable folder"):
-        ql.Outputs(str(blocker / "run"), {})
+    with pytest.raises(SystemExit) as exc:
+        ql.main(ql.Args(out=str(blocker / "runs")))
+    out, err = capsys.readouterr()
+    assert exc.value.code == 1 and out == ""
+    assert re.fullmatch(r"error: --out '.*/file/runs' is not a writable folder \(.*\); nothing written\n", err), err
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize("bad, message", BAD_SETTINGS)
-def test_bad_settings_exit_with_one_line(bad, message, tmp_path):
+def test_bad_settings_exit_with_one_line(bad, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        ql.main(ql.Args(out=str(tmp_path), **bad))
-    text = str(exc.value.code)
-    assert text.startswith("error: ") and message in text and "\n" not in text
-    assert not (tmp_path / "metrics.json").exists()
+        ql.main(ql.Args(out=str(tmp_path / "runs"), **bad))
+    out, err = capsys.readouterr()
+    assert exc.value.code == 1 and out == ""  # refused before any work
+    assert err.startswith("error: ") and message in err and err.endswith("; nothing written\n") and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -434,10 +448,21 @@ def test_bad_settings_exit_with_one_line(bad, message, tmp_path):
 
 @pytest.mark.smoke
 def test_cli_grid_writes_metrics_and_curve(tmp_path):
+    """A run writes metrics.json and both figures into a folder of its own, <out>/<date>-<time>-seed<seed>, names it
+    in its last line, and points <out>/latest at it. Catches files written straight into --out, a `latest` that
+    is missing or points elsewhere, and an `outputs:` line that names another folder."""
     out = tmp_path / "run"
     proc = run_script(SCRIPT, "--episodes", "40", "--evals", "4", "--out", str(out), cwd=tmp_path, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert proc.stdout.count("episode=") == 4 and "summary:" in proc.stdout
+    folder = re.fullmatch(
+        r"outputs: (.+) \(metrics.json, learning_curve.png, q_map.png\)", proc.stdout.splitlines()[-1]
+    )
+    assert re.fullmatch(r"\d{8}-\d{6}-seed0", os.path.basename(folder[1])) and os.path.dirname(folder[1]) == str(out)
+    assert sorted(os.listdir(out)) == sorted(["latest", os.path.basename(folder[1])])
+    assert os.readlink(out / "latest") == os.path.basename(folder[1])
+    out = out / "latest"
+    assert sorted(os.listdir(out)) == ["learning_curve.png", "metrics.json", "q_map.png"]
     metrics = json.loads((out / "metrics.json").read_text())
     for key in (
         "greedy_return",
@@ -471,7 +496,7 @@ def test_cli_frozenlake_runs(tmp_path):
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    metrics = json.loads((tmp_path / "latest" / "metrics.json").read_text())
     assert metrics["env"] == "frozenlake-slippery" and metrics["eval_episodes"] == 200
     # 50 episodes learn little; the gap to the best stationary policy is measured from the exact success
     assert 0.7401 < metrics["optimal_success_rate"] < 0.7402 < metrics["time_dependent_success_rate"] < 0.75
@@ -479,21 +504,14 @@ def test_cli_frozenlake_runs(tmp_path):
 
 
 @pytest.mark.smoke
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["--episodes", "-1"],
-        ["--alpha", "2"],
-        ["--gamma", "1.5"],
-        ["--env", "cliff"],
-        ["--episodes", "ten"],
-    ],
-)
+@pytest.mark.parametrize("argv", [["--alpha", "2"], ["--env", "cliff"], ["--episodes", "ten"]])  # bound, choice, type
 def test_cli_bad_input_is_one_line(argv, tmp_path):
-    proc = run_script(SCRIPT, *argv, "--out", str(tmp_path), cwd=tmp_path, timeout=60)
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: ")
+    """The command line refuses a bad flag in one line on stderr that names it, exit status 1, before any work and
+    before any folder (every flag's bounds are checked in process above, through the same main)."""
+    proc = run_script(SCRIPT, *argv, "--out", str(tmp_path / "runs"), cwd=tmp_path, timeout=60)
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1 and argv[0] in proc.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -514,8 +532,7 @@ def test_default_grid_is_optimal_on_seeds_0_to_4(tmp_path):
 def test_same_seed_same_run(tmp_path):
     a = ql.main(ql.Args(env="frozenlake", slippery=True, episodes=300, eval_episodes=300, out=str(tmp_path / "a")))
     b = ql.main(ql.Args(env="frozenlake", slippery=True, episodes=300, eval_episodes=300, out=str(tmp_path / "b")))
-    drop = ("train_seconds", "wall_seconds")
-    assert {k: v for k, v in a.items() if k not in drop} == {k: v for k, v in b.items() if k not in drop}
+    assert {**a, "train_seconds": 0} == {**b, "train_seconds": 0}
 
 
 @pytest.mark.learning

@@ -55,8 +55,8 @@ MUTANTS = [
     ),
     (
         "every evaluation calls the greedy policy optimal",
-        "return Evaluation(episode, success, is_optimal(model, policy, reference.v_star, args.gamma)[0])",
-        "return Evaluation(episode, success, True)",
+        "exact_return, success, *is_optimal(model, policy, reference.v_star, args.gamma))",
+        "exact_return, success, True, 0.0)",
         ["test_seed_0_on_the_grid_is_optimal_after_its_documented_20_episodes"],
     ),
     (
@@ -69,6 +69,12 @@ MUTANTS = [
         "the loop does not count an episode's last step",
         "ret, steps = ret + r, steps + 1",
         "ret, steps = ret + r, steps + (not (terminated or truncated))",
+        ["test_env_steps_count_every_step_of_every_episode"],
+    ),
+    (
+        "no evaluation after the last episode: the final numbers score an older table",
+        "if (episode + 1) % eval_every == 0 or episode + 1 == episodes:",
+        "if (episode + 1) % eval_every == 0:",
         ["test_env_steps_count_every_step_of_every_episode"],
     ),
     (
@@ -97,14 +103,14 @@ MUTANTS = [
     ),
     (
         "the gap is taken from the sampled success",
-        '"success_gap": float(reference.optimal_success - final.exact_success)',
-        '"success_gap": float(reference.optimal_success - final.rollout_success)',
+        '"success_gap": reference.optimal_success - final.success,',
+        '"success_gap": reference.optimal_success - rollouts[1],',
         ["test_success_gap_uses_the_exact_success_and_is_never_negative"],
     ),
     (
         "the gap is taken from the time-dependent optimum",
-        '"success_gap": float(reference.optimal_success - final.exact_success)',
-        '"success_gap": float(reference.time_dependent_success - final.exact_success)',
+        '"success_gap": reference.optimal_success - final.success,',
+        '"success_gap": reference.time_dependent_success - final.success,',
         ["test_success_gap_uses_the_exact_success_and_is_never_negative"],
     ),
     (
