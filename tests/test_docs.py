@@ -1398,3 +1398,79 @@ def test_an_unstamped_or_stale_figure_fails(tmp_path):
     assert "stale" in FIGURES.check(image, tmp_path)
     results_file.unlink()
     assert "gone" in FIGURES.check(image, tmp_path)
+
+
+# ----------------------------------------------------------------------------- every library name is taught
+# A learner meets `optax.chain` or `nnx.eval_shape` in a script: the course must say what it is, in the top README's
+# primer (`## JAX and Flax NNX`) or in the README of a module whose script uses it, in both languages.
+
+PRIMER_HEADING = {"README.md": "## JAX and Flax NNX", "README_ch.md": "## JAX 與 Flax NNX"}
+LIBRARY_ROOTS = ("jax", "lax", "nnx", "optax")
+SCRIPTS = sorted(p for p in REPO.glob("[0-9]_*/*.py") if MODULE_DIR.match(p.parent.name))
+
+
+def library_names(source: str) -> frozenset[str]:
+    """Every dotted name a piece of code reaches from jax, lax, nnx or optax, whole (`jax.random.split`, not
+    `jax.random`): the outermost attribute of each chain."""
+    tree = ast.parse(source)
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and id(node) not in inner:
+            parts, value = [node.attr], node.value
+            while isinstance(value, ast.Attribute):
+                parts.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and value.id in LIBRARY_ROOTS:
+                names.add(".".join([value.id, *reversed(parts)]))
+    return frozenset(names)
+
+
+def primer_text(readme: Path) -> str:
+    match = re.search(
+        rf"^{re.escape(PRIMER_HEADING[readme.name])}[ \t]*$(.*?)(?=^## |\Z)", readme.read_text(), re.M | re.S
+    )
+    return match.group(1) if match else ""
+
+
+def names_in(name: str, text: str) -> bool:
+    """`name` written whole in the text (`jax.lax.scan` may be written `lax.scan`)."""
+    forms = [name] + ([name.removeprefix("jax.")] if name.startswith("jax.lax.") else [])
+    return any(re.search(rf"(?<![\w.]){re.escape(form)}(?![\w])", text) for form in forms)
+
+
+def untaught_names(lang: str, root: Path = REPO, scripts: list[Path] | None = None) -> dict[str, list[str]]:
+    """{name: the modules using it} for every library name a script uses that neither the primer of the top README
+    (in that language) nor the README of a module using it names."""
+    primer = primer_text(root / lang)
+    missing: dict[str, list[str]] = {}
+    for script in scripts if scripts is not None else SCRIPTS:
+        module_readme = (script.parent / lang).read_text(encoding="utf-8")
+        for name in sorted(library_names(script.read_text(encoding="utf-8"))):
+            if not names_in(name, primer) and not names_in(name, module_readme):
+                missing.setdefault(name, []).append(script.parent.name)
+    return missing
+
+
+@pytest.mark.parametrize("lang", ["README.md", "README_ch.md"])
+def test_every_library_name_a_script_uses_is_taught(lang):
+    """Catches: a script that calls `optax.linear_schedule` or `nnx.eval_shape` while no lesson says what it is (the
+    primer, or a README of a module that uses it)."""
+    assert untaught_names(lang) == {}
+
+
+def test_an_untaught_name_fails(tmp_path):
+    """A name the primer lacks is flagged; written in the primer or in the module's README, it is taught."""
+    (tmp_path / "1_M").mkdir()
+    script = tmp_path / "1_M" / "m.py"
+    script.write_text(
+        "import jax\nfrom jax import lax\nx = jax.random.split(k, 2)\ny = jax.lax.scan(f, 0, None, length=3)\n"
+    )
+    (tmp_path / "1_M" / "README.md").write_text("# M\n\nUses `lax.scan`.\n")
+    (tmp_path / "README.md").write_text(
+        "# C\n\n## JAX and Flax NNX\n\nKeys: `jax.random.key`.\n\n## Next\n\n`jax.random.split`\n"
+    )
+    assert library_names(script.read_text()) == {"jax.random.split", "jax.lax.scan"}
+    assert untaught_names("README.md", tmp_path, [script]) == {"jax.random.split": ["1_M"]}
+    (tmp_path / "README.md").write_text("# C\n\n## JAX and Flax NNX\n\n`jax.random.split(key, 3)`\n")
+    assert untaught_names("README.md", tmp_path, [script]) == {}
