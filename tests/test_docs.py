@@ -1474,3 +1474,38 @@ def test_an_untaught_name_fails(tmp_path):
     assert untaught_names("README.md", tmp_path, [script]) == {"jax.random.split": ["1_M"]}
     (tmp_path / "README.md").write_text("# C\n\n## JAX and Flax NNX\n\n`jax.random.split(key, 3)`\n")
     assert untaught_names("README.md", tmp_path, [script]) == {}
+
+
+def primer_forward_references(primer: str) -> list[str]:
+    """Library names the primer's prose uses in a subsection before the subsection whose snippet first runs them:
+    a learner reads `nnx.Rngs` in the section on keys, with the snippet that shows it three sections on. The
+    overview above the first subsection may name what is to come."""
+    sections = re.split(r"^### ", primer, flags=re.M)[1:]
+    first_prose: dict[str, int] = {}
+    first_code: dict[str, int] = {}
+    for i, section in enumerate(sections):
+        prose, _ = split_markdown(section)
+        for block in re.findall(r"^```python[ \t]*\n(.*?)^```", section, re.M | re.S):
+            for name in library_names(block):
+                first_code.setdefault(name, i)
+        for token in INLINE_CODE.findall("\n".join(prose)):
+            for name in re.findall(r"\b(?:jax|lax|nnx|optax)(?:\.\w+)+", token):
+                first_prose.setdefault(name, i)
+    return [
+        f"`{name}` in '{sections[i].splitlines()[0]}', its snippet in '{sections[first_code[name]].splitlines()[0]}'"
+        for name, i in sorted(first_prose.items())
+        if name in first_code and first_code[name] > i
+    ]
+
+
+@pytest.mark.parametrize("lang", ["README.md", "README_ch.md"])
+def test_the_primer_shows_a_name_before_it_leans_on_it(lang):
+    assert primer_forward_references(primer_text(REPO / lang)) == []
+
+
+def test_a_forward_reference_in_the_primer_fails():
+    """Catches: the section on keys naming `nnx.Rngs`, whose snippet comes with the NNX module, later."""
+    keys = "### Keys\n\nSee `nnx.Rngs(seed)`.\n\n```python\nimport jax\nk = jax.random.key(0)\n```\n\n"
+    module = "### A module\n\n```python\nfrom flax import nnx\nr = nnx.Rngs(0)\n```\n\n"
+    assert primer_forward_references(keys + module) == ["`nnx.Rngs` in 'Keys', its snippet in 'A module'"]
+    assert primer_forward_references(module + keys) == []
