@@ -1509,3 +1509,45 @@ def test_a_forward_reference_in_the_primer_fails():
     module = "### A module\n\n```python\nfrom flax import nnx\nr = nnx.Rngs(0)\n```\n\n"
     assert primer_forward_references(keys + module) == ["`nnx.Rngs` in 'Keys', its snippet in 'A module'"]
     assert primer_forward_references(module + keys) == []
+
+
+# ----------------------------------------------------------------------------- the tables tools/results.py writes
+
+
+def header_cells(text: str) -> list[str]:
+    """The cells of every table's header row (the row above a |---| line)."""
+    lines = text.splitlines()
+    return [
+        cell.strip()
+        for above, line in zip(lines, lines[1:])
+        if re.match(r"^\|\s*:?-{3,}", line) and above.startswith("|")
+        for cell in above.strip().strip("|").split("|")
+    ]
+
+
+def unbalanced(cell: str) -> bool:
+    return any(cell.count(a) != cell.count(b) for a, b in ("()", "（）", "[]"))
+
+
+@pytest.mark.parametrize("readme", ALL, ids=IDS)
+def test_table_headers_are_whole(readme):
+    """Catches: a header cut mid-bracket, as seeds_table once cut 達標（≥ {bar}） at its first space."""
+    assert [c for c in header_cells(readme.read_text(encoding="utf-8")) if unbalanced(c)] == []
+
+
+@pytest.mark.parametrize("lang", ["en", "ch"])
+@pytest.mark.parametrize("bar", [None, 0.5])
+def test_seeds_table_header_is_whole_with_or_without_a_bar(lang, bar):
+    """Catches (tried): the solved column's header cut at its first space when a summary has no bar ("達標（≥" in
+    Chinese), or the bar left out when there is one."""
+    summary = {**RESULTS.load("grpo_ex1_scratch_seeds"), "bar": bar}
+    header = RESULTS.seeds_table(summary, lang).splitlines()[0]
+    solved = header_cells(RESULTS.seeds_table(summary, lang))[3]
+    expected = {
+        ("en", None): "solved",
+        ("ch", None): "達標",
+        ("en", 0.5): "solved (≥ 0.5)",
+        ("ch", 0.5): "達標（≥ 0.5）",
+    }
+    assert solved == expected[lang, bar], header
+    assert not unbalanced(solved)

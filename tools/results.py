@@ -46,6 +46,7 @@ WORDS = {
         "seeds": "seeds",
         "iqm": "IQM [95 % CI]",
         "solved": "solved (≥ {bar})",
+        "solved_no_bar": "solved",
         "min": "min",
         "median": "median",
         "max": "max",
@@ -59,6 +60,7 @@ WORDS = {
         "seeds": "種子",
         "iqm": "IQM [95 % 信賴區間]",
         "solved": "達標（≥ {bar}）",
+        "solved_no_bar": "達標",
         "min": "最小值",
         "median": "中位數",
         "max": "最大值",
@@ -163,9 +165,7 @@ def seeds_table(summary: dict, lang: str) -> str:
         if seeds == [str(s) for s in range(int(seeds[0]), int(seeds[-1]) + 1)]
         else ", ".join(seeds)
     )
-    solved_head = (
-        w["solved"].format(bar=f"{summary['bar']:g}") if summary["bar"] is not None else w["solved"].split(" ")[0]
-    )
+    solved_head = w["solved"].format(bar=f"{summary['bar']:g}") if summary["bar"] is not None else w["solved_no_bar"]
     solved = field(summary, "solved") if summary["bar"] is not None else "–"
     iqm = field(summary, "iqm") + (f" {field(summary, 'ci')}" if summary["iqm_ci95"] else "")
     per_seed = " · ".join(f"{s}: {fmt(v, scores)}" for s, v in summary["per_seed"].items())
