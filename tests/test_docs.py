@@ -1551,3 +1551,15 @@ def test_seeds_table_header_is_whole_with_or_without_a_bar(lang, bar):
     }
     assert solved == expected[lang, bar], header
     assert not unbalanced(solved)
+
+
+def test_a_number_can_be_quoted_with_more_digits():
+    """kl_ref IQMs of 2.363 and 2.346 both read 2.4 / 2.3 at the table's one decimal, hiding the small gap the text
+    compares; iqm_3 (min_3, …) quotes the same number to 3 decimals. Catches: the digits ignored, or the field read
+    from another statistic."""
+    summary = RESULTS.load("grpo_ex3_k1.val_kl_ref")
+    assert RESULTS.field(summary, "iqm") == f"{summary['iqm']:.1f}"
+    assert RESULTS.field(summary, "iqm_3") == f"{summary['iqm']:.3f}"
+    assert RESULTS.field(summary, "max_4") == f"{summary['max']:.4f}"
+    with pytest.raises(RESULTS.ResultsError):
+        RESULTS.field(summary, "iqm_x")
