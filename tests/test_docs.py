@@ -13,7 +13,11 @@ The checks read the scripts with ``ast`` (no imports, no jax), so they run in mi
 - every README_ch.md uses one Traditional Chinese term per concept (no retired variant such as 代理人,
   回歸, 無偏, 激活值, 截斷 for clip, or an English word such as epoch left untranslated in prose), has no
   paragraph hard-wrapped mid-sentence, and the top-level one has a 詞彙表 (glossary) table that maps each
-  core English term to a single Chinese term.
+  core English term to a single Chinese term;
+- every ``jax.``, ``lax.``, ``nnx.`` and ``optax.`` name a script uses is named in the top README's primer or in the
+  README of a module whose script uses it, in both languages, and the primer's prose leans on such a name no earlier
+  than the section whose snippet shows it;
+- no table header is cut mid-bracket (tools/results.py once cut 達標（≥ {bar}） at its first space).
 
 Each check is a plain function that returns a list of problems, so the last tests can run it on a
 deliberately broken copy and prove that it fails.
