@@ -13,7 +13,11 @@ The checks read the scripts with ``ast`` (no imports, no jax), so they run in mi
 - every README_ch.md uses one Traditional Chinese term per concept (no retired variant such as 代理人,
   回歸, 無偏, 激活值, 截斷 for clip, or an English word such as epoch left untranslated in prose), has no
   paragraph hard-wrapped mid-sentence, and the top-level one has a 詞彙表 (glossary) table that maps each
-  core English term to a single Chinese term.
+  core English term to a single Chinese term;
+- every ``jax.``, ``lax.``, ``nnx.`` and ``optax.`` name a script uses is named in the top README's primer or in the
+  README of a module whose script uses it, in both languages, and the primer's prose leans on such a name no earlier
+  than the section whose snippet shows it;
+- no table header is cut mid-bracket (tools/results.py once cut 達標（≥ {bar}） at its first space).
 
 Each check is a plain function that returns a list of problems, so the last tests can run it on a
 deliberately broken copy and prove that it fails.
@@ -1398,3 +1402,168 @@ def test_an_unstamped_or_stale_figure_fails(tmp_path):
     assert "stale" in FIGURES.check(image, tmp_path)
     results_file.unlink()
     assert "gone" in FIGURES.check(image, tmp_path)
+
+
+# ----------------------------------------------------------------------------- every library name is taught
+# A learner meets `optax.chain` or `nnx.eval_shape` in a script: the course must say what it is, in the top README's
+# primer (`## JAX and Flax NNX`) or in the README of a module whose script uses it, in both languages.
+
+PRIMER_HEADING = {"README.md": "## JAX and Flax NNX", "README_ch.md": "## JAX 與 Flax NNX"}
+LIBRARY_ROOTS = ("jax", "lax", "nnx", "optax")
+SCRIPTS = sorted(p for p in REPO.glob("[0-9]_*/*.py") if MODULE_DIR.match(p.parent.name))
+
+
+def library_names(source: str) -> frozenset[str]:
+    """Every dotted name a piece of code reaches from jax, lax, nnx or optax, whole (`jax.random.split`, not
+    `jax.random`): the outermost attribute of each chain."""
+    tree = ast.parse(source)
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and id(node) not in inner:
+            parts, value = [node.attr], node.value
+            while isinstance(value, ast.Attribute):
+                parts.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and value.id in LIBRARY_ROOTS:
+                names.add(".".join([value.id, *reversed(parts)]))
+    return frozenset(names)
+
+
+def primer_text(readme: Path) -> str:
+    match = re.search(
+        rf"^{re.escape(PRIMER_HEADING[readme.name])}[ \t]*$(.*?)(?=^## |\Z)", readme.read_text(), re.M | re.S
+    )
+    return match.group(1) if match else ""
+
+
+def names_in(name: str, text: str) -> bool:
+    """`name` written whole in the text (`jax.lax.scan` may be written `lax.scan`)."""
+    forms = [name] + ([name.removeprefix("jax.")] if name.startswith("jax.lax.") else [])
+    return any(re.search(rf"(?<![\w.]){re.escape(form)}(?![\w])", text) for form in forms)
+
+
+def untaught_names(lang: str, root: Path = REPO, scripts: list[Path] | None = None) -> dict[str, list[str]]:
+    """{name: the modules using it} for every library name a script uses that neither the primer of the top README
+    (in that language) nor the README of a module using it names."""
+    primer = primer_text(root / lang)
+    missing: dict[str, list[str]] = {}
+    for script in scripts if scripts is not None else SCRIPTS:
+        module_readme = (script.parent / lang).read_text(encoding="utf-8")
+        for name in sorted(library_names(script.read_text(encoding="utf-8"))):
+            if not names_in(name, primer) and not names_in(name, module_readme):
+                missing.setdefault(name, []).append(script.parent.name)
+    return missing
+
+
+@pytest.mark.parametrize("lang", ["README.md", "README_ch.md"])
+def test_every_library_name_a_script_uses_is_taught(lang):
+    """Catches: a script that calls `optax.linear_schedule` or `nnx.eval_shape` while no lesson says what it is (the
+    primer, or a README of a module that uses it)."""
+    assert untaught_names(lang) == {}
+
+
+def test_an_untaught_name_fails(tmp_path):
+    """A name the primer lacks is flagged; written in the primer or in the module's README, it is taught."""
+    (tmp_path / "1_M").mkdir()
+    script = tmp_path / "1_M" / "m.py"
+    script.write_text(
+        "import jax\nfrom jax import lax\nx = jax.random.split(k, 2)\ny = jax.lax.scan(f, 0, None, length=3)\n"
+    )
+    (tmp_path / "1_M" / "README.md").write_text("# M\n\nUses `lax.scan`.\n")
+    (tmp_path / "README.md").write_text(
+        "# C\n\n## JAX and Flax NNX\n\nKeys: `jax.random.key`.\n\n## Next\n\n`jax.random.split`\n"
+    )
+    assert library_names(script.read_text()) == {"jax.random.split", "jax.lax.scan"}
+    assert untaught_names("README.md", tmp_path, [script]) == {"jax.random.split": ["1_M"]}
+    (tmp_path / "README.md").write_text("# C\n\n## JAX and Flax NNX\n\n`jax.random.split(key, 3)`\n")
+    assert untaught_names("README.md", tmp_path, [script]) == {}
+
+
+def primer_forward_references(primer: str) -> list[str]:
+    """Library names the primer's prose uses in a subsection before the subsection whose snippet first runs them:
+    a learner reads `nnx.Rngs` in the section on keys, with the snippet that shows it three sections on. The
+    overview above the first subsection may name what is to come."""
+    sections = re.split(r"^### ", primer, flags=re.M)[1:]
+    first_prose: dict[str, int] = {}
+    first_code: dict[str, int] = {}
+    for i, section in enumerate(sections):
+        prose, _ = split_markdown(section)
+        for block in re.findall(r"^```python[ \t]*\n(.*?)^```", section, re.M | re.S):
+            for name in library_names(block):
+                first_code.setdefault(name, i)
+        for token in INLINE_CODE.findall("\n".join(prose)):
+            for name in re.findall(r"\b(?:jax|lax|nnx|optax)(?:\.\w+)+", token):
+                first_prose.setdefault(name, i)
+    return [
+        f"`{name}` in '{sections[i].splitlines()[0]}', its snippet in '{sections[first_code[name]].splitlines()[0]}'"
+        for name, i in sorted(first_prose.items())
+        if name in first_code and first_code[name] > i
+    ]
+
+
+@pytest.mark.parametrize("lang", ["README.md", "README_ch.md"])
+def test_the_primer_shows_a_name_before_it_leans_on_it(lang):
+    assert primer_forward_references(primer_text(REPO / lang)) == []
+
+
+def test_a_forward_reference_in_the_primer_fails():
+    """Catches: the section on keys naming `nnx.Rngs`, whose snippet comes with the NNX module, later."""
+    keys = "### Keys\n\nSee `nnx.Rngs(seed)`.\n\n```python\nimport jax\nk = jax.random.key(0)\n```\n\n"
+    module = "### A module\n\n```python\nfrom flax import nnx\nr = nnx.Rngs(0)\n```\n\n"
+    assert primer_forward_references(keys + module) == ["`nnx.Rngs` in 'Keys', its snippet in 'A module'"]
+    assert primer_forward_references(module + keys) == []
+
+
+# ----------------------------------------------------------------------------- the tables tools/results.py writes
+
+
+def header_cells(text: str) -> list[str]:
+    """The cells of every table's header row (the row above a |---| line)."""
+    lines = text.splitlines()
+    return [
+        cell.strip()
+        for above, line in zip(lines, lines[1:])
+        if re.match(r"^\|\s*:?-{3,}", line) and above.startswith("|")
+        for cell in above.strip().strip("|").split("|")
+    ]
+
+
+def unbalanced(cell: str) -> bool:
+    return any(cell.count(a) != cell.count(b) for a, b in ("()", "（）", "[]"))
+
+
+@pytest.mark.parametrize("readme", ALL, ids=IDS)
+def test_table_headers_are_whole(readme):
+    """Catches: a header cut mid-bracket, as seeds_table once cut 達標（≥ {bar}） at its first space."""
+    assert [c for c in header_cells(readme.read_text(encoding="utf-8")) if unbalanced(c)] == []
+
+
+@pytest.mark.parametrize("lang", ["en", "ch"])
+@pytest.mark.parametrize("bar", [None, 0.5])
+def test_seeds_table_header_is_whole_with_or_without_a_bar(lang, bar):
+    """Catches (tried): the solved column's header cut at its first space when a summary has no bar ("達標（≥" in
+    Chinese), or the bar left out when there is one."""
+    summary = {**RESULTS.load("grpo_ex1_scratch_seeds"), "bar": bar}
+    header = RESULTS.seeds_table(summary, lang).splitlines()[0]
+    solved = header_cells(RESULTS.seeds_table(summary, lang))[3]
+    expected = {
+        ("en", None): "solved",
+        ("ch", None): "達標",
+        ("en", 0.5): "solved (≥ 0.5)",
+        ("ch", 0.5): "達標（≥ 0.5）",
+    }
+    assert solved == expected[lang, bar], header
+    assert not unbalanced(solved)
+
+
+def test_a_number_can_be_quoted_with_more_digits():
+    """kl_ref IQMs of 2.363 and 2.346 both read 2.4 / 2.3 at the table's one decimal, hiding the small gap the text
+    compares; iqm_3 (min_3, …) quotes the same number to 3 decimals. Catches: the digits ignored, or the field read
+    from another statistic."""
+    summary = RESULTS.load("grpo_ex3_k1.val_kl_ref")
+    assert RESULTS.field(summary, "iqm") == f"{summary['iqm']:.1f}"
+    assert RESULTS.field(summary, "iqm_3") == f"{summary['iqm']:.3f}"
+    assert RESULTS.field(summary, "max_4") == f"{summary['max']:.4f}"
+    with pytest.raises(RESULTS.ResultsError):
+        RESULTS.field(summary, "iqm_x")

@@ -46,6 +46,7 @@ WORDS = {
         "seeds": "seeds",
         "iqm": "IQM [95 % CI]",
         "solved": "solved (≥ {bar})",
+        "solved_no_bar": "solved",
         "min": "min",
         "median": "median",
         "max": "max",
@@ -59,6 +60,7 @@ WORDS = {
         "seeds": "種子",
         "iqm": "IQM [95 % 信賴區間]",
         "solved": "達標（≥ {bar}）",
+        "solved_no_bar": "達標",
         "min": "最小值",
         "median": "中位數",
         "max": "最大值",
@@ -126,6 +128,9 @@ def field(summary: dict, name: str) -> str:
     scores = list(summary["per_seed"].values())
     if name in ("iqm", "mean", "median", "min", "max"):
         return fmt(summary[name], scores)
+    digits = re.fullmatch(r"(iqm|mean|median|min|max)_(\d)", name)
+    if digits:  # iqm_3: the IQM to 3 decimals, where the table's digits would hide a difference the text compares
+        return f"{summary[digits[1]]:.{digits[2]}f}".replace("-", "−")
     if name == "ci":
         low, high = summary["iqm_ci95"]
         return f"[{fmt(low, scores)}, {fmt(high, scores)}]"
@@ -139,7 +144,7 @@ def field(summary: dict, name: str) -> str:
         return f"{summary['provenance']['load_at_start']:.2f}"
     if name.startswith("seed_") and name[5:] in summary["per_seed"]:
         return fmt(summary["per_seed"][name[5:]], scores)
-    known = "iqm, ci, solved, n, mean, median, min, max, median_seconds, load, seed_K"
+    known = "iqm, ci, solved, n, mean, median, min, max (each also as iqm_D: D decimals), median_seconds, load, seed_K"
     raise ResultsError(f"unknown field {name!r} ({known})")
 
 
@@ -163,9 +168,7 @@ def seeds_table(summary: dict, lang: str) -> str:
         if seeds == [str(s) for s in range(int(seeds[0]), int(seeds[-1]) + 1)]
         else ", ".join(seeds)
     )
-    solved_head = (
-        w["solved"].format(bar=f"{summary['bar']:g}") if summary["bar"] is not None else w["solved"].split(" ")[0]
-    )
+    solved_head = w["solved"].format(bar=f"{summary['bar']:g}") if summary["bar"] is not None else w["solved_no_bar"]
     solved = field(summary, "solved") if summary["bar"] is not None else "–"
     iqm = field(summary, "iqm") + (f" {field(summary, 'ci')}" if summary["iqm_ci95"] else "")
     per_seed = " · ".join(f"{s}: {fmt(v, scores)}" for s, v in summary["per_seed"].items())
