@@ -64,10 +64,11 @@ def test_a_flag_out_of_its_bounds_is_one_line_before_any_work(script, tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", ["1_Q_Learning/Q_Learning.py", "4_GRPO_MNIST/grpo_mnist.py"])
 def test_unwritable_out_is_one_line_before_any_work(script, tmp_path):
     """From the command line, as a user types it: --out under /proc cannot be created. One line on stderr, exit
-    status 1, no traceback and no progress line."""
+    status 1, no traceback and no progress line. (The same check runs in this process for every script below; the
+    command line's path through the shared block is the same text in all five: NumPy only, and the largest script.)"""
     r = run_script(script, "--out", "/proc/nope", cwd=tmp_path, timeout=120)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
