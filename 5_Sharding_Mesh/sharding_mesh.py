@@ -22,7 +22,6 @@ checks, printing each rule set's result, the 8B example's arithmetic, the summar
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import math
@@ -30,28 +29,25 @@ import os
 import shutil
 import signal
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
+from operator import ge, gt, le
+from pathlib import Path
 from typing import NamedTuple
 
-if __name__ == "__main__":  # a SIGTERM while the libraries load waits for main, which reports it
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-try:  # Ctrl-C while the libraries load: one line and exit status 130, not a traceback
-    # Importing JAX does not start its backends; they start at the first jax.devices() or computation.
-    # That is why `--host-devices` can still set jax_num_cpu_devices in `start_devices`, after argument parsing.
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
-    from flax import nnx
-    from jax.experimental import multihost_utils
-    from jax.sharding import AxisType, NamedSharding
-    from jax.sharding import PartitionSpec as P
-except KeyboardInterrupt:
-    print("interrupted while loading the libraries; nothing written", file=sys.stderr)
-    raise SystemExit(130) from None
+if __name__ == "__main__":  # Ctrl-C or SIGTERM while the libraries below load waits for main(), which reports it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+# Importing JAX does not start its backends; they start at the first jax.devices() or computation.
+# That is why `--host-devices` can still set jax_num_cpu_devices in `start_devices`, after argument parsing.
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.experimental import multihost_utils
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 # MaxText's config has one mesh axis per kind of parallelism (its mesh_axes: data, fsdp, tensor, ...), sized by
 # ici_data_parallelism, ici_fsdp_parallelism, ici_tensor_parallelism, ...; here FSDP folds into 'data' and
@@ -74,8 +70,7 @@ RULE_SETS: dict[str, tuple[tuple[str, str | tuple[str, ...] | None], ...]] = {
 
 
 def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
-    """A dataclass field that is also a command-line flag. Its bounds travel with it and check_flags tests them:
-    choices (a tuple of allowed values), min / max (inclusive) and gt (strictly greater than)."""
+    """A dataclass field that is also a command-line flag, with the bounds check_flags tests."""
     return field(default=default, metadata={"help": help, "choices": choices, "min": min, "max": max, "gt": gt})
 
 
@@ -121,7 +116,9 @@ class Args:
     )
     log_every: int = flag(10, "print a progress line every this many steps", min=1)
     visualize: bool = flag(True, "draw the mlp_in kernel's layout with jax.debug.visualize_array_sharding")
-    out: str = flag("runs/sharding_mesh", "folder for metrics.json and loss_curve.png")
+    out: str = flag(
+        "runs/sharding_mesh", "each run writes metrics.json and loss_curve.png into a folder of its own here"
+    )
     compile_cache: str = flag(
         "~/.cache/jax-rl-course", "JAX's persistent compilation cache: later runs skip compiling ('' turns it off)"
     )
@@ -728,6 +725,104 @@ def run_rule_set(args: Args, name: str, mesh, graphdef, abstract, batches, refer
 
 # Plumbing: starting the devices, the command line, input checks, printing, plots, metrics.json and main.
 
+
+class RunError(Exception):
+    """What ends a run early with one line on stderr and exit status 1: bad input, a full disk, a failed check."""
+
+
+class Run:
+    """This run's own folder, <--out>/<date>-<time>-seed<seed>. Each file is written under a temporary name, then moved
+    into place; metrics.json comes last and marks a complete run, which <--out>/latest then points at."""
+
+    def __init__(self, args):
+        stamp, Run.active, self.saved, self.complete = time.strftime("%Y%m%d-%H%M%S"), self, [], False
+        for n in range(1, 1000):  # a folder that exists is another run's: this one takes the next name
+            self.folder = os.path.join(args.out, f"{stamp}-seed{args.seed}" + f"-{n}" * (n > 1))
+            try:
+                return os.makedirs(self.folder)
+            except FileExistsError:
+                continue
+            except OSError as e:
+                raise RunError(f"--out {args.out!r} is not a writable folder ({e.strerror})") from None
+
+    def save(self, name: str, writer, *args) -> None:  # writer(path, *args) writes `name`: whole, or absent
+        partial = os.path.join(self.folder, "partial-" + name)  # the same ending: savefig and PIL read it
+        try:
+            writer(partial, *args)
+            os.replace(partial, os.path.join(self.folder, name))
+        except OSError as e:
+            raise RunError(f"{(e.strerror or type(e).__name__).lower()} while writing {name}") from None
+        finally:  # what a full disk or a stop left half-written goes, and gives its space back
+            shutil.rmtree(partial) if os.path.isdir(partial) else Path(partial).unlink(missing_ok=True)
+        self.saved.append(name)
+
+    def finish(self, metrics: dict) -> None:
+        if Run.stops:  # a stop that a library callback swallowed: the run ends here, not complete
+            raise KeyboardInterrupt
+        self.save("metrics.json", lambda path: Path(path).write_text(json.dumps(metrics, indent=2)))
+        self.complete, link = True, os.path.join(os.path.dirname(self.folder), f"partial-latest-{os.getpid()}")
+        os.symlink(os.path.basename(self.folder), link)  # then moved into place: `latest` is never missing
+        os.replace(link, os.path.join(os.path.dirname(self.folder), "latest"))
+
+    def left(self) -> str:  # the end of the one line: what this run's folder holds now
+        if self.complete:
+            return f" once the run was complete; {self.folder} holds all of it"
+        if not self.saved:
+            return shutil.rmtree(self.folder, ignore_errors=True) or "; nothing written"
+        return f"; kept in {self.folder}: {', '.join(self.saved)} (not complete: no metrics.json)"
+
+
+def stop(signum, frame):  # SIGINT and SIGTERM end a run the same way: a KeyboardInterrupt, reported by one_line
+    Run.stops.append(signum)
+    raise KeyboardInterrupt
+
+
+def one_line(main):
+    """main(args) that ends in one line on stderr whenever it does not finish: exit status 1 for a RunError, 130 for
+    SIGINT (Ctrl-C), 143 for SIGTERM. main() is the command line: it parses the flags, and exits once the run ends."""
+
+    @functools.wraps(main)
+    def run(args=None):
+        cli, code, signals, hook = args is None, 0, {signal.SIGINT, signal.SIGTERM}, sys.unraisablehook
+        handlers, Run.stops, Run.active = {s: signal.signal(s, stop) for s in signals}, [], None
+        sys.unraisablehook = lambda u: u.exc_type is KeyboardInterrupt or hook(u)  # finish() sees a swallowed stop
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # one that came while the libraries loaded lands now
+        try:
+            metrics = main(args or parse_args())
+        except (RunError, OSError, KeyboardInterrupt) as e:
+            signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # stopping already: one line, then the exit
+            rest = Run.active.left() if Run.active else "; nothing written"
+            print(f"interrupted{rest}" if isinstance(e, KeyboardInterrupt) else f"error: {e}{rest}", file=sys.stderr)
+            code = 128 + (Run.stops or [signal.SIGINT])[0] if isinstance(e, KeyboardInterrupt) else 1
+        finally:
+            if not cli:  # a test called main(args): its own handlers come back
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+                sys.unraisablehook, _ = hook, [signal.signal(s, h) for s, h in handlers.items()]
+        if cli:  # exit at once: the files are complete, and Python's shutdown would outlive the handlers
+            sys.stdout.flush(), sys.stderr.flush(), os._exit(code)
+        return sys.exit(code) if code else metrics
+
+    return run
+
+
+def parse_args(argv=None) -> Args:  # one flag per field of Args; a malformed one is one line (main checks bounds)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.error = lambda message: sys.exit(f"error: {message} (see --help)")  # one line, not the usage
+    for f in fields(Args):
+        kind = {"type": type(f.default), "choices": f.metadata["choices"]}
+        kind = {"action": argparse.BooleanOptionalAction} if isinstance(f.default, bool) else kind
+        p.add_argument("--" + f.name.replace("_", "-"), default=f.default, help=f.metadata["help"], **kind)
+    return Args(**vars(p.parse_args(argv)))
+
+
+def check_flags(args) -> None:  # RunError, one line, for the first flag outside its flag()'s bounds
+    for f in fields(args):
+        v, m, name = getattr(args, f.name), f.metadata, "--" + f.name.replace("_", "-")  # choices: argparse checks
+        for bound, op, ok in ((m["gt"], ">", gt), (m["min"], ">=", ge), (m["max"], "<=", le)):
+            if bound is not None and not ok(v, bound):
+                raise RunError(f"{name} must be {op} {bound}, got {v}")
+
+
 AUTO_HOST_DEVICES = 8  # what --host-devices -1 fakes on a CPU-only host
 
 
@@ -749,7 +844,7 @@ def start_devices(args: Args) -> list:
         except RuntimeError:  # JAX had already started: it keeps its devices
             local = len(jax.local_devices(backend="cpu"))
             if not auto and local != want:
-                raise InputError(
+                raise RunError(
                     f"--host-devices {want} came too late: JAX had already started with "
                     f"{local} CPU device(s); run the script from the command line"
                 ) from None
@@ -762,7 +857,7 @@ def start_devices(args: Args) -> list:
                 process_id=None if args.process_id < 0 else args.process_id,
             )
         except Exception as e:  # noqa: BLE001 - any failure to join is a one-line error
-            raise InputError(f"jax.distributed.initialize() failed: {str(e).splitlines()[0]}") from e
+            raise RunError(f"jax.distributed.initialize() failed: {str(e).splitlines()[0]}") from e
     if auto:
         devices = jax.devices()
         if devices[0].platform == "cpu":
@@ -775,263 +870,11 @@ def start_devices(args: Args) -> list:
     return jax.devices("cpu") if args.host_devices else jax.devices()  # every process's devices
 
 
-class InputError(Exception):
-    """Bad input: a flag value, a missing or corrupt file, an unwritable folder, a mesh that does not fit."""
-
-
-class WriteError(Exception):
-    """A file of the run could not be written (a full disk, a folder that turned read-only): what and why."""
-
-
-def reports_input_errors(main):
-    """Every early end of a run is one line on stderr. Bad input (InputError) or a file that cannot be written
-    (WriteError): exit status 1. SIGINT (Ctrl-C) or SIGTERM, at any moment: exit status 130 or 143. The run's
-    folder then holds its previous files or the set this run kept (Outputs.stop), never a mix; the line says which."""
-
-    @functools.wraps(main)
-    def run(args):
-        main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
-        handlers = {s: signal.signal(s, Outputs.on_signal) for s in (signal.SIGINT, signal.SIGTERM) if main_thread}
-        hook, sys.unraisablehook = sys.unraisablehook, functools.partial(Outputs.unraisable, then=sys.unraisablehook)
-        Outputs.signals, Outputs.holding, Outputs.again = [], False, None
-        try:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # one held back while the libraries loaded
-            return main(args)
-        except (InputError, WriteError) as e:
-            Outputs.holding = True  # from here on a signal is recorded, not raised
-            out = Outputs.active
-            tell = out is not None and not out.done and (isinstance(e, WriteError) or out.kept is not None)
-            sys.exit(f"error: {e}" + (out.stop(str(e)) if tell else ""))
-        except KeyboardInterrupt:
-            Outputs.holding = True
-            rest = Outputs.active.stop(None) if Outputs.active else f"; nothing written to {args.out}"
-            print(f"interrupted{rest}", file=sys.stderr)
-            sys.exit(128 + (Outputs.signals or [signal.SIGINT])[0])
-        finally:
-            Outputs.holding = True
-            if Outputs.again is not None:  # a signal being sent again lands while the handlers are still in place
-                Outputs.again.cancel()
-                Outputs.again.join()
-            if Outputs.active is not None:
-                Outputs.active.close()
-            for s, handler in handlers.items():
-                signal.signal(s, handler)
-            sys.unraisablehook, Outputs.holding = hook, False
-
-    return run
-
-
-class Outputs:
-    """The files of one run in one folder (--out; <out>/eval/ for --load), kept as one set.
-
-    write() puts each file into a staging folder inside it, under a temporary name until it is whole; commit()
-    writes metrics.json there too, then deletes this script's files that the new set lacks (an old episode.gif) and
-    moves the set into place, metrics.json last, with SIGINT and SIGTERM held back. Until then the folder keeps its
-    previous files. A run stopped early commits what keep() last named, marked `interrupted`. A lock file holding
-    the PID keeps a second run out of the folder.
-    """
-
-    active = None  # the Outputs of the run in progress (reports_input_errors stops and closes it)
-    signals: list = []  # SIGINT / SIGTERM received during the run, in order
-    holding = False  # True: a signal is recorded, and raised only when the hold ends (held)
-    again = None  # the timer that sends a swallowed signal again (unraisable)
-
-    def __init__(self, folder: str, files: dict[str, bool]):
-        """files: every file this script can write into such a folder besides metrics.json -> written by this run."""
-        self.folder, self.files, self.written, self.writing = folder, files, [], None
-        self.kept, self.done = None, False  # what a stop commits (keep); whether the set is in place (commit)
-        self.staging, self.lock = os.path.join(folder, ".staging"), os.path.join(folder, ".lock")
-        try:
-            os.makedirs(folder, exist_ok=True)
-            self.take_lock()
-            Outputs.active = self
-            shutil.rmtree(self.staging, ignore_errors=True)  # what a killed run left
-            os.mkdir(self.staging)
-        except OSError as e:
-            raise InputError(f"--out {folder!r} is not a writable folder ({e.strerror or type(e).__name__})") from None
-
-    def take_lock(self) -> None:
-        """Create the lock file, holding this PID. A lock whose process has ended is taken over; a live one refused."""
-        while True:
-            try:
-                with open(self.lock, "x") as f:  # "x": only if no such file exists
-                    f.write(str(os.getpid()))
-                return
-            except FileExistsError:
-                try:
-                    with open(self.lock) as f:
-                        text = f.read()
-                except FileNotFoundError:  # its run has just ended
-                    continue
-            pid = int(text) if text.strip().isdigit() else 0  # 0: none yet, its run is writing it right now
-            try:
-                os.kill(pid or os.getpid(), 0)  # signal 0 only asks whether that process exists
-            except ProcessLookupError:  # it has ended (killed, say): its lock is taken over
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(self.lock)
-                print(f"{self.lock}: PID {pid} has ended; its lock is taken over", flush=True)
-                continue
-            except PermissionError:  # it exists, and belongs to another user
-                pass
-            raise InputError(
-                f"--out {self.folder!r} is in use by the run of PID {pid or 'unknown'}; wait for it to end or pick "
-                f"another --out (its lock file: {self.lock})"
-            )
-
-    def write(self, name: str, writer, *args, **kwargs):
-        """writer(path, *args, **kwargs) writes the set's file `name` (into the staging folder, under a temporary
-        name until it is whole); returns what writer returns."""
-        partial = os.path.join(self.staging, "partial-" + name)  # the same ending: savez, savefig and PIL read it
-        self.writing = name
-        try:
-            result = writer(partial, *args, **kwargs)
-            os.replace(partial, os.path.join(self.staging, name))
-        except OSError as e:
-            raise WriteError(f"{(e.strerror or type(e).__name__).lower()} while writing {name}") from None
-        finally:  # a file that stopped half-way goes, and gives back its space
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(partial)
-        self.written, self.writing = [*(n for n in self.written if n != name), name], None
-        return result
-
-    def keep(self, metrics: dict, during: str, missing: list[str]) -> None:
-        """From here on a stop commits `metrics` (as it is then) with the files written by then, marked interrupted
-        `during` (say, 'the final evaluation'), with `missing` and every file not written listed as not done."""
-        self.kept = (metrics, during, missing)
-
-    def commit(self, metrics: dict) -> None:
-        """Write metrics.json, then put the set in place of the folder's previous one; signals wait until it is."""
-        if Outputs.signals and not Outputs.holding:  # one came, and no code stopped for it (a library swallowed it)
-            raise KeyboardInterrupt
-        with Outputs.held():
-
-            def dump(path: str) -> None:
-                with open(path, "w") as f:
-                    json.dump(metrics, f, indent=2)
-
-            self.write("metrics.json", dump)
-            for name in self.files:
-                if name not in self.written:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.remove(os.path.join(self.folder, name))
-            for name in sorted(self.written, key=lambda name: name == "metrics.json"):  # metrics.json last
-                os.replace(os.path.join(self.staging, name), os.path.join(self.folder, name))
-            self.done = True
-
-    def stop(self, error: str | None) -> str:
-        """After a signal (error None) or an error: commit the set keep() named, marked interrupted, and return the
-        rest of the one line: where the run stopped (after a signal) and what the folder holds."""
-        if self.done:
-            return f" once the run was saved; {self.folder} holds all of it"
-        if self.kept is None:
-            return f"; nothing written to {self.folder}"
-        metrics, during, missing = self.kept
-        missing = [*missing, *(name for name, wanted in self.files.items() if wanted and name not in self.written)]
-        during = f"writing {self.writing}" if self.writing else during
-        mark = {**metrics.get("interrupted", {}), "during": during, "missing": missing}
-        where = f"{'while' if self.writing else 'during'} {during}"
-        if mark.get("at", 0) < mark.get("of", 0):  # training itself stopped early
-            where = f"at {mark['unit']} {mark['at']} of {mark['of']}"
-        try:
-            self.commit({**metrics, "interrupted": mark | ({"error": error} if error else {})})
-        except WriteError:
-            return f"; nothing written to {self.folder}"
-        kept = f"kept in {self.folder}: {', '.join(sorted(self.written, key=lambda n: n != 'metrics.json'))}"
-        return ("" if error else f" {where}") + f"; {kept}" + (f" (not done: {', '.join(missing)})" if missing else "")
-
-    def close(self) -> None:
-        """Remove the staging folder (whatever it still holds was never committed) and the lock."""
-        shutil.rmtree(self.staging, ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(self.lock)
-        Outputs.active = None
-
-    @staticmethod
-    def on_signal(signum, frame) -> None:
-        """SIGINT and SIGTERM: recorded (the exit status says which), then raised as KeyboardInterrupt unless held."""
-        Outputs.signals.append(signum)
-        if not Outputs.holding:
-            raise KeyboardInterrupt
-
-    @staticmethod
-    def unraisable(info, then) -> None:
-        """A KeyboardInterrupt raised inside a library callback (JAX's garbage-collection hook), which cannot pass it
-        on, is not lost: the signal is sent again a moment later, to land in the run's own code. Any other exception
-        goes to `then`, the hook that was in place."""
-        if isinstance(info.exc_value, KeyboardInterrupt) and Outputs.signals:
-            Outputs.again = threading.Timer(0.01, os.kill, (os.getpid(), Outputs.signals[-1]))
-            Outputs.again.daemon = True
-            Outputs.again.start()
-        else:
-            then(info)
-
-    @staticmethod
-    @contextlib.contextmanager
-    def held():
-        """Inside, SIGINT and SIGTERM are recorded, not raised; one that came is raised on leaving."""
-        seen, was = len(Outputs.signals), Outputs.holding
-        Outputs.holding = True
-        try:
-            yield
-        finally:
-            Outputs.holding = was
-        if len(Outputs.signals) > seen and not was:
-            raise KeyboardInterrupt
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line, exit status 1, instead of dumping the usage."""
-
-    def error(self, message):
-        sys.exit(f"error: {message} (see --help)")
-
-
-def parse_args(argv=None) -> Args:
-    """Args from the command line: one flag per field, whose --help line shows its bounds and default."""
-    p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for f in fields(Args):
-        kind = {"type": type(f.default), "choices": f.metadata["choices"]}
-        if isinstance(f.default, bool):
-            kind = {"action": argparse.BooleanOptionalAction}
-        bounds = bounds_text(f.metadata)
-        text = f.metadata["help"] + (f"; must be {bounds}" if bounds else "")
-        p.add_argument("--" + f.name.replace("_", "-"), default=f.default, help=text, **kind)
-    args = Args(**vars(p.parse_args(argv)))
-    try:
-        check_flags(args)
-    except InputError as e:
-        p.error(str(e))
-    return args
-
-
-def bounds_text(meta: dict) -> str:
-    """'in (0, 1]', '>= 1', '> 0' … from a flag's min / max / gt ('' if it has none)."""
-    low = ("(", meta["gt"]) if meta["gt"] is not None else ("[", meta["min"]) if meta["min"] is not None else None
-    high = meta["max"]
-    if low and high is not None:
-        return f"in {low[0]}{low[1]}, {high}]"
-    if low:
-        return f"{'>' if low[0] == '(' else '>='} {low[1]}"
-    return f"<= {high}" if high is not None else ""
-
-
-def check_flags(args) -> None:
-    """Raise InputError, one line, for the first flag outside the choices or bounds its flag() declares."""
-    for f in fields(args):
-        value, meta = getattr(args, f.name), f.metadata
-        name = "--" + f.name.replace("_", "-")
-        if meta.get("choices") is not None and value not in meta["choices"]:
-            raise InputError(f"{name} must be one of {', '.join(map(str, meta['choices']))}; got {value!r}")
-        low_ok = (meta.get("gt") is None or value > meta["gt"]) and (meta.get("min") is None or value >= meta["min"])
-        if not (low_ok and (meta.get("max") is None or value <= meta["max"])):
-            raise InputError(f"{name} must be {bounds_text(meta)}, got {value}")
-
-
 def parse_mesh(text: str) -> tuple[int, int]:
-    """'4x2' -> (4, 2); anything else raises InputError."""
+    """'4x2' -> (4, 2); anything else raises RunError."""
     parts = text.lower().split("x")
     if len(parts) != 2 or not all(s.isdigit() and int(s) > 0 for s in parts):
-        raise InputError(f"--mesh must look like DATAxMODEL with positive integers, e.g. 4x2, got {text!r}")
+        raise RunError(f"--mesh must look like DATAxMODEL with positive integers, e.g. 4x2, got {text!r}")
     return int(parts[0]), int(parts[1])
 
 
@@ -1040,7 +883,7 @@ def mesh_shape(args: Args, n_devices: int) -> tuple[int, int]:
     if args.mesh:
         data, model = parse_mesh(args.mesh)
         if data * model != n_devices:
-            raise InputError(
+            raise RunError(
                 f"--mesh {args.mesh} needs {data * model} devices but there are {n_devices}; "
                 f"DATA x MODEL must equal the device count"
             )
@@ -1050,34 +893,29 @@ def mesh_shape(args: Args, n_devices: int) -> tuple[int, int]:
 
 
 def validate(args: Args) -> None:
-    """Every flag's own bounds, --mesh's form and the relations between flags, before any work (main then takes the
-    output folder: Outputs)."""
+    """Every flag's own bounds, --mesh's form and the relations between flags, before any work."""
     check_flags(args)
     if args.mesh:
         parse_mesh(args.mesh)
     if args.num_processes and args.process_id >= args.num_processes:  # a rank names one of the processes
-        raise InputError(
+        raise RunError(
             f"--process-id {args.process_id} is not a rank of --num-processes {args.num_processes}: "
             f"ranks run 0..{args.num_processes - 1}"
         )
 
 
 def check_splits(args: Args, rule_sets, mesh) -> None:
-    """Every dimension a rule set splits must split into equal parts on `mesh`; else raise InputError."""
+    """Every dimension a rule set splits must split into equal parts on `mesh`; else raise RunError."""
     sizes = dict(mesh.shape)
     for name in rule_sets:
-        for flag_name, dim, logical in (
-            ("--batch-size", args.batch_size, "batch"),
-            ("--vocab", args.vocab, "vocab"),
-            ("--embed", args.embed, "embed"),
-            ("--heads", args.heads, "heads"),
-            ("--mlp", args.mlp, "mlp"),
-        ):
+        for logical in ("batch", "vocab", "embed", "heads", "mlp"):  # the flag of each: --batch-size, --vocab, ...
+            flag_name = "batch_size" if logical == "batch" else logical
+            dim = getattr(args, flag_name)
             pieces = axis_size(logical_to_mesh_axes((logical,), RULE_SETS[name])[0], sizes)
             if dim % pieces:
-                raise InputError(
-                    f"{flag_name} {dim} does not split into {pieces} equal parts, as rule set {name!r} on mesh "
-                    f"{sizes['data']}x{sizes['model']} needs; pick a multiple of {pieces}"
+                raise RunError(
+                    f"--{flag_name.replace('_', '-')} {dim} does not split into {pieces} equal parts, as rule set "
+                    f"{name!r} on mesh {sizes['data']}x{sizes['model']} needs; pick a multiple of {pieces}"
                 )
 
 
@@ -1212,7 +1050,7 @@ def plot_curve(path: str, curves: dict[str, list[float]]) -> None:
     plt.close(fig)
 
 
-def print_summary(args: Args, results: dict[str, RuleSetResult], metrics: dict, ok: bool, mesh) -> None:
+def print_summary(args: Args, results: dict[str, RuleSetResult], metrics: dict, mesh) -> None:
     log("\n=== summary per device: bytes of the state (from its shards) and of the compiled step (memory_analysis)")
     columns = ("state", "arguments", "outputs", "aliased", "temporaries", "peak", "final_loss", "max_abs_diff")
     log(f"{'rules':<7}" + "".join(f"{c:>13}" for c in columns))
@@ -1224,20 +1062,21 @@ def print_summary(args: Args, results: dict[str, RuleSetResult], metrics: dict, 
         )
     log(
         f"max_abs_diff_vs_single_device={metrics['max_abs_diff_vs_single_device']:.2e} tol={args.tolerance:.0e} "
-        f"check={verdict(ok, mesh)} seconds={metrics['seconds']} out={args.out}"
+        f"check={verdict(metrics['check_passed'], mesh)} seconds={metrics['seconds']}"
     )
 
 
-def run_metrics(args: Args, devices, mesh, names, results, reference: Reference, memory_8b, ok, t_start) -> dict:
+def run_metrics(args: Args, devices, mesh, results, reference: Reference, memory_8b, t_start) -> dict:
     """metrics.json: the devices and mesh, each rule set's result (`ok`: all of them pass the check and the byte
-    count), the single-device losses and the 8B table; after Ctrl-C, `interrupted` says where the run stopped."""
-    metrics = dict(
+    count), the single-device losses and the 8B table (main adds the flags under 'args')."""
+    ok = all(r.passed and r.bytes_match_analytic for r in results.values())
+    return dict(
         devices=len(devices),
         platform=devices[0].platform,
         processes=jax.process_count(),
         mesh=dict(mesh.shape),
         axis_types=args.axis_types,
-        rules=names,
+        rules=list(results),
         tolerance=args.tolerance,
         max_abs_diff_vs_single_device=max(r.max_abs_diff_vs_single_device for r in results.values()),
         check_passed=ok if mesh.devices.size > 1 else None,
@@ -1247,11 +1086,26 @@ def run_metrics(args: Args, devices, mesh, names, results, reference: Reference,
         single_device_losses=reference.losses,
         llama_8b_4x2=memory_8b,
         seconds=round(time.perf_counter() - t_start, 2),
-        args=asdict(args),
     )
-    if len(results) < len(names):
-        metrics["interrupted"] = dict(unit="rule set", at=len(results), of=len(names))
-    return metrics
+
+
+class SelfCheckError(RunError):
+    """The sharded runs failed the script's own check: a sharded step computed something else than the one-device
+    step, or a device holds other bytes than the rules say."""
+
+
+def self_check(args: Args, results: dict[str, RuleSetResult]) -> None:
+    """Raise SelfCheckError naming each rule set that failed, and how."""
+    failed = [
+        f"rule set {name}'s last step differs from the single-device one by {r.max_abs_diff_vs_single_device:.2e} "
+        f"(more than --tolerance {args.tolerance:g})"
+        if not r.passed
+        else f"rule set {name}'s bytes per device differ from the analytic count"
+        for name, r in results.items()
+        if not (r.passed and r.bytes_match_analytic)
+    ]
+    if failed:
+        raise SelfCheckError("self-check failed: " + "; ".join(failed))
 
 
 def use_compile_cache(folder: str) -> None:
@@ -1263,17 +1117,13 @@ def use_compile_cache(folder: str) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-@reports_input_errors
+@one_line
 def main(args: Args) -> dict:
-    validate(args)
-    files = {"loss_curve.png": True}
-    # Only process 0 writes. With --distributed, which process this is is known once it has joined (start_devices).
-    out = None if args.distributed else Outputs(args.out, files)  # a writable folder, this run's alone
+    validate(args)  # flag values, before any work
     use_compile_cache(args.compile_cache)
     t_start = time.perf_counter()
-    devices = start_devices(args)
-    if args.distributed and jax.process_index() == 0:
-        out = Outputs(args.out, files)
+    devices = start_devices(args)  # with --distributed, this process joins the others here
+    run = Run(args) if jax.process_index() == 0 else None  # this run's own folder; only process 0 writes
     mesh = make_mesh(mesh_shape(args, len(devices)), devices, args.axis_types)
     names = list(RULE_SETS) if args.rules == "all" else [args.rules]
     check_splits(args, names, mesh)
@@ -1285,39 +1135,25 @@ def main(args: Args) -> dict:
     batches, config = make_batches(args), ModelConfig.from_args(args)
     graphdef, abstract = abstract_state(config)
     reference = train_single_device(args, config, graphdef, abstract, batches)
-    results = {}  # set_mesh: the mesh every sharding and jax.sharding.reshard below refers to
-    with jax.set_mesh(mesh), contextlib.suppress(KeyboardInterrupt):  # Ctrl-C keeps the rule sets checked so far
+    results = {}
+    with jax.set_mesh(mesh):  # the mesh every sharding and jax.sharding.reshard below refers to
         for name in names:
             t0 = time.perf_counter()
             results[name] = run_rule_set(args, name, mesh, graphdef, abstract, batches, reference)
             print_rule_set_result(args, name, results[name], mesh, seconds=time.perf_counter() - t0)
-    if not results:
-        raise KeyboardInterrupt  # before the first rule set was checked: nothing measured, nothing to write
-    early = len(results) < len(names)  # a stop (Ctrl-C, SIGTERM) ended the run early
-    stopped = early or bool(Outputs.signals)  # or came at the end of the last rule set: nothing more is computed
-    ok = all(r.passed and r.bytes_match_analytic for r in results.values())
     curves = {"single device": reference.losses, **{n: r.losses for n, r in results.items()}}
-    if out is not None:  # a stop from here on keeps the rule sets checked so far and their curves
-        checked = run_metrics(args, devices, mesh, names, results, reference, None, ok, t_start)
-        checked.setdefault("interrupted", dict(unit="rule set", at=len(results), of=len(names)))
-        missing = ["the other rule sets"] * early + ["the 8B memory table"]
-        out.keep(checked, "the rule sets" if stopped else "the 8B memory table", missing)
-        out.write("loss_curve.png", plot_curve, curves)
-    if stopped:
-        raise KeyboardInterrupt  # nothing more is computed or checked
-    metrics = run_metrics(
-        args, devices, mesh, names, results, reference, report_8b(args.hbm_gb, args.memory_count), ok, t_start
-    )
-    if out is not None:
-        out.commit(metrics)
-    print_summary(args, results, metrics, ok, mesh)
-    if not ok:
-        raise InputError(
-            f"a sharded run differs from the single-device run by more than {args.tolerance:g}, "
-            f"or its bytes differ from the analytic count"
-        )
+    if run:  # from here on a stop keeps the loss curves
+        run.save("loss_curve.png", plot_curve, curves)
+    metrics = run_metrics(args, devices, mesh, results, reference, report_8b(args.hbm_gb, args.memory_count), t_start)
+    print_summary(args, results, metrics, mesh)
+    if run:
+        run.finish({**metrics, "args": asdict(args)})
+        print(f"outputs: {run.folder} (metrics.json, loss_curve.png)", flush=True)
+    if args.distributed:  # one_line ends the process with os._exit, which skips the shutdown JAX does at exit
+        jax.distributed.shutdown()
+    self_check(args, results)  # a failed check is an error too, once its numbers are printed and saved
     return metrics
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    main()
