@@ -141,21 +141,22 @@ def test_a_run_reports_when_flax_and_the_resolver_disagree_and_a_stop_keeps_its_
     monkeypatch, tmp_path, capsys
 ):
     """The printed agreement is computed, not assumed: make Flax's path resolve fsdp's names by tp's rules. The same
-    run is stopped (Ctrl-C) once trained, in the summary: its folder keeps the loss curves, says so, and is not
+    run is stopped (Ctrl-C) once trained, in the 8B table: its folder keeps the loss curves, says so, and is not
     `latest` (a stop during training keeps nothing: tests/test_interrupt.py)."""
-    flax_shardings, seen = sm.flax_shardings, []
+    flax_shardings, print_result, seen = sm.flax_shardings, sm.print_rule_set_result, []
     monkeypatch.setattr(
         sm, "flax_shardings", lambda abstract, mesh, rules: flax_shardings(abstract, mesh, sm.RULE_SETS["tp"])
     )
+    monkeypatch.setattr(sm, "print_rule_set_result", lambda *a, **k: seen.append(a[2]) or print_result(*a, **k))
 
-    def stop(args, results, metrics, mesh):
-        seen.append(metrics)
+    def stop(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sm, "print_summary", stop)
+    monkeypatch.setattr(sm, "report_8b", stop)
     with pytest.raises(SystemExit) as e:
         sm.main(sm.Args(rules="fsdp", steps=2, host_devices=0, visualize=False, out=str(tmp_path)))
-    assert seen[0]["rule_sets"]["fsdp"]["flax_rules_agree"] is False and e.value.code == 130
+    assert seen[0].flax_rules_agree is False and seen[0].to_json()["flax_rules_agree"] is False
+    assert e.value.code == 130
     out, err = capsys.readouterr()
     assert "give the same specs for the whole state: False" in out
     (folder,) = tmp_path.iterdir()
