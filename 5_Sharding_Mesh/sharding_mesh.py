@@ -1001,8 +1001,8 @@ def print_summary(args: Args, results: dict[str, RuleSetResult], metrics: dict, 
 
 
 def run_metrics(args: Args, devices, mesh, results, reference: Reference, memory_8b, t_start) -> dict:
-    """metrics.json: the devices and mesh, each rule set's result (`ok`: all of them pass the check and the byte
-    count), the single-device losses and the 8B table (main adds the flags under 'args')."""
+    """metrics.json: the devices and mesh, each rule set's result (`check_passed`: all of them pass the check and the
+    byte count; None on one device), the single-device losses and the 8B table (main adds the flags under 'args')."""
     ok = all(r.passed and r.bytes_match_analytic for r in results.values())
     return dict(
         devices=len(devices),
@@ -1053,10 +1053,12 @@ def use_compile_cache(folder: str) -> None:
 @one_line
 def main(args: Args) -> dict:
     validate(args)  # flag values, before any work
+    run = None if args.distributed else Run(args)  # this run's own folder under --out
     use_compile_cache(args.compile_cache)
     t_start = time.perf_counter()
     devices = start_devices(args)  # with --distributed, this process joins the others here
-    run = Run(args) if jax.process_index() == 0 else None  # this run's own folder; only process 0 writes
+    if args.distributed and jax.process_index() == 0:  # only process 0 writes
+        run = Run(args)
     mesh = make_mesh(mesh_shape(args, len(devices)), devices, args.axis_types)
     names = list(RULE_SETS) if args.rules == "all" else [args.rules]
     check_splits(args, names, mesh)
