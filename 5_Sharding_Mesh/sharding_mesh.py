@@ -773,9 +773,10 @@ def one_line(main):
         cli, code, signals, hook = args is None, 0, {signal.SIGINT, signal.SIGTERM}, sys.unraisablehook
         handlers, Run.stops, Run.active = {s: signal.signal(s, stop) for s in signals}, [], None
         sys.unraisablehook = lambda u: u.exc_type is KeyboardInterrupt or hook(u)  # finish() sees a swallowed stop
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # one that came while the libraries loaded lands now
         try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # one that came while the libraries loaded lands now
             metrics = main(args or parse_args())
+            signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # done: a stop from here on waits for the exit
         except (RunError, OSError, KeyboardInterrupt) as e:
             signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # stopping already: one line, then the exit
             rest = Run.active.left() if Run.active else "; nothing written"
