@@ -6,7 +6,8 @@ into a `PartitionSpec` per weight. `--axis-types explicit` makes the shardings p
 the activations by the same rules. The file reads in the order it runs:
 
 1. the mesh axes, the four rule sets and `Args`;
-2. devices and mesh (`make_mesh`), then logical axes -> mesh axes (`logical_to_mesh_axes`, `analytic_bytes`);
+2. devices and mesh (`make_mesh`), then logical axes -> mesh axes (`logical_to_mesh_axes`, `analytic_bytes`), and
+   by the same resolution the 8B example's bytes per device (`big_model_memory`);
 3. the model (`batch_layout`, `TinyLM`) and its state's layout (`state_shardings`, `flax_shardings`, `init_sharded`);
 4. data, loss and the compiled step (`make_batches`, `place_batch`, `loss_fn`, `train_step`, `compile_step`, `train`);
 5. measuring the bytes each device holds (`measured_bytes`, `state_bytes`, `weight_table`) and the compiled step's
@@ -15,14 +16,13 @@ the activations by the same rules. The file reads in the order it runs:
    for one rule set.
 Each record a function returns (`TrainRun`, `StateBytes`, `Reference`, `RuleSetResult`, ...) sits just above it.
 
-Below the `# Plumbing` banner: starting the devices (faked CPU devices, several hosts), the command line, input
-checks, printing each rule set's result, the 8B example's arithmetic, the summary, plots and `main`.
+Below the `# Plumbing` banner: the run's folder and the command line, starting the devices (faked CPU devices,
+several hosts), input checks, printing each rule set's result, the 8B table, the summary, the plot and `main`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import math
@@ -30,28 +30,25 @@ import os
 import shutil
 import signal
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
+from operator import ge, gt, le
+from pathlib import Path
 from typing import NamedTuple
 
-if __name__ == "__main__":  # a SIGTERM while the libraries load waits for main, which reports it
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-try:  # Ctrl-C while the libraries load: one line and exit status 130, not a traceback
-    # Importing JAX does not start its backends; they start at the first jax.devices() or computation.
-    # That is why `--host-devices` can still set jax_num_cpu_devices in `start_devices`, after argument parsing.
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
-    from flax import nnx
-    from jax.experimental import multihost_utils
-    from jax.sharding import AxisType, NamedSharding
-    from jax.sharding import PartitionSpec as P
-except KeyboardInterrupt:
-    print("interrupted while loading the libraries; nothing written", file=sys.stderr)
-    raise SystemExit(130) from None
+if __name__ == "__main__":  # Ctrl-C or SIGTERM while the libraries below load waits for main(), which reports it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+# Importing JAX does not start its backends; they start at the first jax.devices() or computation.
+# That is why `--host-devices` can still set jax_num_cpu_devices in `start_devices`, after argument parsing.
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.experimental import multihost_utils
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 # MaxText's config has one mesh axis per kind of parallelism (its mesh_axes: data, fsdp, tensor, ...), sized by
 # ici_data_parallelism, ici_fsdp_parallelism, ici_tensor_parallelism, ...; here FSDP folds into 'data' and
@@ -74,8 +71,7 @@ RULE_SETS: dict[str, tuple[tuple[str, str | tuple[str, ...] | None], ...]] = {
 
 
 def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
-    """A dataclass field that is also a command-line flag. Its bounds travel with it and check_flags tests them:
-    choices (a tuple of allowed values), min / max (inclusive) and gt (strictly greater than)."""
+    """A dataclass field that is also a command-line flag, with the bounds check_flags tests."""
     return field(default=default, metadata={"help": help, "choices": choices, "min": min, "max": max, "gt": gt})
 
 
@@ -121,7 +117,9 @@ class Args:
     )
     log_every: int = flag(10, "print a progress line every this many steps", min=1)
     visualize: bool = flag(True, "draw the mlp_in kernel's layout with jax.debug.visualize_array_sharding")
-    out: str = flag("runs/sharding_mesh", "folder for metrics.json and loss_curve.png")
+    out: str = flag(
+        "runs/sharding_mesh", "each run writes metrics.json and loss_curve.png into a folder of its own here"
+    )
     compile_cache: str = flag(
         "~/.cache/jax-rl-course", "JAX's persistent compilation cache: later runs skip compiling ('' turns it off)"
     )
@@ -183,6 +181,41 @@ def analytic_bytes(shape, itemsize: int, spec, mesh_sizes: dict[str, int]) -> in
     return itemsize * math.prod(shard_shape(shape, spec, mesh_sizes))
 
 
+# Llama-3.1-8B's weights: (name, shape, logical axes, how many). 8,030,261,248 parameters.
+# Its 8 key/value heads are named 'heads' too, so they split like the query heads.
+LLAMA_8B = (
+    ("token_embed", (128256, 4096), ("vocab", "embed"), 1),
+    ("attn_norm", (4096,), ("norm",), 32),
+    ("query", (4096, 32, 128), ("embed", "heads", "kv"), 32),
+    ("key", (4096, 8, 128), ("embed", "heads", "kv"), 32),
+    ("value", (4096, 8, 128), ("embed", "heads", "kv"), 32),
+    ("attn_out", (32, 128, 4096), ("heads", "kv", "embed"), 32),
+    ("mlp_norm", (4096,), ("norm",), 32),
+    ("mlp_gate", (4096, 14336), ("embed", "mlp"), 32),
+    ("mlp_up", (4096, 14336), ("embed", "mlp"), 32),
+    ("mlp_down", (14336, 4096), ("mlp", "embed"), 32),
+    ("final_norm", (4096,), ("norm",), 1),
+    ("unembed", (4096, 128256), ("embed", "vocab"), 1),
+)
+# Bytes and dtypes per trained parameter of (weight, gradient, fp32 master weight, Adam m + v), by --memory-count.
+# Mixed-precision Adam computes with bf16 weights and gradients but updates an fp32 master copy with fp32 moments:
+# 2 + 2 + 4 + 8 = 16 (fp32 throughout, 4 + 4 + 0 + 8, is 16 too). All in bf16 gives 8, half of what such a run keeps.
+MEMORY_COUNTS = {
+    "mixed": ((2, 2, 4, 8), ("bf16", "bf16", "fp32", "fp32")),
+    "bf16": ((2, 2, 0, 4), ("bf16", "bf16", "no", "bf16")),
+}
+
+
+def big_model_memory(rules, mesh_sizes: dict[str, int], widths=MEMORY_COUNTS["mixed"][0]) -> dict[str, float]:
+    """GB (1e9 bytes) per device of weights, grads, fp32 master weights and Adam state, by the same rule resolution."""
+    values = sum(
+        math.prod(shard_shape(shape, logical_to_mesh_axes(names, rules), mesh_sizes)) * count
+        for _, shape, names, count in LLAMA_8B
+    )
+    gb = dict(zip(("params_gb", "grads_gb", "master_gb", "adam_gb"), (values * width / 1e9 for width in widths)))
+    return {**gb, "total_gb": sum(gb.values())}
+
+
 # ---------------------------------------------------------------- the model
 
 
@@ -206,30 +239,12 @@ def batch_layout(weight, names: tuple[str, ...], rules):
     return jax.sharding.reshard(weight, spec) if explicit else jax.lax.with_sharding_constraint(weight, spec)
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """The model and its optimizer, fixed at trace time: what the jitted `init_state` and `abstract_state` build."""
-
-    vocab: int
-    embed: int
-    heads: int
-    head_dim: int
-    mlp: int
-    seq_len: int
-    learning_rate: float
-    seed: int
-
-    @classmethod
-    def from_args(cls, args: Args) -> ModelConfig:
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
-
-
 class TinyLM(nnx.Module):
     """Embedding -> one pre-norm transformer block (causal attention + MLP) -> unembedding."""
 
-    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, args: Args, rngs: nnx.Rngs):
         # V vocabulary, E width, H heads, K head width, F MLP width, L sequence length
-        V, E, H, K, F, L = config.vocab, config.embed, config.heads, config.head_dim, config.mlp, config.seq_len
+        V, E, H, K, F, L = args.vocab, args.embed, args.heads, args.head_dim, args.mlp, args.seq_len
         self.token_embed = nnx.Embed(V, E, embedding_init=with_axes(("vocab", "embed")), rngs=rngs)
         self.pos_embed = nnx.Param(with_axes(("length", "embed"))(rngs.params(), (L, E)))
         norm = partial(nnx.RMSNorm, E, scale_init=with_axes(("norm",), nnx.initializers.ones), rngs=rngs)
@@ -278,20 +293,20 @@ class TrainState(NamedTuple):
     optimizer: nnx.Optimizer
 
 
-def make_model_and_optimizer(config: ModelConfig) -> TrainState:
-    model = TinyLM(config, nnx.Rngs(params=config.seed))
+def make_model_and_optimizer(args: Args) -> TrainState:
+    model = TinyLM(args, nnx.Rngs(params=args.seed))
     # Adam's m and v copy each Param's metadata, logical axis names included, so they shard like it.
-    return TrainState(model, nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param))
+    return TrainState(model, nnx.Optimizer(model, optax.adam(args.learning_rate), wrt=nnx.Param))
 
 
-def init_state(config: ModelConfig) -> nnx.State:
+def init_state(args: Args) -> nnx.State:
     """The TrainState's state as a pure pytree, for a jitted init."""
-    return nnx.state(make_model_and_optimizer(config))
+    return nnx.state(make_model_and_optimizer(args))
 
 
-def abstract_state(config: ModelConfig):
+def abstract_state(args: Args):
     """graphdef + the state's shapes, dtypes and logical-axis metadata, without computing any value."""
-    return nnx.split(nnx.eval_shape(lambda: make_model_and_optimizer(config)))
+    return nnx.split(nnx.eval_shape(lambda: make_model_and_optimizer(args)))
 
 
 def mesh_specs(tree, rules, mesh_axes=MESH_AXES):
@@ -331,10 +346,10 @@ def same_specs(ours, theirs) -> bool:
     return len(a) == len(b) and all(norm(x.spec) == norm(y.spec) for x, y in zip(a, b))
 
 
-def init_sharded(config: ModelConfig, shardings) -> nnx.State:
+def init_sharded(args: Args, shardings) -> nnx.State:
     """Create model + Adam state directly in their shards: each device computes only its own pieces,
     so no device ever holds the full model (how MaxText initialises models too big for one chip)."""
-    return jax.jit(partial(init_state, config), out_shardings=shardings)()
+    return jax.jit(partial(init_state, args), out_shardings=shardings)()
 
 
 # ---------------------------------------------------------------- data, loss, compiled step
@@ -604,11 +619,11 @@ class Reference(NamedTuple):
     final: nnx.State  # ... and the one it must reproduce
 
 
-def train_single_device(args: Args, config: ModelConfig, graphdef, abstract, batches) -> Reference:
+def train_single_device(args: Args, graphdef, abstract, batches) -> Reference:
     """The reference: the same init, the same batches, every step on one device."""
     mesh, rules = make_mesh((1, 1), [jax.local_devices()[0]]), RULE_SETS["dp"]
     shardings = state_shardings(abstract, mesh, rules)
-    state = init_sharded(config, shardings)
+    state = init_sharded(args, shardings)
     init = to_host(state)
     run = train(
         args, compile_step(graphdef, shardings, donate=args.donate), state, batches, mesh, rules, "single_device"
@@ -658,29 +673,9 @@ class RuleSetResult(NamedTuple):
     passed: bool  # the check is within --tolerance
 
     def to_json(self) -> dict:
-        return dict(
-            rules=[list(r) for r in self.rules],
-            bytes_per_device=self.bytes_per_device._asdict(),
-            analytic_bytes_per_device=self.analytic_bytes_per_device._asdict(),
-            bytes_match_analytic=self.bytes_match_analytic,
-            compiled_memory_per_device=self.compiled._asdict() if self.compiled else None,
-            flax_rules_agree=self.flax_rules_agree,
-            max_abs_diff_vs_single_device=self.max_abs_diff_vs_single_device,
-            fresh_adam_step1_max_abs_diff=self.fresh_adam_step1_max_abs_diff,
-            loss_curve_max_abs_diff=self.loss_curve_max_abs_diff,
-            first_loss=self.losses[0],
-            final_loss=self.losses[-1],
-            weights={
-                w.name: dict(
-                    shape=w.shape,
-                    logical_axes=w.logical,
-                    partition_spec=w.spec,
-                    shard_shape=w.shard_shape,
-                    bytes_per_device=w.bytes,
-                )
-                for w in self.weights
-            },
-        )
+        """Its record in metrics.json: each field, a record (NamedTuple) as a dict, the weights by name."""
+        record = {k: v._asdict() if hasattr(v, "_asdict") else v for k, v in self._asdict().items()}
+        return {**record, "weights": {w.name: w._asdict() for w in self.weights}}
 
 
 def run_rule_set(args: Args, name: str, mesh, graphdef, abstract, batches, reference: Reference) -> RuleSetResult:
@@ -688,12 +683,12 @@ def run_rule_set(args: Args, name: str, mesh, graphdef, abstract, batches, refer
     rules = RULE_SETS[name]
     log(f"\n=== rule set {name}: {rules}")
     shardings = state_shardings(abstract, mesh, rules)
-    flax_agrees = same_specs(shardings, flax_shardings(abstract, mesh, rules))
+    agrees = same_specs(shardings, flax_shardings(abstract, mesh, rules))
     # Each device receives only its shards of the initial values: the same values init_sharded computes,
     # without compiling the initializer again for every layout.
     state = jax.device_put(reference.init, shardings)
     rows = weight_table(graphdef, state, mesh, rules)
-    print_weight_table(rows, flax_agrees)
+    print_weight_table(rows, agrees)
     if args.visualize and jax.process_index() == 0:
         show_layout(graphdef, state)
     explicit = args.axis_types == "explicit"
@@ -708,27 +703,112 @@ def run_rule_set(args: Args, name: str, mesh, graphdef, abstract, batches, refer
     memory = compiled_memory(step, check_state, place_batch(batches[-1], mesh, rules))
     exact = measured == analytic and all(r.bytes == r.analytic and r.uniform and r.actual_spec == r.spec for r in rows)
     # Not the check, but reported: step 1 from a fresh Adam state, and the two whole loss curves.
-    diff_first = max(abs(run.losses[0] - reference.losses[0]), max_abs_diff(run.after_step1, reference.after_step1))
-    diff_curve = max(abs(a - b) for a, b in zip(run.losses, reference.losses))
+    first = max(abs(run.losses[0] - reference.losses[0]), max_abs_diff(run.after_step1, reference.after_step1))
+    curve = max(abs(a - b) for a, b in zip(run.losses, reference.losses))
     return RuleSetResult(
-        rules,
-        measured,
-        analytic,
-        exact,
-        memory,
-        flax_agrees,
-        diff,
-        diff_first,
-        diff_curve,
-        run.losses,
-        rows,
-        diff <= args.tolerance,
+        rules, measured, analytic, exact, memory, agrees, diff, first, curve, run.losses, rows, diff <= args.tolerance
     )
 
 
-# Plumbing: starting the devices, the command line, input checks, printing, plots, metrics.json and main.
+# Plumbing: the run folder, the command line, starting the devices, input checks, printing, the plot and main.
 
-AUTO_HOST_DEVICES = 8  # what --host-devices -1 fakes on a CPU-only host
+
+class RunError(Exception):
+    """What ends a run early with one line on stderr and exit status 1: bad input, a full disk, a failed check."""
+
+
+class Run:
+    """This run's own folder, <--out>/<date>-<time>-seed<seed>. Each file is written under a temporary name, then moved
+    into place; metrics.json comes last and marks a complete run, which <--out>/latest then points at."""
+
+    def __init__(self, args):
+        stamp, Run.active, self.saved, self.complete = time.strftime("%Y%m%d-%H%M%S"), self, [], False
+        for n in range(1, 1000):  # a folder that exists is another run's: this one takes the next name
+            self.folder = os.path.join(args.out, f"{stamp}-seed{args.seed}" + f"-{n}" * (n > 1))
+            try:
+                return os.makedirs(self.folder)
+            except FileExistsError:
+                continue
+            except OSError as e:
+                raise RunError(f"--out {args.out!r} is not a writable folder ({e.strerror})") from None
+
+    def save(self, name: str, writer, *args) -> None:  # writer(path, *args) writes `name`: whole, or absent
+        partial = os.path.join(self.folder, "partial-" + name)  # the same ending: savefig and PIL read it
+        try:
+            writer(partial, *args)
+            os.replace(partial, os.path.join(self.folder, name))
+        except OSError as e:
+            raise RunError(f"{(e.strerror or type(e).__name__).lower()} while writing {name}") from None
+        finally:  # what a full disk or a stop left half-written goes, and gives its space back
+            shutil.rmtree(partial) if os.path.isdir(partial) else Path(partial).unlink(missing_ok=True)
+        self.saved.append(name)
+
+    def finish(self, metrics: dict) -> None:
+        if Run.stops:  # a stop that a library callback swallowed: the run ends here, not complete
+            raise KeyboardInterrupt
+        self.save("metrics.json", lambda path: Path(path).write_text(json.dumps(metrics, indent=2)))
+        self.complete, link = True, os.path.join(os.path.dirname(self.folder), f"partial-latest-{os.getpid()}")
+        os.symlink(os.path.basename(self.folder), link)  # then moved into place: `latest` is never missing
+        os.replace(link, os.path.join(os.path.dirname(self.folder), "latest"))
+
+    def left(self) -> str:  # the end of the one line: what this run's folder holds now
+        if self.complete:
+            return f" once the run was complete; {self.folder} holds all of it"
+        if not self.saved:
+            return shutil.rmtree(self.folder, ignore_errors=True) or "; nothing written"
+        return f"; kept in {self.folder}: {', '.join(self.saved)} (not complete: no metrics.json)"
+
+
+def stop(signum, frame):  # SIGINT and SIGTERM end a run the same way: a KeyboardInterrupt, reported by one_line
+    Run.stops.append(signum)
+    raise KeyboardInterrupt
+
+
+def one_line(main):
+    """main(args) that ends in one line on stderr whenever it does not finish: exit status 1 for a RunError, 130 for
+    SIGINT (Ctrl-C), 143 for SIGTERM. main() is the command line: it parses the flags, and exits once the run ends."""
+
+    @functools.wraps(main)
+    def run(args=None):
+        cli, code, signals, hook = args is None, 0, {signal.SIGINT, signal.SIGTERM}, sys.unraisablehook
+        handlers, Run.stops, Run.active = {s: signal.signal(s, stop) for s in signals}, [], None
+        sys.unraisablehook = lambda u: u.exc_type is KeyboardInterrupt or hook(u)  # finish() sees a swallowed stop
+        try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # one that came while the libraries loaded lands now
+            metrics = main(args or parse_args())
+            signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # done: a stop from here on waits for the exit
+        except (RunError, OSError, KeyboardInterrupt) as e:
+            signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # stopping already: one line, then the exit
+            rest = Run.active.left() if Run.active else "; nothing written"
+            print(f"interrupted{rest}" if isinstance(e, KeyboardInterrupt) else f"error: {e}{rest}", file=sys.stderr)
+            code = 128 + (Run.stops or [signal.SIGINT])[0] if isinstance(e, KeyboardInterrupt) else 1
+        finally:
+            if not cli:  # a test called main(args): its own handlers come back
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+                sys.unraisablehook, _ = hook, [signal.signal(s, h) for s, h in handlers.items()]
+        if cli:  # exit at once: the files are complete, and Python's shutdown would outlive the handlers
+            sys.stdout.flush(), sys.stderr.flush(), os._exit(code)
+        return sys.exit(code) if code else metrics
+
+    return run
+
+
+def parse_args(argv=None) -> Args:  # one flag per field of Args; a malformed one is one line (main checks bounds)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.error = lambda message: sys.exit(f"error: {message} (see --help)")  # one line, not the usage
+    for f in fields(Args):
+        kind = {"type": type(f.default), "choices": f.metadata["choices"]}
+        kind = {"action": argparse.BooleanOptionalAction} if isinstance(f.default, bool) else kind
+        p.add_argument("--" + f.name.replace("_", "-"), default=f.default, help=f.metadata["help"], **kind)
+    return Args(**vars(p.parse_args(argv)))
+
+
+def check_flags(args) -> None:  # RunError, one line, for the first flag outside its flag()'s bounds
+    for f in fields(args):
+        v, m, name = getattr(args, f.name), f.metadata, "--" + f.name.replace("_", "-")  # choices: argparse checks
+        for bound, op, ok in ((m["gt"], ">", gt), (m["min"], ">=", ge), (m["max"], "<=", le)):
+            if bound is not None and not ok(v, bound):
+                raise RunError(f"{name} must be {op} {bound}, got {v}")
 
 
 def start_devices(args: Args) -> list:
@@ -741,7 +821,7 @@ def start_devices(args: Args) -> list:
     --host-devices N then stops with a one-line error, and a one-device run says that nothing is sharded.
     """
     auto = args.host_devices < 0
-    want = AUTO_HOST_DEVICES if auto else args.host_devices
+    want = 8 if auto else args.host_devices  # --host-devices -1: 8 faked devices on a CPU-only host
     counted = "--xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")  # a count set by hand
     if want > 0 and not (auto and counted):
         try:
@@ -749,7 +829,7 @@ def start_devices(args: Args) -> list:
         except RuntimeError:  # JAX had already started: it keeps its devices
             local = len(jax.local_devices(backend="cpu"))
             if not auto and local != want:
-                raise InputError(
+                raise RunError(
                     f"--host-devices {want} came too late: JAX had already started with "
                     f"{local} CPU device(s); run the script from the command line"
                 ) from None
@@ -762,7 +842,7 @@ def start_devices(args: Args) -> list:
                 process_id=None if args.process_id < 0 else args.process_id,
             )
         except Exception as e:  # noqa: BLE001 - any failure to join is a one-line error
-            raise InputError(f"jax.distributed.initialize() failed: {str(e).splitlines()[0]}") from e
+            raise RunError(f"jax.distributed.initialize() failed: {str(e).splitlines()[0]}") from e
     if auto:
         devices = jax.devices()
         if devices[0].platform == "cpu":
@@ -775,263 +855,11 @@ def start_devices(args: Args) -> list:
     return jax.devices("cpu") if args.host_devices else jax.devices()  # every process's devices
 
 
-class InputError(Exception):
-    """Bad input: a flag value, a missing or corrupt file, an unwritable folder, a mesh that does not fit."""
-
-
-class WriteError(Exception):
-    """A file of the run could not be written (a full disk, a folder that turned read-only): what and why."""
-
-
-def reports_input_errors(main):
-    """Every early end of a run is one line on stderr. Bad input (InputError) or a file that cannot be written
-    (WriteError): exit status 1. SIGINT (Ctrl-C) or SIGTERM, at any moment: exit status 130 or 143. The run's
-    folder then holds its previous files or the set this run kept (Outputs.stop), never a mix; the line says which."""
-
-    @functools.wraps(main)
-    def run(args):
-        main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
-        handlers = {s: signal.signal(s, Outputs.on_signal) for s in (signal.SIGINT, signal.SIGTERM) if main_thread}
-        hook, sys.unraisablehook = sys.unraisablehook, functools.partial(Outputs.unraisable, then=sys.unraisablehook)
-        Outputs.signals, Outputs.holding, Outputs.again = [], False, None
-        try:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # one held back while the libraries loaded
-            return main(args)
-        except (InputError, WriteError) as e:
-            Outputs.holding = True  # from here on a signal is recorded, not raised
-            out = Outputs.active
-            tell = out is not None and not out.done and (isinstance(e, WriteError) or out.kept is not None)
-            sys.exit(f"error: {e}" + (out.stop(str(e)) if tell else ""))
-        except KeyboardInterrupt:
-            Outputs.holding = True
-            rest = Outputs.active.stop(None) if Outputs.active else f"; nothing written to {args.out}"
-            print(f"interrupted{rest}", file=sys.stderr)
-            sys.exit(128 + (Outputs.signals or [signal.SIGINT])[0])
-        finally:
-            Outputs.holding = True
-            if Outputs.again is not None:  # a signal being sent again lands while the handlers are still in place
-                Outputs.again.cancel()
-                Outputs.again.join()
-            if Outputs.active is not None:
-                Outputs.active.close()
-            for s, handler in handlers.items():
-                signal.signal(s, handler)
-            sys.unraisablehook, Outputs.holding = hook, False
-
-    return run
-
-
-class Outputs:
-    """The files of one run in one folder (--out; <out>/eval/ for --load), kept as one set.
-
-    write() puts each file into a staging folder inside it, under a temporary name until it is whole; commit()
-    writes metrics.json there too, then deletes this script's files that the new set lacks (an old episode.gif) and
-    moves the set into place, metrics.json last, with SIGINT and SIGTERM held back. Until then the folder keeps its
-    previous files. A run stopped early commits what keep() last named, marked `interrupted`. A lock file holding
-    the PID keeps a second run out of the folder.
-    """
-
-    active = None  # the Outputs of the run in progress (reports_input_errors stops and closes it)
-    signals: list = []  # SIGINT / SIGTERM received during the run, in order
-    holding = False  # True: a signal is recorded, and raised only when the hold ends (held)
-    again = None  # the timer that sends a swallowed signal again (unraisable)
-
-    def __init__(self, folder: str, files: dict[str, bool]):
-        """files: every file this script can write into such a folder besides metrics.json -> written by this run."""
-        self.folder, self.files, self.written, self.writing = folder, files, [], None
-        self.kept, self.done = None, False  # what a stop commits (keep); whether the set is in place (commit)
-        self.staging, self.lock = os.path.join(folder, ".staging"), os.path.join(folder, ".lock")
-        try:
-            os.makedirs(folder, exist_ok=True)
-            self.take_lock()
-            Outputs.active = self
-            shutil.rmtree(self.staging, ignore_errors=True)  # what a killed run left
-            os.mkdir(self.staging)
-        except OSError as e:
-            raise InputError(f"--out {folder!r} is not a writable folder ({e.strerror or type(e).__name__})") from None
-
-    def take_lock(self) -> None:
-        """Create the lock file, holding this PID. A lock whose process has ended is taken over; a live one refused."""
-        while True:
-            try:
-                with open(self.lock, "x") as f:  # "x": only if no such file exists
-                    f.write(str(os.getpid()))
-                return
-            except FileExistsError:
-                try:
-                    with open(self.lock) as f:
-                        text = f.read()
-                except FileNotFoundError:  # its run has just ended
-                    continue
-            pid = int(text) if text.strip().isdigit() else 0  # 0: none yet, its run is writing it right now
-            try:
-                os.kill(pid or os.getpid(), 0)  # signal 0 only asks whether that process exists
-            except ProcessLookupError:  # it has ended (killed, say): its lock is taken over
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(self.lock)
-                print(f"{self.lock}: PID {pid} has ended; its lock is taken over", flush=True)
-                continue
-            except PermissionError:  # it exists, and belongs to another user
-                pass
-            raise InputError(
-                f"--out {self.folder!r} is in use by the run of PID {pid or 'unknown'}; wait for it to end or pick "
-                f"another --out (its lock file: {self.lock})"
-            )
-
-    def write(self, name: str, writer, *args, **kwargs):
-        """writer(path, *args, **kwargs) writes the set's file `name` (into the staging folder, under a temporary
-        name until it is whole); returns what writer returns."""
-        partial = os.path.join(self.staging, "partial-" + name)  # the same ending: savez, savefig and PIL read it
-        self.writing = name
-        try:
-            result = writer(partial, *args, **kwargs)
-            os.replace(partial, os.path.join(self.staging, name))
-        except OSError as e:
-            raise WriteError(f"{(e.strerror or type(e).__name__).lower()} while writing {name}") from None
-        finally:  # a file that stopped half-way goes, and gives back its space
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(partial)
-        self.written, self.writing = [*(n for n in self.written if n != name), name], None
-        return result
-
-    def keep(self, metrics: dict, during: str, missing: list[str]) -> None:
-        """From here on a stop commits `metrics` (as it is then) with the files written by then, marked interrupted
-        `during` (say, 'the final evaluation'), with `missing` and every file not written listed as not done."""
-        self.kept = (metrics, during, missing)
-
-    def commit(self, metrics: dict) -> None:
-        """Write metrics.json, then put the set in place of the folder's previous one; signals wait until it is."""
-        if Outputs.signals and not Outputs.holding:  # one came, and no code stopped for it (a library swallowed it)
-            raise KeyboardInterrupt
-        with Outputs.held():
-
-            def dump(path: str) -> None:
-                with open(path, "w") as f:
-                    json.dump(metrics, f, indent=2)
-
-            self.write("metrics.json", dump)
-            for name in self.files:
-                if name not in self.written:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.remove(os.path.join(self.folder, name))
-            for name in sorted(self.written, key=lambda name: name == "metrics.json"):  # metrics.json last
-                os.replace(os.path.join(self.staging, name), os.path.join(self.folder, name))
-            self.done = True
-
-    def stop(self, error: str | None) -> str:
-        """After a signal (error None) or an error: commit the set keep() named, marked interrupted, and return the
-        rest of the one line: where the run stopped (after a signal) and what the folder holds."""
-        if self.done:
-            return f" once the run was saved; {self.folder} holds all of it"
-        if self.kept is None:
-            return f"; nothing written to {self.folder}"
-        metrics, during, missing = self.kept
-        missing = [*missing, *(name for name, wanted in self.files.items() if wanted and name not in self.written)]
-        during = f"writing {self.writing}" if self.writing else during
-        mark = {**metrics.get("interrupted", {}), "during": during, "missing": missing}
-        where = f"{'while' if self.writing else 'during'} {during}"
-        if mark.get("at", 0) < mark.get("of", 0):  # training itself stopped early
-            where = f"at {mark['unit']} {mark['at']} of {mark['of']}"
-        try:
-            self.commit({**metrics, "interrupted": mark | ({"error": error} if error else {})})
-        except WriteError:
-            return f"; nothing written to {self.folder}"
-        kept = f"kept in {self.folder}: {', '.join(sorted(self.written, key=lambda n: n != 'metrics.json'))}"
-        return ("" if error else f" {where}") + f"; {kept}" + (f" (not done: {', '.join(missing)})" if missing else "")
-
-    def close(self) -> None:
-        """Remove the staging folder (whatever it still holds was never committed) and the lock."""
-        shutil.rmtree(self.staging, ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(self.lock)
-        Outputs.active = None
-
-    @staticmethod
-    def on_signal(signum, frame) -> None:
-        """SIGINT and SIGTERM: recorded (the exit status says which), then raised as KeyboardInterrupt unless held."""
-        Outputs.signals.append(signum)
-        if not Outputs.holding:
-            raise KeyboardInterrupt
-
-    @staticmethod
-    def unraisable(info, then) -> None:
-        """A KeyboardInterrupt raised inside a library callback (JAX's garbage-collection hook), which cannot pass it
-        on, is not lost: the signal is sent again a moment later, to land in the run's own code. Any other exception
-        goes to `then`, the hook that was in place."""
-        if isinstance(info.exc_value, KeyboardInterrupt) and Outputs.signals:
-            Outputs.again = threading.Timer(0.01, os.kill, (os.getpid(), Outputs.signals[-1]))
-            Outputs.again.daemon = True
-            Outputs.again.start()
-        else:
-            then(info)
-
-    @staticmethod
-    @contextlib.contextmanager
-    def held():
-        """Inside, SIGINT and SIGTERM are recorded, not raised; one that came is raised on leaving."""
-        seen, was = len(Outputs.signals), Outputs.holding
-        Outputs.holding = True
-        try:
-            yield
-        finally:
-            Outputs.holding = was
-        if len(Outputs.signals) > seen and not was:
-            raise KeyboardInterrupt
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line, exit status 1, instead of dumping the usage."""
-
-    def error(self, message):
-        sys.exit(f"error: {message} (see --help)")
-
-
-def parse_args(argv=None) -> Args:
-    """Args from the command line: one flag per field, whose --help line shows its bounds and default."""
-    p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for f in fields(Args):
-        kind = {"type": type(f.default), "choices": f.metadata["choices"]}
-        if isinstance(f.default, bool):
-            kind = {"action": argparse.BooleanOptionalAction}
-        bounds = bounds_text(f.metadata)
-        text = f.metadata["help"] + (f"; must be {bounds}" if bounds else "")
-        p.add_argument("--" + f.name.replace("_", "-"), default=f.default, help=text, **kind)
-    args = Args(**vars(p.parse_args(argv)))
-    try:
-        check_flags(args)
-    except InputError as e:
-        p.error(str(e))
-    return args
-
-
-def bounds_text(meta: dict) -> str:
-    """'in (0, 1]', '>= 1', '> 0' … from a flag's min / max / gt ('' if it has none)."""
-    low = ("(", meta["gt"]) if meta["gt"] is not None else ("[", meta["min"]) if meta["min"] is not None else None
-    high = meta["max"]
-    if low and high is not None:
-        return f"in {low[0]}{low[1]}, {high}]"
-    if low:
-        return f"{'>' if low[0] == '(' else '>='} {low[1]}"
-    return f"<= {high}" if high is not None else ""
-
-
-def check_flags(args) -> None:
-    """Raise InputError, one line, for the first flag outside the choices or bounds its flag() declares."""
-    for f in fields(args):
-        value, meta = getattr(args, f.name), f.metadata
-        name = "--" + f.name.replace("_", "-")
-        if meta.get("choices") is not None and value not in meta["choices"]:
-            raise InputError(f"{name} must be one of {', '.join(map(str, meta['choices']))}; got {value!r}")
-        low_ok = (meta.get("gt") is None or value > meta["gt"]) and (meta.get("min") is None or value >= meta["min"])
-        if not (low_ok and (meta.get("max") is None or value <= meta["max"])):
-            raise InputError(f"{name} must be {bounds_text(meta)}, got {value}")
-
-
 def parse_mesh(text: str) -> tuple[int, int]:
-    """'4x2' -> (4, 2); anything else raises InputError."""
+    """'4x2' -> (4, 2); anything else raises RunError."""
     parts = text.lower().split("x")
     if len(parts) != 2 or not all(s.isdigit() and int(s) > 0 for s in parts):
-        raise InputError(f"--mesh must look like DATAxMODEL with positive integers, e.g. 4x2, got {text!r}")
+        raise RunError(f"--mesh must look like DATAxMODEL with positive integers, e.g. 4x2, got {text!r}")
     return int(parts[0]), int(parts[1])
 
 
@@ -1040,7 +868,7 @@ def mesh_shape(args: Args, n_devices: int) -> tuple[int, int]:
     if args.mesh:
         data, model = parse_mesh(args.mesh)
         if data * model != n_devices:
-            raise InputError(
+            raise RunError(
                 f"--mesh {args.mesh} needs {data * model} devices but there are {n_devices}; "
                 f"DATA x MODEL must equal the device count"
             )
@@ -1050,34 +878,29 @@ def mesh_shape(args: Args, n_devices: int) -> tuple[int, int]:
 
 
 def validate(args: Args) -> None:
-    """Every flag's own bounds, --mesh's form and the relations between flags, before any work (main then takes the
-    output folder: Outputs)."""
+    """Every flag's own bounds, --mesh's form and the relations between flags, before any work."""
     check_flags(args)
     if args.mesh:
         parse_mesh(args.mesh)
     if args.num_processes and args.process_id >= args.num_processes:  # a rank names one of the processes
-        raise InputError(
+        raise RunError(
             f"--process-id {args.process_id} is not a rank of --num-processes {args.num_processes}: "
             f"ranks run 0..{args.num_processes - 1}"
         )
 
 
 def check_splits(args: Args, rule_sets, mesh) -> None:
-    """Every dimension a rule set splits must split into equal parts on `mesh`; else raise InputError."""
+    """Every dimension a rule set splits must split into equal parts on `mesh`; else raise RunError."""
     sizes = dict(mesh.shape)
     for name in rule_sets:
-        for flag_name, dim, logical in (
-            ("--batch-size", args.batch_size, "batch"),
-            ("--vocab", args.vocab, "vocab"),
-            ("--embed", args.embed, "embed"),
-            ("--heads", args.heads, "heads"),
-            ("--mlp", args.mlp, "mlp"),
-        ):
+        for logical in ("batch", "vocab", "embed", "heads", "mlp"):  # the flag of each: --batch-size, --vocab, ...
+            flag_name = "batch_size" if logical == "batch" else logical
+            dim = getattr(args, flag_name)
             pieces = axis_size(logical_to_mesh_axes((logical,), RULE_SETS[name])[0], sizes)
             if dim % pieces:
-                raise InputError(
-                    f"{flag_name} {dim} does not split into {pieces} equal parts, as rule set {name!r} on mesh "
-                    f"{sizes['data']}x{sizes['model']} needs; pick a multiple of {pieces}"
+                raise RunError(
+                    f"--{flag_name.replace('_', '-')} {dim} does not split into {pieces} equal parts, as rule set "
+                    f"{name!r} on mesh {sizes['data']}x{sizes['model']} needs; pick a multiple of {pieces}"
                 )
 
 
@@ -1109,49 +932,6 @@ def print_rule_set_result(args: Args, name: str, result: RuleSetResult, mesh, se
     )
 
 
-# Llama-3.1-8B's weights: (name, shape, logical axes, how many). 8,030,261,248 parameters.
-# Its 8 key/value heads are named 'heads' too, so they split like the query heads.
-LLAMA_8B = (
-    ("token_embed", (128256, 4096), ("vocab", "embed"), 1),
-    ("attn_norm", (4096,), ("norm",), 32),
-    ("query", (4096, 32, 128), ("embed", "heads", "kv"), 32),
-    ("key", (4096, 8, 128), ("embed", "heads", "kv"), 32),
-    ("value", (4096, 8, 128), ("embed", "heads", "kv"), 32),
-    ("attn_out", (32, 128, 4096), ("heads", "kv", "embed"), 32),
-    ("mlp_norm", (4096,), ("norm",), 32),
-    ("mlp_gate", (4096, 14336), ("embed", "mlp"), 32),
-    ("mlp_up", (4096, 14336), ("embed", "mlp"), 32),
-    ("mlp_down", (14336, 4096), ("mlp", "embed"), 32),
-    ("final_norm", (4096,), ("norm",), 1),
-    ("unembed", (4096, 128256), ("embed", "vocab"), 1),
-)
-# Bytes and dtypes per trained parameter of (weight, gradient, fp32 master weight, Adam m + v), by --memory-count.
-# Mixed-precision Adam computes with bf16 weights and gradients but updates an fp32 master copy with fp32 moments:
-# 2 + 2 + 4 + 8 = 16 (fp32 throughout, 4 + 4 + 0 + 8, is 16 too). All in bf16 gives 8, half of what such a run keeps.
-MEMORY_COUNTS = {
-    "mixed": ((2, 2, 4, 8), ("bf16", "bf16", "fp32", "fp32")),
-    "bf16": ((2, 2, 0, 4), ("bf16", "bf16", "no", "bf16")),
-}
-
-
-class MemoryGB(NamedTuple):
-    params_gb: float
-    grads_gb: float
-    master_gb: float
-    adam_gb: float
-    total_gb: float
-
-
-def big_model_memory(rules, mesh_sizes: dict[str, int], widths=MEMORY_COUNTS["mixed"][0], weights=LLAMA_8B) -> MemoryGB:
-    """GB (1e9 bytes) per device of weights, grads, fp32 master weights and Adam state, by the same rule resolution."""
-    values = sum(
-        math.prod(shard_shape(shape, logical_to_mesh_axes(names, rules), mesh_sizes)) * count
-        for _, shape, names, count in weights
-    )
-    w, g, master, a = (values * width / 1e9 for width in widths)
-    return MemoryGB(params_gb=w, grads_gb=g, master_gb=master, adam_gb=a, total_gb=w + g + master + a)
-
-
 def report_8b(hbm_gb: float, count: str = "mixed") -> dict:
     """Print and return the 8B example's memory per device on a 4x2 mesh for every rule set, counted as `count`."""
     mesh_sizes = {"data": 4, "model": 2}
@@ -1167,10 +947,11 @@ def report_8b(hbm_gb: float, count: str = "mixed") -> dict:
     table: dict = {}
     for name in RULE_SETS:
         memory = big_model_memory(RULE_SETS[name], mesh_sizes, widths)
-        table[name] = {**memory._asdict(), "fits": memory.total_gb <= hbm_gb}
+        table[name] = {**memory, "fits": memory["total_gb"] <= hbm_gb}
         log(
-            f"  {name:<7} params={memory.params_gb:6.2f} grads={memory.grads_gb:6.2f} master={memory.master_gb:6.2f} "
-            f"adam={memory.adam_gb:6.2f} total={memory.total_gb:7.2f} fits={memory.total_gb <= hbm_gb}"
+            f"  {name:<7} params={memory['params_gb']:6.2f} grads={memory['grads_gb']:6.2f} "
+            f"master={memory['master_gb']:6.2f} adam={memory['adam_gb']:6.2f} total={memory['total_gb']:7.2f} "
+            f"fits={table[name]['fits']}"
         )
     return dict(memory_count=count, bytes_per_param=sum(widths), rule_sets=table)
 
@@ -1193,26 +974,18 @@ def plot_curve(path: str, curves: dict[str, list[float]]) -> None:
         ax_loss.plot(steps, losses, lw=1, marker=markers[k % len(markers)], markevery=every, ms=5, label=label)
         gap = np.abs(np.asarray(losses) - single)
         ax_gap.plot(steps, np.where(gap > 0, gap, np.nan), marker=markers[k % len(markers)], ms=3, lw=1, label=label)
-    ax_loss.set(
-        xlabel="Adam step",
-        ylabel="train loss (cross-entropy)",
-        yscale="log",
-        title="loss: the sharded curves lie on the single-device one",
-    )
-    ax_gap.set(
-        xlabel="Adam step",
-        ylabel="|sharded - single device| loss",
-        yscale="log",
-        title="the gap, float32 rounding (0 not drawn)",
-    )
-    ax_loss.legend(fontsize=8)
-    ax_gap.legend(fontsize=8)
+    for ax, ylabel, title in (
+        (ax_loss, "train loss (cross-entropy)", "loss: the sharded curves lie on the single-device one"),
+        (ax_gap, "|sharded - single device| loss", "the gap, float32 rounding (0 not drawn)"),
+    ):
+        ax.set(xlabel="Adam step", ylabel=ylabel, yscale="log", title=title)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def print_summary(args: Args, results: dict[str, RuleSetResult], metrics: dict, ok: bool, mesh) -> None:
+def print_summary(args: Args, results: dict[str, RuleSetResult], metrics: dict, mesh) -> None:
     log("\n=== summary per device: bytes of the state (from its shards) and of the compiled step (memory_analysis)")
     columns = ("state", "arguments", "outputs", "aliased", "temporaries", "peak", "final_loss", "max_abs_diff")
     log(f"{'rules':<7}" + "".join(f"{c:>13}" for c in columns))
@@ -1224,34 +997,49 @@ def print_summary(args: Args, results: dict[str, RuleSetResult], metrics: dict, 
         )
     log(
         f"max_abs_diff_vs_single_device={metrics['max_abs_diff_vs_single_device']:.2e} tol={args.tolerance:.0e} "
-        f"check={verdict(ok, mesh)} seconds={metrics['seconds']} out={args.out}"
+        f"check={verdict(metrics['check_passed'], mesh)} seconds={metrics['seconds']}"
     )
 
 
-def run_metrics(args: Args, devices, mesh, names, results, reference: Reference, memory_8b, ok, t_start) -> dict:
-    """metrics.json: the devices and mesh, each rule set's result (`ok`: all of them pass the check and the byte
-    count), the single-device losses and the 8B table; after Ctrl-C, `interrupted` says where the run stopped."""
-    metrics = dict(
+def run_metrics(args: Args, devices, mesh, results, reference: Reference, memory_8b, t_start) -> dict:
+    """metrics.json: the devices and mesh, each rule set's result (`check_passed`: all of them pass the check and the
+    byte count; None on one device), the single-device losses and the 8B table (main adds the flags under 'args')."""
+    ok = all(r.passed and r.bytes_match_analytic for r in results.values())
+    return dict(
         devices=len(devices),
         platform=devices[0].platform,
         processes=jax.process_count(),
         mesh=dict(mesh.shape),
         axis_types=args.axis_types,
-        rules=names,
+        rules=list(results),
         tolerance=args.tolerance,
         max_abs_diff_vs_single_device=max(r.max_abs_diff_vs_single_device for r in results.values()),
         check_passed=ok if mesh.devices.size > 1 else None,
         bytes_per_device={name: r.bytes_per_device.total for name, r in results.items()},
-        compiled_memory_per_device={n: r.compiled._asdict() if r.compiled else None for n, r in results.items()},
         rule_sets={name: r.to_json() for name, r in results.items()},
         single_device_losses=reference.losses,
         llama_8b_4x2=memory_8b,
         seconds=round(time.perf_counter() - t_start, 2),
-        args=asdict(args),
     )
-    if len(results) < len(names):
-        metrics["interrupted"] = dict(unit="rule set", at=len(results), of=len(names))
-    return metrics
+
+
+class SelfCheckError(RunError):
+    """The sharded runs failed the script's own check: a sharded step computed something else than the one-device
+    step, or a device holds other bytes than the rules say."""
+
+
+def self_check(args: Args, results: dict[str, RuleSetResult]) -> None:
+    """Raise SelfCheckError naming each rule set that failed, and how."""
+    failed = [
+        f"rule set {name}'s last step differs from the single-device one by {r.max_abs_diff_vs_single_device:.2e} "
+        f"(more than --tolerance {args.tolerance:g})"
+        if not r.passed
+        else f"rule set {name}'s bytes per device differ from the analytic count"
+        for name, r in results.items()
+        if not (r.passed and r.bytes_match_analytic)
+    ]
+    if failed:
+        raise SelfCheckError("self-check failed: " + "; ".join(failed))
 
 
 def use_compile_cache(folder: str) -> None:
@@ -1263,17 +1051,15 @@ def use_compile_cache(folder: str) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-@reports_input_errors
+@one_line
 def main(args: Args) -> dict:
-    validate(args)
-    files = {"loss_curve.png": True}
-    # Only process 0 writes. With --distributed, which process this is is known once it has joined (start_devices).
-    out = None if args.distributed else Outputs(args.out, files)  # a writable folder, this run's alone
+    validate(args)  # flag values, before any work
+    run = None if args.distributed else Run(args)  # this run's own folder under --out
     use_compile_cache(args.compile_cache)
     t_start = time.perf_counter()
-    devices = start_devices(args)
-    if args.distributed and jax.process_index() == 0:
-        out = Outputs(args.out, files)
+    devices = start_devices(args)  # with --distributed, this process joins the others here
+    if args.distributed and jax.process_index() == 0:  # only process 0 writes
+        run = Run(args)
     mesh = make_mesh(mesh_shape(args, len(devices)), devices, args.axis_types)
     names = list(RULE_SETS) if args.rules == "all" else [args.rules]
     check_splits(args, names, mesh)
@@ -1282,42 +1068,27 @@ def main(args: Args) -> dict:
         f"mesh=data:{mesh.shape['data']}xmodel:{mesh.shape['model']} axes={args.axis_types} rules={','.join(names)}"
     )
 
-    batches, config = make_batches(args), ModelConfig.from_args(args)
-    graphdef, abstract = abstract_state(config)
-    reference = train_single_device(args, config, graphdef, abstract, batches)
-    results = {}  # set_mesh: the mesh every sharding and jax.sharding.reshard below refers to
-    with jax.set_mesh(mesh), contextlib.suppress(KeyboardInterrupt):  # Ctrl-C keeps the rule sets checked so far
+    batches, (graphdef, abstract) = make_batches(args), abstract_state(args)  # abstract: shapes and names, no values
+    reference = train_single_device(args, graphdef, abstract, batches)
+    results = {}
+    with jax.set_mesh(mesh):  # the mesh every sharding and jax.sharding.reshard below refers to
         for name in names:
             t0 = time.perf_counter()
             results[name] = run_rule_set(args, name, mesh, graphdef, abstract, batches, reference)
             print_rule_set_result(args, name, results[name], mesh, seconds=time.perf_counter() - t0)
-    if not results:
-        raise KeyboardInterrupt  # before the first rule set was checked: nothing measured, nothing to write
-    early = len(results) < len(names)  # a stop (Ctrl-C, SIGTERM) ended the run early
-    stopped = early or bool(Outputs.signals)  # or came at the end of the last rule set: nothing more is computed
-    ok = all(r.passed and r.bytes_match_analytic for r in results.values())
     curves = {"single device": reference.losses, **{n: r.losses for n, r in results.items()}}
-    if out is not None:  # a stop from here on keeps the rule sets checked so far and their curves
-        checked = run_metrics(args, devices, mesh, names, results, reference, None, ok, t_start)
-        checked.setdefault("interrupted", dict(unit="rule set", at=len(results), of=len(names)))
-        missing = ["the other rule sets"] * early + ["the 8B memory table"]
-        out.keep(checked, "the rule sets" if stopped else "the 8B memory table", missing)
-        out.write("loss_curve.png", plot_curve, curves)
-    if stopped:
-        raise KeyboardInterrupt  # nothing more is computed or checked
-    metrics = run_metrics(
-        args, devices, mesh, names, results, reference, report_8b(args.hbm_gb, args.memory_count), ok, t_start
-    )
-    if out is not None:
-        out.commit(metrics)
-    print_summary(args, results, metrics, ok, mesh)
-    if not ok:
-        raise InputError(
-            f"a sharded run differs from the single-device run by more than {args.tolerance:g}, "
-            f"or its bytes differ from the analytic count"
-        )
+    if run:  # from here on a stop keeps the loss curves
+        run.save("loss_curve.png", plot_curve, curves)
+    metrics = run_metrics(args, devices, mesh, results, reference, report_8b(args.hbm_gb, args.memory_count), t_start)
+    print_summary(args, results, metrics, mesh)
+    if run:
+        run.finish({**metrics, "args": asdict(args)})
+        print(f"outputs: {run.folder} (metrics.json, loss_curve.png)", flush=True)
+    if args.distributed:  # one_line ends the process with os._exit, which skips the shutdown JAX does at exit
+        jax.distributed.shutdown()
+    self_check(args, results)  # a failed check is an error too, once its numbers are printed and saved
     return metrics
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    main()

@@ -117,7 +117,7 @@ def test_flax_logical_axis_rules_give_the_same_shardings_as_the_resolver():
     from flax import nnx
     from jax.sharding import PartitionSpec as P
 
-    _, abstract = sm.abstract_state(sm.ModelConfig.from_args(sm.Args()))
+    _, abstract = sm.abstract_state(sm.Args())
     mesh = sm.make_mesh((1, 1), jax.devices()[:1])
     flax = {name: sm.flax_shardings(abstract, mesh, rules) for name, rules in sm.RULE_SETS.items()}
     for name, rules in sm.RULE_SETS.items():
@@ -137,15 +137,31 @@ def test_flax_logical_axis_rules_give_the_same_shardings_as_the_resolver():
 
 
 @pytest.mark.smoke
-def test_a_run_reports_when_flax_and_the_resolver_disagree(monkeypatch, tmp_path, capsys):
-    """The printed agreement is computed, not assumed: make Flax's path resolve fsdp's names by tp's rules."""
-    flax_shardings = sm.flax_shardings
+def test_a_run_reports_when_flax_and_the_resolver_disagree_and_a_stop_keeps_its_loss_curves(
+    monkeypatch, tmp_path, capsys
+):
+    """The printed agreement is computed, not assumed: make Flax's path resolve fsdp's names by tp's rules. The same
+    run is stopped (Ctrl-C) once trained, in the 8B table: its folder keeps the loss curves, says so, and is not
+    `latest` (a stop during training keeps nothing: tests/test_interrupt.py)."""
+    flax_shardings, print_result, seen = sm.flax_shardings, sm.print_rule_set_result, []
     monkeypatch.setattr(
         sm, "flax_shardings", lambda abstract, mesh, rules: flax_shardings(abstract, mesh, sm.RULE_SETS["tp"])
     )
-    m = sm.main(sm.Args(rules="fsdp", steps=2, host_devices=0, visualize=False, out=str(tmp_path)))
-    assert m["rule_sets"]["fsdp"]["flax_rules_agree"] is False
-    assert "give the same specs for the whole state: False" in capsys.readouterr().out
+    monkeypatch.setattr(sm, "print_rule_set_result", lambda *a, **k: seen.append(a[2]) or print_result(*a, **k))
+
+    def stop(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sm, "report_8b", stop)
+    with pytest.raises(SystemExit) as e:
+        sm.main(sm.Args(rules="fsdp", steps=2, host_devices=0, visualize=False, out=str(tmp_path)))
+    assert seen[0].flax_rules_agree is False and seen[0].to_json()["flax_rules_agree"] is False
+    assert e.value.code == 130
+    out, err = capsys.readouterr()
+    assert "give the same specs for the whole state: False" in out
+    (folder,) = tmp_path.iterdir()
+    assert [p.name for p in folder.iterdir()] == ["loss_curve.png"]
+    assert err == f"interrupted; kept in {folder}: loss_curve.png (not complete: no metrics.json)\n"
 
 
 @pytest.mark.unit
@@ -247,15 +263,15 @@ def test_8b_example_arithmetic():
     mixed, bf16 = sm.MEMORY_COUNTS["mixed"][0], sm.MEMORY_COUNTS["bf16"][0]
     assert mixed == (2, 2, 4, 8) and sum(mixed) == 16 and sum(bf16) == 8  # bytes per trained parameter
     dp = sm.big_model_memory(sm.RULE_SETS["dp"], sizes)  # mixed-precision Adam is the default count
-    assert dp.params_gb == pytest.approx(n * 2 / 1e9) and dp.master_gb == pytest.approx(n * 4 / 1e9)
-    assert dp.adam_gb == pytest.approx(n * 8 / 1e9) and dp.total_gb == pytest.approx(n * 16 / 1e9)
-    assert dp.total_gb == pytest.approx(128.48, abs=0.01)  # plain data parallelism does not fit an 80 GB chip
+    assert dp["params_gb"] == pytest.approx(n * 2 / 1e9) and dp["master_gb"] == pytest.approx(n * 4 / 1e9)
+    assert dp["adam_gb"] == pytest.approx(n * 8 / 1e9) and dp["total_gb"] == pytest.approx(n * 16 / 1e9)
+    assert dp["total_gb"] == pytest.approx(128.48, abs=0.01)  # plain data parallelism does not fit an 80 GB chip
     tp = sm.big_model_memory(sm.RULE_SETS["tp"], sizes)  # every non-norm weight has vocab/heads/mlp
-    assert tp.total_gb == pytest.approx(((n - norms) / 2 + norms) * 16 / 1e9) and tp.total_gb < 80
+    assert tp["total_gb"] == pytest.approx(((n - norms) / 2 + norms) * 16 / 1e9) and tp["total_gb"] < 80
     fsdp = sm.big_model_memory(sm.RULE_SETS["fsdp"], sizes)
-    assert fsdp.total_gb == pytest.approx(((n - norms) / 8 + norms) * 16 / 1e9)
+    assert fsdp["total_gb"] == pytest.approx(((n - norms) / 8 + norms) * 16 / 1e9)
     # counted all in bf16, half as much: plain data parallelism seems to fit
-    assert sm.big_model_memory(sm.RULE_SETS["dp"], sizes, bf16).total_gb == pytest.approx(64.24, abs=0.01)
+    assert sm.big_model_memory(sm.RULE_SETS["dp"], sizes, bf16)["total_gb"] == pytest.approx(64.24, abs=0.01)
 
 
 @pytest.mark.unit
@@ -287,8 +303,7 @@ def test_state_shardings_follow_the_logical_names_for_params_and_adam():
     from flax import nnx
     from jax.sharding import PartitionSpec as P
 
-    config = sm.ModelConfig.from_args(sm.Args())
-    _, abstract = sm.abstract_state(config)
+    _, abstract = sm.abstract_state(sm.Args())
     mesh = sm.make_mesh((1, 1), jax.devices()[:1])
     shardings = sm.state_shardings(abstract, mesh, sm.RULE_SETS["fsdp"])
     pure = nnx.to_pure_dict(shardings)
@@ -307,31 +322,29 @@ def test_the_step_donates_the_state_and_host_copies_leave_it_donatable():
     state into its buffers), and the host copy taken before still holds the old values. Catches a jit without
     donate_argnames, and a to_host that returns np.asarray's view of a CPU buffer: the view keeps that buffer alive,
     so XLA silently does not donate it."""
-    config = sm.ModelConfig.from_args(sm.Args())
-    graphdef, abstract = sm.abstract_state(config)
+    args = sm.Args()
+    graphdef, abstract = sm.abstract_state(args)
     mesh, rules = sm.make_mesh((1, 1), jax.devices()[:1]), sm.RULE_SETS["dp"]
     shardings = sm.state_shardings(abstract, mesh, rules)
-    state = sm.init_sharded(config, shardings)
+    state = sm.init_sharded(args, shardings)
     before = sm.to_host(state)
     step = sm.compile_step(graphdef, shardings)
     new, _, _ = step(state, sm.place_batch(sm.make_batches(sm.Args(steps=2))[0], mesh, rules))
     assert all(x.is_deleted() for x in jax.tree.leaves(state))
     assert not any(x.is_deleted() for x in jax.tree.leaves(new))
-    assert sm.max_abs_diff(before, sm.to_host(sm.init_sharded(config, shardings))) == 0  # the copy kept its values
+    assert sm.max_abs_diff(before, sm.to_host(sm.init_sharded(args, shardings))) == 0  # the copy kept its values
     kept = sm.compile_step(graphdef, shardings, donate=False)  # --no-donate: the step leaves its input alone
     newer, _, _ = kept(new, sm.place_batch(sm.make_batches(sm.Args(steps=2))[1], mesh, rules))
     assert not any(x.is_deleted() for x in jax.tree.leaves(new))
 
 
 @pytest.mark.unit
-def test_configs_are_frozen():
+def test_the_step_config_is_frozen():
     import dataclasses
 
-    config = sm.ModelConfig.from_args(sm.Args(vocab=32, seed=3))
-    assert (config.vocab, config.seed, config.embed) == (32, 3, 64)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        config.vocab = 16
     assert dataclasses.is_dataclass(sm.StepConfig) and sm.StepConfig.__dataclass_params__.frozen
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sm.StepConfig(grad_shardings=None).activation_rules = ()
 
 
 # ---------------------------------------------------------------- unit: mesh and input errors
@@ -342,9 +355,9 @@ def test_default_mesh_fits_the_device_count():
     args = sm.Args()
     assert [sm.mesh_shape(args, n) for n in (1, 2, 4, 6, 8)] == [(1, 1), (1, 2), (2, 2), (3, 2), (4, 2)]
     assert sm.mesh_shape(sm.Args(mesh="8x1"), 8) == (8, 1)
-    with pytest.raises(sm.InputError, match="needs 16 devices"):
+    with pytest.raises(sm.RunError, match="needs 16 devices"):
         sm.mesh_shape(sm.Args(mesh="4x4"), 8)
-    with pytest.raises(sm.InputError, match="^--mesh must look like DATAxMODEL"):
+    with pytest.raises(sm.RunError, match="^--mesh must look like DATAxMODEL"):
         sm.parse_mesh("4by2")
 
 
@@ -358,15 +371,38 @@ def test_default_mesh_fits_the_device_count():
         (dict(batch_size=0), "--batch-size must be >= 1"),
         (dict(tolerance=0.0), "--tolerance must be > 0"),
         (dict(learning_rate=-1e-3), "--learning-rate must be > 0"),
-        (dict(rules="zero3"), "--rules must be one of dp, tp, dp_tp, fsdp, all"),
         (dict(mesh="0x2"), "--mesh must look like DATAxMODEL"),
         (dict(num_processes=2, process_id=2), "--process-id 2 is not a rank of --num-processes 2"),
     ],
 )
-def test_bad_flags_raise_input_error(bad, message, tmp_path):
-    with pytest.raises(sm.InputError, match="^" + re.escape(message)) as e:
+def test_bad_flags_raise_run_error(bad, message, tmp_path):
+    with pytest.raises(sm.RunError, match="^" + re.escape(message)) as e:
         sm.validate(sm.Args(**bad, out=str(tmp_path)))
-    assert not str(e.value).startswith("error:")  # reports_input_errors adds the prefix, once
+    assert not str(e.value).startswith("error:")  # one_line adds the prefix, once
+
+
+@pytest.mark.unit
+def test_a_flag_outside_its_choices_is_one_line(capsys):
+    with pytest.raises(SystemExit, match=r"^error: argument --rules: invalid choice: 'zero3' .*\(see --help\)$"):
+        sm.parse_args(["--rules", "zero3"])
+    assert sm.parse_args(["--rules", "fsdp", "--no-donate"]) == sm.Args(rules="fsdp", donate=False)
+
+
+@pytest.mark.unit
+def test_a_failed_self_check_is_its_own_error_naming_what_failed():
+    """Not bad input: SelfCheckError (a RunError, so one line and exit status 1) says which rule set failed, how."""
+    from types import SimpleNamespace as Result
+
+    good = Result(passed=True, bytes_match_analytic=True, max_abs_diff_vs_single_device=1e-7)
+    sm.self_check(sm.Args(), {"dp": good, "fsdp": good})
+    off = Result(passed=False, bytes_match_analytic=True, max_abs_diff_vs_single_device=2.5e-3)
+    bytes_off = Result(passed=True, bytes_match_analytic=False, max_abs_diff_vs_single_device=1e-7)
+    with pytest.raises(sm.SelfCheckError) as e:
+        sm.self_check(sm.Args(tolerance=1e-4), {"dp": good, "tp": off, "fsdp": bytes_off})
+    assert issubclass(sm.SelfCheckError, sm.RunError) and str(e.value) == (
+        "self-check failed: rule set tp's last step differs from the single-device one by 2.50e-03 "
+        "(more than --tolerance 0.0001); rule set fsdp's bytes per device differ from the analytic count"
+    )
 
 
 @pytest.mark.unit
@@ -385,19 +421,23 @@ def test_a_dimension_that_does_not_split_is_an_input_error():
     class Mesh3x2:  # check_splits only reads the mesh's axis sizes
         shape = {"data": 3, "model": 2}
 
-    with pytest.raises(sm.InputError, match="--batch-size 32 does not split into 3 equal parts, as rule set 'dp'"):
+    with pytest.raises(sm.RunError, match="--batch-size 32 does not split into 3 equal parts, as rule set 'dp'"):
         sm.check_splits(sm.Args(), ["dp"], Mesh3x2())
-    with pytest.raises(sm.InputError, match="--vocab 63 does not split into 2 equal parts, as rule set 'tp'"):
+    with pytest.raises(sm.RunError, match="--vocab 63 does not split into 2 equal parts, as rule set 'tp'"):
         sm.check_splits(sm.Args(vocab=63), ["tp"], Mesh3x2())
 
 
 @pytest.mark.unit
-def test_host_devices_too_late_is_a_clean_error(tmp_path):
+def test_host_devices_too_late_is_a_clean_error(tmp_path, capsys):
     import jax
 
     jax.devices()  # this process's JAX has started with its 1 CPU device: jax_num_cpu_devices can no longer change
-    with pytest.raises(SystemExit, match="came too late"):
+    with pytest.raises(SystemExit) as e:
         sm.main(sm.Args(host_devices=3, out=str(tmp_path)))
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --host-devices 3 came too late") and err.endswith("; nothing written\n")
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
 # ---------------------------------------------------------------- smoke: the CLI on faked devices
@@ -423,7 +463,7 @@ def test_cli_8_devices_every_rule_set(tmp_path, axis_types):
     flags = ("--host-devices", "8", "--steps", "3", "--axis-types", axis_types)
     res = run_script(SCRIPT, *flags, "--out", str(tmp_path), cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
-    m = json.loads((tmp_path / "metrics.json").read_text())
+    m = json.loads((tmp_path / "latest" / "metrics.json").read_text())
     assert m["axis_types"] == axis_types
     for rule_set in sm.RULE_SETS:  # the batch is split 4 ways along 'data', except under tp
         _assert_compiled_memory(m, rule_set, batch_rows=32 if rule_set == "tp" else 32 // 4)
@@ -434,7 +474,7 @@ def test_cli_8_devices_every_rule_set(tmp_path, axis_types):
         weights = m["rule_sets"][rule_set]["weights"]
         for name, spec in expected.items():
             if name != "batch":
-                assert tuple(weights[name]["partition_spec"]) == spec, (rule_set, name)
+                assert tuple(weights[name]["spec"]) == spec, (rule_set, name)
     # measured bytes per device == analytic, and == the count done here by hand (float32, 4 bytes)
     v = _param_values()
     total = sum(v.values())
@@ -453,50 +493,34 @@ def test_cli_8_devices_every_rule_set(tmp_path, axis_types):
         assert r["bytes_per_device"]["adam"] == 2 * params + 8  # m and v, plus two 4-byte step counters
         assert m["bytes_per_device"][rule_set] == 4 * params + 8
     assert "CPU 0,2,4,6" in res.stdout  # visualize_array_sharding under tp
-    assert (tmp_path / "loss_curve.png").stat().st_size > 0
-
-
-@pytest.mark.smoke
-def test_cli_4_devices_fsdp(tmp_path):
-    res = run_script(
-        SCRIPT,
-        "--host-devices",
-        "4",
-        "--rules",
-        "fsdp",
-        "--steps",
-        "3",
-        "--no-visualize",
-        "--out",
-        str(tmp_path),
-        cwd=tmp_path,
-    )
-    assert res.returncode == 0, res.stderr[-2000:]
-    m = json.loads((tmp_path / "metrics.json").read_text())
-    assert m["devices"] == 4 and m["mesh"] == {"data": 2, "model": 2} and m["rules"] == ["fsdp"]
-    assert m["max_abs_diff_vs_single_device"] <= 1e-5
-    w = m["rule_sets"]["fsdp"]["weights"]["mlp_in/kernel"]
-    assert tuple(w["partition_spec"]) == ("data", "model") and tuple(w["shard_shape"]) == (32, 128)
-    assert w["bytes_per_device"] == 32 * 128 * 4
-    assert "check rules=fsdp" in res.stdout and "PASS" in res.stdout
-    _assert_compiled_memory(m, "fsdp", batch_rows=32 // 2)
-    assert m["axis_types"] == "auto" and "axes=auto" in res.stdout and "types before" not in res.stdout
+    assert (tmp_path / "latest" / "loss_curve.png").stat().st_size > 0
 
 
 @pytest.mark.smoke
 @pytest.mark.parametrize("axis_types", ["auto", "explicit"])
 def test_cli_fsdp_compiles_without_full_rematerialization(tmp_path, axis_types):
+    """4 faked devices, fsdp on a 2x2 mesh, in both axis modes: the check passes, mlp_in's block and bytes, the compiled
+    step's memory, and no rematerialization warning."""
     # Under fsdp 'data' splits the batch and every embed dim. Were the token table and pos_embed not gathered off
     # 'data' before the lookup and the add (batch_layout), XLA would have to switch x between batch-on-'data' and
     # embed-on-'data', which it does by replicating the whole array, and it says so on stderr ("Involuntary full
     # rematerialization"; jax 0.12 prints it three times under Auto axes, once under Explicit, on a 2x2 mesh).
     # XLA says it while it compiles, so the compilation cache is off: a program loaded from disk would say nothing.
-    flags = ("--host-devices", "4", "--rules", "fsdp", "--steps", "2", "--no-visualize", "--axis-types", axis_types)
+    flags = ("--host-devices", "4", "--rules", "fsdp", "--steps", "3", "--no-visualize", "--axis-types", axis_types)
     flags += ("--compile-cache", "")
     res = run_script(SCRIPT, *flags, "--out", str(tmp_path), cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "check rules=fsdp" in res.stdout and "PASS" in res.stdout
     assert "rematerialization" not in res.stderr.lower(), res.stderr[-2000:]
+    m = json.loads((tmp_path / "latest" / "metrics.json").read_text())
+    assert m["devices"] == 4 and m["mesh"] == {"data": 2, "model": 2} and m["rules"] == ["fsdp"]
+    assert m["max_abs_diff_vs_single_device"] <= 1e-5
+    w = m["rule_sets"]["fsdp"]["weights"]["mlp_in/kernel"]
+    assert tuple(w["spec"]) == ("data", "model") and tuple(w["shard_shape"]) == (32, 128)
+    assert w["bytes"] == w["analytic"] == 32 * 128 * 4 and w["uniform"]
+    _assert_compiled_memory(m, "fsdp", batch_rows=32 // 2)
+    assert m["axis_types"] == axis_types and f"axes={axis_types}" in res.stdout
+    assert ("types before" in res.stdout) == (axis_types == "explicit")
 
 
 def _assert_compiled_memory(m, rule_set, batch_rows):
@@ -504,11 +528,7 @@ def _assert_compiled_memory(m, rule_set, batch_rows):
     its arguments are exactly the weights + Adam state + this device's rows of the (B, L+1) int32 batch; its
     outputs hold the new state and the gradients (plus the loss and a few small buffers), the new state in the
     donated buffers of the old (catches a jit without donate_argnames: aliased 0); temporaries exist."""
-    compiled, state = (
-        m["rule_sets"][rule_set]["compiled_memory_per_device"],
-        m["rule_sets"][rule_set]["bytes_per_device"],
-    )
-    assert m["compiled_memory_per_device"][rule_set] == compiled
+    compiled, state = m["rule_sets"][rule_set]["compiled"], m["rule_sets"][rule_set]["bytes_per_device"]
     assert all(isinstance(v, int) and v > 0 for v in compiled.values()), compiled
     assert compiled["arguments"] == state["params"] + state["adam"] + batch_rows * 17 * 4
     assert state["total"] <= compiled["outputs"] <= state["total"] + 1024
@@ -524,7 +544,7 @@ def test_cli_explicit_axes_4_devices_fsdp(tmp_path):
     flags = ("--host-devices", "4", "--rules", "fsdp", "--steps", "3", "--no-visualize")
     res = run_script(SCRIPT, *flags, "--axis-types", "explicit", "--out", str(tmp_path), cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
-    m = json.loads((tmp_path / "metrics.json").read_text())
+    m = json.loads((tmp_path / "latest" / "metrics.json").read_text())
     assert m["axis_types"] == "explicit" and m["mesh"] == {"data": 2, "model": 2}
     assert m["check_passed"] and m["max_abs_diff_vs_single_device"] <= 1e-5
     assert "axes=explicit" in res.stdout and "check rules=fsdp" in res.stdout and "PASS" in res.stdout
@@ -582,8 +602,10 @@ def test_cli_default_fakes_8_devices_and_a_perturbed_state_fails_the_check(tmp_p
     assert "fakes 8 CPU devices (jax_num_cpu_devices=8)" in first, res.stdout[:500]
     assert res.returncode != 0 and "Traceback" not in res.stderr
     assert "check rules=fsdp" in res.stdout and "FAIL" in res.stdout and "PASS" not in res.stdout
-    assert len(res.stderr.strip().splitlines()) == 1 and res.stderr.startswith("error: a sharded run differs")
-    m = json.loads((tmp_path / "metrics.json").read_text())  # the results are saved before the error
+    line = "error: self-check failed: rule set fsdp's last step differs from the single-device one by "
+    assert len(res.stderr.strip().splitlines()) == 1 and res.stderr.startswith(line), res.stderr
+    assert res.returncode == 1 and "(more than --tolerance 1e-05) once the run was complete; " in res.stderr
+    m = json.loads((tmp_path / "latest" / "metrics.json").read_text())  # the results are saved before the error
     assert m["devices"] == 8 and m["check_passed"] is False and m["max_abs_diff_vs_single_device"] > 1e-4
 
 
@@ -604,7 +626,7 @@ def test_cli_one_device_says_nothing_is_sharded(tmp_path):
     )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "n/a (nothing is sharded" in res.stdout and "PASS" not in res.stdout
-    assert json.loads((tmp_path / "metrics.json").read_text())["check_passed"] is None
+    assert json.loads((tmp_path / "latest" / "metrics.json").read_text())["check_passed"] is None
 
 
 @pytest.mark.integration
@@ -650,11 +672,12 @@ def test_cli_two_processes_with_distributed(tmp_path):
     ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-1500:] for _, err in outs]
-    m = json.loads((tmp_path / "p0" / "metrics.json").read_text())
+    m = json.loads((tmp_path / "p0" / "latest" / "metrics.json").read_text())
     assert m["processes"] == 2 and m["devices"] == 4 and m["mesh"] == {"data": 2, "model": 2}
     assert m["check_passed"] and m["max_abs_diff_vs_single_device"] <= 1e-5
     assert m["rule_sets"]["fsdp"]["bytes_match_analytic"]
-    assert not (tmp_path / "p1" / "metrics.json").exists()  # only process 0 writes
+    assert not (tmp_path / "p1").exists()  # only process 0 writes
+    assert all(err == "" for _, err in outs), [err[-1500:] for _, err in outs]  # both processes ended cleanly
 
 
 # ---------------------------------------------------------------- learning: a short real run
@@ -667,9 +690,9 @@ def test_training_lowers_the_loss(tmp_path):
     m = sm.main(sm.Args(rules="dp", steps=40, visualize=False, host_devices=0, out=str(tmp_path)))
     losses = m["single_device_losses"]
     assert losses[0] > 3.5  # ≈ ln(64) = 4.16 at the start
-    assert m["rule_sets"]["dp"]["final_loss"] < 0.25 * losses[0]
+    assert m["rule_sets"]["dp"]["losses"][-1] < 0.25 * losses[0]
     assert np.mean(losses[-5:]) < np.mean(losses[:5])
-    saved = json.loads((tmp_path / "metrics.json").read_text())
+    saved = json.loads((tmp_path / "latest" / "metrics.json").read_text())
     assert saved["devices"] == len(jax.devices())
     if saved["devices"] == 1:
         assert saved["check_passed"] is None

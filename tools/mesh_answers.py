@@ -37,8 +37,8 @@ CHANGES = {
         '"tp": (("vocab", "model"), ("heads", "model"), ("mlp", "model"), ("embed", "model")),',
     ),
     "sgd": (
-        "nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)",
-        "nnx.Optimizer(model, optax.sgd(config.learning_rate), wrt=nnx.Param)",
+        "nnx.Optimizer(model, optax.adam(args.learning_rate), wrt=nnx.Param)",
+        "nnx.Optimizer(model, optax.sgd(args.learning_rate), wrt=nnx.Param)",
     ),
     "skip-position": (
         'position = batch_layout(self.pos_embed[...][:L], ("length", "embed"), rules)  # (L, E)',
@@ -113,7 +113,7 @@ def fallback() -> None:
     show_change("fallback")
     tp = sm.RULE_SETS["tp"]
     with_fallback = (*tp, ("embed", "model"))
-    _, abstract = sm.abstract_state(sm.ModelConfig.from_args(sm.Args()))
+    _, abstract = sm.abstract_state(sm.Args())
     model = sm.nnx.to_flat_state(sm.nnx.get_partition_spec(abstract["model"]))
     print(f"{'weight':<24}{'logical axes':<28}{'tp':<24}tp + fallback")
     changed = []
@@ -138,7 +138,7 @@ def meshes() -> None:
             )
             if proc.returncode != 0:
                 raise SystemExit(f"error: sharding_mesh.py --mesh {mesh} failed: {exception_line(proc.stderr)}")
-            columns[mesh] = json.loads((Path(tmp) / "metrics.json").read_text())
+            columns[mesh] = json.loads((Path(tmp) / "latest" / "metrics.json").read_text())
     print(f"{'state':<10}" + "".join(f"{mesh:>14}{'vs dp':>7}" for mesh in columns))
     for name in columns["8x1"]["rules"]:
         cells = [
@@ -170,7 +170,7 @@ def fsdp_8b() -> None:
         f"{'mesh':<8}{'devices':>8}{'GB per device':>15}{'left of 80 GB':>15}   (8B model, fsdp, {sum(widths)} B/param)"
     )
     for data, model in ((1, 1), (2, 1), (2, 2), (4, 1), (1, 4)):
-        total = sm.big_model_memory(sm.RULE_SETS["fsdp"], {"data": data, "model": model}, widths).total_gb
+        total = sm.big_model_memory(sm.RULE_SETS["fsdp"], {"data": data, "model": model}, widths)["total_gb"]
         print(f"{data}x{model:<6}{data * model:>8}{total:>15.2f}{80 - total:>15.2f}")
 
 
@@ -231,7 +231,7 @@ def bugs() -> None:
     print(f"nnx.Linear(64, 256) kernel per device, fsdp on 4x2: {'; '.join(cells)}")
     cells = []
     for count, (widths, _) in sm.MEMORY_COUNTS.items():
-        total = sm.big_model_memory(sm.RULE_SETS["dp"], sizes, widths).total_gb
+        total = sm.big_model_memory(sm.RULE_SETS["dp"], sizes, widths)["total_gb"]
         cells.append(f"--memory-count {count} {total:.2f} GB fits={total <= 80}")
     print(f"8B model per device, dp on 4x2, 80 GB chips: {'; '.join(cells)}")
     print("compiled step per device, fsdp on 4x2 (sharding_mesh.py --rules fsdp --steps 2):")

@@ -31,7 +31,7 @@ def run_script(devices: int, out: Path) -> dict:
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise SystemExit(f"error: sharding_mesh.py --host-devices {devices} failed: {last}")
-    return json.loads((out / "metrics.json").read_text())
+    return json.loads((out / "latest" / "metrics.json").read_text())
 
 
 def mesh_label(metrics: dict) -> str:
