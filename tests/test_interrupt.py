@@ -74,8 +74,8 @@ LONG = {
         signal.SIGINT,
     ),
     "5_Sharding_Mesh/sharding_mesh.py": (
-        [*FLAGS["5_Sharding_Mesh/sharding_mesh.py"], "--steps", "100000000"],
-        "step=",
+        [*FLAGS["5_Sharding_Mesh/sharding_mesh.py"], "--host-devices", "2", "--rules", "all", "--steps", "100000"],
+        "rules=single_device step=",
         signal.SIGTERM,
     ),
 }
