@@ -237,7 +237,7 @@ def parse(argv=None):
     a = p.parse_args(ours)
     if a.rounds < 0:
         p.exit(1, "error: --rounds must be >= 0\n")
-    for f in ("--out", "--load", "--host-devices", "--mesh", "--compile-cache", "--objective"):
+    for f in ("--out", "--load", "--host-devices", "--compile-cache", "--objective"):
         if any(x == f or x.startswith(f + "=") for x in flags):
             p.exit(1, f"error: {f} after --: this tool times the one-device GRPO run that it sets up itself\n")
     g = load_script(SCRIPT)
