@@ -721,6 +721,7 @@ def one_line(main):
         try:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # one that came while the libraries loaded lands now
             metrics = main(args or parse_args())
+            signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # done: a stop from here on waits for the exit
         except (RunError, OSError, KeyboardInterrupt) as e:
             signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # stopping already: one line, then the exit
             rest = Run.active.left() if Run.active else "; nothing written"
@@ -770,8 +771,8 @@ def validate(args: Args) -> None:
 
 # ---- The splits: train / validation / test images; prompts are built from one split only
 def split_test_digits(x: np.ndarray, y: np.ndarray, n_train: int) -> tuple[np.ndarray, ...]:
-    """--data bundled: the 10,000 official test digits, shuffled once, become n_train training digits and a
-    held-out test set (the rest). Returns (x_train, y_train, x_test, y_test)."""
+    """The t10k digits (bundled: the 10,000 official test digits), shuffled once, become n_train training digits and
+    a held-out test set (the rest). Returns (x_train, y_train, x_test, y_test)."""
     order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
     train, held = order[:n_train], order[n_train:]
     return x[train], y[train], x[held], y[held]
@@ -948,9 +949,14 @@ LOAD_HINT = "was it saved with another --hidden-size, --decoder-size, --task or 
 
 
 def save_policy(path: str, state: nnx.State) -> None:
-    """The policy's parameters as an orbax checkpoint folder; leaving the `with` waits until it is written."""
-    with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(os.path.abspath(path), state)
+    """The policy's parameters as an orbax checkpoint folder; leaving the `with` waits until it is written. Orbax
+    writes it as <path>.orbax-checkpoint-tmp-<time> first, then renames it: what a stop leaves half-written goes."""
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            checkpointer.save(os.path.abspath(path), state)
+    finally:
+        for unfinished in Path(path).parent.glob(Path(path).name + ".orbax-checkpoint-tmp*"):
+            shutil.rmtree(unfinished, ignore_errors=True)
 
 
 def shapes(tree) -> dict:

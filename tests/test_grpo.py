@@ -1317,6 +1317,21 @@ def test_the_checkpoint_round_trips_through_orbax(tmp_path):
     np.testing.assert_array_equal(policy(prompt, tokens), loaded(prompt, tokens))
 
 
+@pytest.mark.unit
+def test_a_stop_while_saving_leaves_no_half_written_checkpoint(tmp_path, monkeypatch):
+    """A stop inside orbax's save (its temporary folder made, then KeyboardInterrupt) leaves nothing in the folder.
+    Catches: orbax's <name>.orbax-checkpoint-tmp-<time> left beside the run's files."""
+
+    def save_then_stop(self, path, state, *args, **kwargs):
+        Path(f"{path}.orbax-checkpoint-tmp-1234").mkdir()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ocp.StandardCheckpointer, "save", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        g.save_policy(str(tmp_path / "partial-policy"), nnx.state(g.Policy(1, 4, 8, rngs=nnx.Rngs(0))))
+    assert list(tmp_path.iterdir()) == []
+
+
 def refused(tmp_path, capfd, monkeypatch, path, *flags: str) -> str:
     """main() on `--load path` with the tiny flags: it must stop before any work, with exit status 1 and one line on
     stderr (returned), train nothing and create no folder."""
