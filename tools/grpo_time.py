@@ -266,7 +266,10 @@ def main(argv=None) -> None:
     g.use_compile_cache(cache.name)  # empty: the first train() compiles, the second reads what it wrote
     with tempfile.TemporaryDirectory(prefix="grpo_time_out_") as out:
         args = replace(args, out=out, compile_cache=cache.name)
-        g.validate(args)
+        try:
+            g.validate(args)
+        except g.RunError as e:  # the script's own one-line error for a flag out of bounds
+            sys.exit(f"error: {e}")
     mesh = g.make_mesh(args, g.start_devices(args))
     data = g.load_data(args)
     n_slots, n = g.slots_for(args), args.eval_samples
