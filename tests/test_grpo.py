@@ -1395,18 +1395,30 @@ def test_load_refuses_another_dtype(tmp_path, capfd, monkeypatch):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("damage", ["a file cut to half", "_METADATA garbled"])
-def test_load_refuses_a_damaged_checkpoint(tmp_path, capfd, monkeypatch, saved_policy, damage):
-    """(e) The largest file under the checkpoint cut to half its bytes, or its _METADATA overwritten: one line.
-    Catches: restore errors passed on as a traceback, absl's warning on stderr."""
+def test_load_refuses_a_truncated_checkpoint(tmp_path, capfd, monkeypatch, saved_policy):
+    """(e) The largest file under the checkpoint cut to half its bytes: one line. Catches: orbax's restore error
+    passed on as a traceback."""
     damaged = tmp_path / "damaged"
     shutil.copytree(saved_policy[1], damaged)
-    if damage == "_METADATA garbled":
-        (damaged / "_METADATA").write_text("{not json")
-    else:
-        largest = max((p for p in damaged.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
-        largest.write_bytes(largest.read_bytes()[: largest.stat().st_size // 2])
+    largest = max((p for p in damaged.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    largest.write_bytes(largest.read_bytes()[: largest.stat().st_size // 2])
     assert "not a readable checkpoint" in refused(tmp_path, capfd, monkeypatch, damaged)
+
+
+@pytest.mark.smoke
+def test_load_refuses_a_garbled_checkpoint_in_one_line_from_the_command_line(tmp_path, saved_policy):
+    """(e) Its _METADATA overwritten, from the command line (where absl's logging and orbax's threads reach stderr
+    as they would for a learner): exit status 1, exactly one line on stderr, no progress line, no folder. Catches:
+    absl's 'Failed to get item metadata' warning printed above the line, a traceback at exit."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(saved_policy[1], damaged)
+    (damaged / "_METADATA").write_text("{not json")
+    flags = [*SMOKE_FLAGS["number"], *TINY_FLAGS, "--load", str(damaged), "--out", str(tmp_path / "o")]
+    proc = run_script(SCRIPT, *flags, cwd=tmp_path, timeout=240)
+    assert proc.returncode == 1 and "phase=" not in proc.stdout and not (tmp_path / "o").exists()
+    assert (
+        proc.stderr == f"error: --load {damaged} is not a readable checkpoint (truncated or corrupt); nothing written\n"
+    )
 
 
 @pytest.mark.unit
