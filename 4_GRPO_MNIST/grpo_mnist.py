@@ -901,7 +901,7 @@ def make_mesh(args: Args, devices: list) -> jax.sharding.Mesh:
 def critic_layers(n_slots: int, hidden_size: int, decoder_size: int, *, rngs: nnx.Rngs) -> nnx.Dict:
     """The layers of PPO's value network V(x) = out(relu(trunk(relu(encoder(images)) · slots))) (P,), the policy's
     widths with one output. GRPO has no critic: these are never called or trained, only counted (param_table) and
-    laid out on a mesh (mesh_memory)."""
+    laid out on a mesh (tools/grpo_mesh.py measures what each device holds)."""
     return nnx.Dict(
         encoder=nnx.Linear(784, hidden_size, **named(("pixels", "features")), rngs=rngs),
         trunk=nnx.Linear(n_slots * hidden_size, decoder_size, **named(("inputs", "hidden")), rngs=rngs),
