@@ -14,49 +14,45 @@ then learns from the verifier alone. `--objective supervised` trains with cross-
 
 Order: Args → prompts (strips) → the policy → sampling → the verifier → group advantages → per-token ratio,
 clip and KL → loss aggregation → the GRPO and SFT losses → the compiled updates → evaluation (pass@1, pass@k,
-greedy) → the training loop. Below the `# Plumbing` banner: the command line, checks, the data splits, reading
-MNIST, the critic GRPO does without (only counted), checkpoints and `--load`, the figure, metrics.json and main.
+greedy) → the training loop. Below the `# Plumbing` banner: the command line and this run's folder, checks, the data
+splits, reading MNIST, the device mesh, the critic GRPO does without (only counted), the orbax checkpoint and
+`--load`, the figure, metrics.json and main.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import gzip
-import hashlib
 import json
+import logging
 import math
 import os
 import shutil
 import signal
 import struct
 import sys
-import threading
 import time
-import urllib.request
 import zlib
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
+from operator import ge, gt, le
+from pathlib import Path
 from typing import NamedTuple
 
-if __name__ == "__main__":  # a SIGTERM while the libraries load waits for main, which reports it
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-try:  # Ctrl-C while the libraries load: one line and exit status 130, not a traceback
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
-    from flax import nnx
-    from tensorflow_probability.substrates.jax import distributions as tfd  # TFP on JAX: no TensorFlow needed
-except KeyboardInterrupt:
-    print("interrupted while loading the libraries; nothing written", file=sys.stderr)
-    raise SystemExit(130) from None
+if __name__ == "__main__":  # Ctrl-C or SIGTERM while the libraries below load waits for main(), which reports it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from flax import nnx
+from tensorflow_probability.substrates.jax import distributions as tfd  # TFP on JAX: no TensorFlow needed
 
 
 def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
-    """A dataclass field that is also a command-line flag. Its bounds travel with it and check_flags tests them:
-    choices (a tuple of allowed values), min / max (inclusive) and gt (strictly greater than)."""
+    """A dataclass field that is also a command-line flag, with the bounds check_flags tests."""
     return field(default=default, metadata={"help": help, "choices": choices, "min": min, "max": max, "gt": gt})
 
 
@@ -64,7 +60,6 @@ def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
 class Args:
     seed: int = flag(0, "seeds everything: one split of jax.random.key(seed) gives weights, training, val, test", min=0)
     host_devices: int = flag(0, "fake N CPU devices before JAX starts (0: the devices there are)", min=0)
-    mesh: str = flag("", "device mesh as DATAxMODEL, e.g. 2x2 (empty: every device on 'data')")
     rules: str = flag(
         "dp", "logical-axis rules: dp (split the prompts) or fsdp (also the large weights)", choices=("dp", "fsdp")
     )
@@ -74,20 +69,16 @@ class Args:
         choices=("digit", "number"),
     )
     max_digits: int = flag(4, "with --task number: the longest strip (and answer); --task digit uses 1", min=1, max=8)
-    data: str = flag(
-        "bundled",
-        "bundled: the 10,000 MNIST test digits in 4_GRPO_MNIST/data/ (offline), split by --split-test-set; "
-        "full: the official 60,000 training and 10,000 test digits, from tensorflow-datasets or downloaded",
-        choices=("bundled", "full"),
+    split_test_set: int = flag(
+        8000, "train on this many of the t10k digits, test on the rest (unused if --data-dir holds all four)", min=1
     )
-    split_test_set: int = flag(8000, "with --data bundled: train on this many digits, test on the rest", min=1)
     val_size: float = flag(
         0.1, "share of the training images held out for validation, where every choice is made", gt=0, max=0.5
     )
     score_test: bool = flag(True, "score the test set once, after training (--no-score-test: leave it unread)")
-    data_dir: str = flag("", "read the IDX .gz files from this folder: the t10k pair (bundled) or all four (full)")
-    dataset: str = flag("mnist", "with --data full: the tensorflow-datasets name", choices=("mnist", "fashion_mnist"))
-    download: bool = flag(True, "with --data full: let tensorflow-datasets prepare the data, or fetch its IDX files")
+    data_dir: str = flag(
+        "", "read the IDX .gz files from this folder: the t10k pair, split as above, or all four (train and test)"
+    )
     objective: str = flag(
         "grpo",
         "grpo: learn from the verifier's reward; supervised: cross-entropy on the labelled images instead",
@@ -136,8 +127,8 @@ class Args:
     decoder_size: int = flag(256, "width of the decoder's hidden layer", min=1)
     eval_samples: int = flag(16, "n, answers sampled per validation / test prompt for pass@1 and pass@k", min=1)
     pass_k: int = flag(8, "k of pass@k (at most --eval-samples)", min=1)
-    out: str = flag("runs/grpo_mnist", "folder for metrics.json, the curve PNG and policy.npz")
-    load: str = flag("", "score a saved policy.npz on validation (and test) without training; writes into <out>/eval/")
+    out: str = flag("runs/grpo_mnist", "each run's folder goes here; <out>/latest is the newest complete run")
+    load: str = flag("", "score a saved policy/ checkpoint on validation (and test) without training; into <out>/eval/")
     compile_cache: str = flag(
         "~/.cache/jax-rl-course", "JAX's persistent compilation cache: later runs skip compiling ('' turns it off)"
     )
@@ -642,314 +633,146 @@ def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
     history, t0 = [], time.perf_counter()
 
     def record(row: dict, state, ref_state) -> None:
-        """Score the policy in `state` on validation; the row joins the history only once it is scored."""
+        """Score the policy in `state` on validation, keep the row and print it."""
         row.update(scores(score(state["policy"], ref_state, val, streams.val, n), n, args.pass_k, "val_"))
         history.append(row)
         print_progress(row)
 
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops the loop here; what it measured is kept
-        record({"phase": "start", "iteration": 0}, state, ref_state)  # the initial policy, scored once
-        for phase in phases:
-            if phase.name == "rl":
-                ref_state = state["policy"]  # π_ref: a copy of the policy RL starts from
-            run = jax.jit(partial(train_block, graphdef, policy_def, phase.config, n_slots))
-            iteration = 0  # iterations done in this phase
-            while iteration < phase.steps:
-                block, t_block = min(args.eval_every, phase.steps - iteration), time.perf_counter()
-                key, block_key = jax.random.split(key)
-                keys = jax.random.split(block_key, block)
-                state, ref_state, metrics = run(state, ref_state, iteration, phase.x, phase.y, keys)
-                iteration += block
-                row = {"phase": phase.name, "iteration": iteration, **{k: float(v) for k, v in metrics.items()}}
-                row["seconds"] = time.perf_counter() - t_block
-                record(row, state, ref_state)
+    record({"phase": "start", "iteration": 0}, state, ref_state)  # the initial policy, scored once
+    for phase in phases:
+        if phase.name == "rl":
+            ref_state = state["policy"]  # π_ref: a copy of the policy RL starts from
+        run = jax.jit(partial(train_block, graphdef, policy_def, phase.config, n_slots))
+        iteration = 0  # iterations done in this phase
+        while iteration < phase.steps:
+            block, t_block = min(args.eval_every, phase.steps - iteration), time.perf_counter()
+            key, block_key = jax.random.split(key)
+            keys = jax.random.split(block_key, block)
+            state, ref_state, metrics = run(state, ref_state, iteration, phase.x, phase.y, keys)
+            iteration += block
+            row = {"phase": phase.name, "iteration": iteration, **{k: float(v) for k, v in metrics.items()}}
+            row["seconds"] = time.perf_counter() - t_block
+            record(row, state, ref_state)
     policy = nnx.merge(graphdef, state).policy
     return policy, nnx.merge(policy_def, ref_state), history, {"train_seconds": time.perf_counter() - t0}
 
 
-# =============================================================================================
-# Plumbing: the command line, input checks, reading MNIST, the parameter table, checkpoints, the figure, main
-# =============================================================================================
-class InputError(Exception):
-    """Bad input: a flag value, a missing or corrupt file, an unwritable folder, a mesh that does not fit."""
+# Plumbing: the command line, checks, reading MNIST, the mesh, the parameter table, checkpoints, the figure, main -----
+class RunError(Exception):
+    """What ends a run early with one line on stderr and exit status 1: bad input, a full disk, a failed check."""
 
 
-class WriteError(Exception):
-    """A file of the run could not be written (a full disk, a folder that turned read-only): what and why."""
+class Run:
+    """This run's own folder, <--out>/<date>-<time>-seed<seed>. Each file is written under a temporary name, then moved
+    into place; metrics.json comes last and marks a complete run, which <--out>/latest then points at."""
+
+    def __init__(self, args):
+        stamp, Run.active, self.saved, self.complete = time.strftime("%Y%m%d-%H%M%S"), self, [], False
+        for n in range(1, 1000):  # a folder that exists is another run's: this one takes the next name
+            self.folder = os.path.join(args.out, f"{stamp}-seed{args.seed}" + f"-{n}" * (n > 1))
+            try:
+                return os.makedirs(self.folder)
+            except FileExistsError:
+                continue
+            except OSError as e:
+                raise RunError(f"--out {args.out!r} is not a writable folder ({e.strerror})") from None
+
+    def save(self, name: str, writer, *args) -> None:  # writer(path, *args) writes `name`: whole, or absent
+        partial = os.path.join(self.folder, "partial-" + name)  # the same ending: savefig and PIL read it
+        try:
+            writer(partial, *args)
+            os.replace(partial, os.path.join(self.folder, name))
+        except OSError as e:
+            raise RunError(f"{(e.strerror or type(e).__name__).lower()} while writing {name}") from None
+        finally:  # what a full disk or a stop left half-written goes, and gives its space back
+            shutil.rmtree(partial) if os.path.isdir(partial) else Path(partial).unlink(missing_ok=True)
+        self.saved.append(name)
+
+    def finish(self, metrics: dict) -> None:
+        if Run.stops:  # a stop that a library callback swallowed: the run ends here, not complete
+            raise KeyboardInterrupt
+        self.save("metrics.json", lambda path: Path(path).write_text(json.dumps(metrics, indent=2)))
+        self.complete, link = True, os.path.join(os.path.dirname(self.folder), f"partial-latest-{os.getpid()}")
+        os.symlink(os.path.basename(self.folder), link)  # then moved into place: `latest` is never missing
+        os.replace(link, os.path.join(os.path.dirname(self.folder), "latest"))
+
+    def left(self) -> str:  # the end of the one line: what this run's folder holds now
+        if self.complete:
+            return f" once the run was complete; {self.folder} holds all of it"
+        if not self.saved:
+            return shutil.rmtree(self.folder, ignore_errors=True) or "; nothing written"
+        return f"; kept in {self.folder}: {', '.join(self.saved)} (not complete: no metrics.json)"
 
 
-def reports_input_errors(main):
-    """Every early end of a run is one line on stderr. Bad input (InputError) or a file that cannot be written
-    (WriteError): exit status 1. SIGINT (Ctrl-C) or SIGTERM, at any moment: exit status 130 or 143. The run's
-    folder then holds its previous files or the set this run kept (Outputs.stop), never a mix; the line says which."""
+def stop(signum, frame):  # SIGINT and SIGTERM end a run the same way: a KeyboardInterrupt, reported by one_line
+    Run.stops.append(signum)
+    raise KeyboardInterrupt
+
+
+def one_line(main):
+    """main(args) that ends in one line on stderr whenever it does not finish: exit status 1 for a RunError, 130 for
+    SIGINT (Ctrl-C), 143 for SIGTERM. main() is the command line: it parses the flags, and exits once the run ends."""
 
     @functools.wraps(main)
-    def run(args):
-        main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
-        handlers = {s: signal.signal(s, Outputs.on_signal) for s in (signal.SIGINT, signal.SIGTERM) if main_thread}
-        hook, sys.unraisablehook = sys.unraisablehook, functools.partial(Outputs.unraisable, then=sys.unraisablehook)
-        Outputs.signals, Outputs.holding, Outputs.again = [], False, None
+    def run(args=None):
+        cli, code, signals, hook = args is None, 0, {signal.SIGINT, signal.SIGTERM}, sys.unraisablehook
+        handlers, Run.stops, Run.active = {s: signal.signal(s, stop) for s in signals}, [], None
+        sys.unraisablehook = lambda u: u.exc_type is KeyboardInterrupt or hook(u)  # finish() sees a swallowed stop
         try:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # one held back while the libraries loaded
-            return main(args)
-        except (InputError, WriteError) as e:
-            Outputs.holding = True  # from here on a signal is recorded, not raised
-            out = Outputs.active
-            tell = out is not None and not out.done and (isinstance(e, WriteError) or out.kept is not None)
-            sys.exit(f"error: {e}" + (out.stop(str(e)) if tell else ""))
-        except KeyboardInterrupt:
-            Outputs.holding = True
-            rest = Outputs.active.stop(None) if Outputs.active else f"; nothing written to {args.out}"
-            print(f"interrupted{rest}", file=sys.stderr)
-            sys.exit(128 + (Outputs.signals or [signal.SIGINT])[0])
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # one that came while the libraries loaded lands now
+            metrics = main(args or parse_args())
+            signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # done: a stop from here on waits for the exit
+        except (RunError, OSError, KeyboardInterrupt) as e:
+            signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # stopping already: one line, then the exit
+            rest = Run.active.left() if Run.active else "; nothing written"
+            print(f"interrupted{rest}" if isinstance(e, KeyboardInterrupt) else f"error: {e}{rest}", file=sys.stderr)
+            code = 128 + (Run.stops or [signal.SIGINT])[0] if isinstance(e, KeyboardInterrupt) else 1
         finally:
-            Outputs.holding = True
-            if Outputs.again is not None:  # a signal being sent again lands while the handlers are still in place
-                Outputs.again.cancel()
-                Outputs.again.join()
-            if Outputs.active is not None:
-                Outputs.active.close()
-            for s, handler in handlers.items():
-                signal.signal(s, handler)
-            sys.unraisablehook, Outputs.holding = hook, False
+            if not cli:  # a test called main(args): its own handlers come back
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+                sys.unraisablehook, _ = hook, [signal.signal(s, h) for s, h in handlers.items()]
+        if cli:  # exit at once: the files are complete, and Python's shutdown would outlive the handlers
+            sys.stdout.flush(), sys.stderr.flush(), os._exit(code)
+        return sys.exit(code) if code else metrics
 
     return run
 
 
-class Outputs:
-    """The files of one run in one folder (--out; <out>/eval/ for --load), kept as one set.
-
-    write() puts each file into a staging folder inside it, under a temporary name until it is whole; commit()
-    writes metrics.json there too, then deletes this script's files that the new set lacks (an old episode.gif) and
-    moves the set into place, metrics.json last, with SIGINT and SIGTERM held back. Until then the folder keeps its
-    previous files. A run stopped early commits what keep() last named, marked `interrupted`. A lock file holding
-    the PID keeps a second run out of the folder.
-    """
-
-    active = None  # the Outputs of the run in progress (reports_input_errors stops and closes it)
-    signals: list = []  # SIGINT / SIGTERM received during the run, in order
-    holding = False  # True: a signal is recorded, and raised only when the hold ends (held)
-    again = None  # the timer that sends a swallowed signal again (unraisable)
-
-    def __init__(self, folder: str, files: dict[str, bool]):
-        """files: every file this script can write into such a folder besides metrics.json -> written by this run."""
-        self.folder, self.files, self.written, self.writing = folder, files, [], None
-        self.kept, self.done = None, False  # what a stop commits (keep); whether the set is in place (commit)
-        self.staging, self.lock = os.path.join(folder, ".staging"), os.path.join(folder, ".lock")
-        try:
-            os.makedirs(folder, exist_ok=True)
-            self.take_lock()
-            Outputs.active = self
-            shutil.rmtree(self.staging, ignore_errors=True)  # what a killed run left
-            os.mkdir(self.staging)
-        except OSError as e:
-            raise InputError(f"--out {folder!r} is not a writable folder ({e.strerror or type(e).__name__})") from None
-
-    def take_lock(self) -> None:
-        """Create the lock file, holding this PID. A lock whose process has ended is taken over; a live one refused."""
-        while True:
-            try:
-                with open(self.lock, "x") as f:  # "x": only if no such file exists
-                    f.write(str(os.getpid()))
-                return
-            except FileExistsError:
-                try:
-                    with open(self.lock) as f:
-                        text = f.read()
-                except FileNotFoundError:  # its run has just ended
-                    continue
-            pid = int(text) if text.strip().isdigit() else 0  # 0: none yet, its run is writing it right now
-            try:
-                os.kill(pid or os.getpid(), 0)  # signal 0 only asks whether that process exists
-            except ProcessLookupError:  # it has ended (killed, say): its lock is taken over
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(self.lock)
-                print(f"{self.lock}: PID {pid} has ended; its lock is taken over", flush=True)
-                continue
-            except PermissionError:  # it exists, and belongs to another user
-                pass
-            raise InputError(
-                f"--out {self.folder!r} is in use by the run of PID {pid or 'unknown'}; wait for it to end or pick "
-                f"another --out (its lock file: {self.lock})"
-            )
-
-    def write(self, name: str, writer, *args, **kwargs):
-        """writer(path, *args, **kwargs) writes the set's file `name` (into the staging folder, under a temporary
-        name until it is whole); returns what writer returns."""
-        partial = os.path.join(self.staging, "partial-" + name)  # the same ending: savez, savefig and PIL read it
-        self.writing = name
-        try:
-            result = writer(partial, *args, **kwargs)
-            os.replace(partial, os.path.join(self.staging, name))
-        except OSError as e:
-            raise WriteError(f"{(e.strerror or type(e).__name__).lower()} while writing {name}") from None
-        finally:  # a file that stopped half-way goes, and gives back its space
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(partial)
-        self.written, self.writing = [*(n for n in self.written if n != name), name], None
-        return result
-
-    def keep(self, metrics: dict, during: str, missing: list[str]) -> None:
-        """From here on a stop commits `metrics` (as it is then) with the files written by then, marked interrupted
-        `during` (say, 'the final evaluation'), with `missing` and every file not written listed as not done."""
-        self.kept = (metrics, during, missing)
-
-    def commit(self, metrics: dict) -> None:
-        """Write metrics.json, then put the set in place of the folder's previous one; signals wait until it is."""
-        if Outputs.signals and not Outputs.holding:  # one came, and no code stopped for it (a library swallowed it)
-            raise KeyboardInterrupt
-        with Outputs.held():
-
-            def dump(path: str) -> None:
-                with open(path, "w") as f:
-                    json.dump(metrics, f, indent=2)
-
-            self.write("metrics.json", dump)
-            for name in self.files:
-                if name not in self.written:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.remove(os.path.join(self.folder, name))
-            for name in sorted(self.written, key=lambda name: name == "metrics.json"):  # metrics.json last
-                os.replace(os.path.join(self.staging, name), os.path.join(self.folder, name))
-            self.done = True
-
-    def stop(self, error: str | None) -> str:
-        """After a signal (error None) or an error: commit the set keep() named, marked interrupted, and return the
-        rest of the one line: where the run stopped (after a signal) and what the folder holds."""
-        if self.done:
-            return f" once the run was saved; {self.folder} holds all of it"
-        if self.kept is None:
-            return f"; nothing written to {self.folder}"
-        metrics, during, missing = self.kept
-        missing = [*missing, *(name for name, wanted in self.files.items() if wanted and name not in self.written)]
-        during = f"writing {self.writing}" if self.writing else during
-        mark = {**metrics.get("interrupted", {}), "during": during, "missing": missing}
-        where = f"{'while' if self.writing else 'during'} {during}"
-        if mark.get("at", 0) < mark.get("of", 0):  # training itself stopped early
-            where = f"at {mark['unit']} {mark['at']} of {mark['of']}"
-        try:
-            self.commit({**metrics, "interrupted": mark | ({"error": error} if error else {})})
-        except WriteError:
-            return f"; nothing written to {self.folder}"
-        kept = f"kept in {self.folder}: {', '.join(sorted(self.written, key=lambda n: n != 'metrics.json'))}"
-        return ("" if error else f" {where}") + f"; {kept}" + (f" (not done: {', '.join(missing)})" if missing else "")
-
-    def close(self) -> None:
-        """Remove the staging folder (whatever it still holds was never committed) and the lock."""
-        shutil.rmtree(self.staging, ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(self.lock)
-        Outputs.active = None
-
-    @staticmethod
-    def on_signal(signum, frame) -> None:
-        """SIGINT and SIGTERM: recorded (the exit status says which), then raised as KeyboardInterrupt unless held."""
-        Outputs.signals.append(signum)
-        if not Outputs.holding:
-            raise KeyboardInterrupt
-
-    @staticmethod
-    def unraisable(info, then) -> None:
-        """A KeyboardInterrupt raised inside a library callback (JAX's garbage-collection hook), which cannot pass it
-        on, is not lost: the signal is sent again a moment later, to land in the run's own code. Any other exception
-        goes to `then`, the hook that was in place."""
-        if isinstance(info.exc_value, KeyboardInterrupt) and Outputs.signals:
-            Outputs.again = threading.Timer(0.01, os.kill, (os.getpid(), Outputs.signals[-1]))
-            Outputs.again.daemon = True
-            Outputs.again.start()
-        else:
-            then(info)
-
-    @staticmethod
-    @contextlib.contextmanager
-    def held():
-        """Inside, SIGINT and SIGTERM are recorded, not raised; one that came is raised on leaving."""
-        seen, was = len(Outputs.signals), Outputs.holding
-        Outputs.holding = True
-        try:
-            yield
-        finally:
-            Outputs.holding = was
-        if len(Outputs.signals) > seen and not was:
-            raise KeyboardInterrupt
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line, exit status 1, instead of dumping the usage."""
-
-    def error(self, message):
-        sys.exit(f"error: {message} (see --help)")
-
-
-def parse_args(argv=None) -> Args:
-    """Args from the command line: one flag per field, whose --help line shows its bounds and default."""
-    p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def parse_args(argv=None) -> Args:  # one flag per field of Args; a malformed one is one line (main checks bounds)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.error = lambda message: sys.exit(f"error: {message} (see --help)")  # one line, not the usage
     for f in fields(Args):
         kind = {"type": type(f.default), "choices": f.metadata["choices"]}
-        if isinstance(f.default, bool):
-            kind = {"action": argparse.BooleanOptionalAction}
-        bounds = bounds_text(f.metadata)
-        text = f.metadata["help"] + (f"; must be {bounds}" if bounds else "")
-        p.add_argument("--" + f.name.replace("_", "-"), default=f.default, help=text, **kind)
-    args = Args(**vars(p.parse_args(argv)))
-    try:
-        check_flags(args)
-    except InputError as e:
-        p.error(str(e))
-    return args
+        kind = {"action": argparse.BooleanOptionalAction} if isinstance(f.default, bool) else kind
+        p.add_argument("--" + f.name.replace("_", "-"), default=f.default, help=f.metadata["help"], **kind)
+    return Args(**vars(p.parse_args(argv)))
 
 
-def bounds_text(meta: dict) -> str:
-    """'in (0, 1]', '>= 1', '> 0' … from a flag's min / max / gt ('' if it has none)."""
-    low = ("(", meta["gt"]) if meta["gt"] is not None else ("[", meta["min"]) if meta["min"] is not None else None
-    high = meta["max"]
-    if low and high is not None:
-        return f"in {low[0]}{low[1]}, {high}]"
-    if low:
-        return f"{'>' if low[0] == '(' else '>='} {low[1]}"
-    return f"<= {high}" if high is not None else ""
-
-
-def check_flags(args) -> None:
-    """Raise InputError, one line, for the first flag outside the choices or bounds its flag() declares."""
+def check_flags(args) -> None:  # RunError, one line, for the first flag outside its flag()'s bounds
     for f in fields(args):
-        value, meta = getattr(args, f.name), f.metadata
-        name = "--" + f.name.replace("_", "-")
-        if meta.get("choices") is not None and value not in meta["choices"]:
-            raise InputError(f"{name} must be one of {', '.join(map(str, meta['choices']))}; got {value!r}")
-        low_ok = (meta.get("gt") is None or value > meta["gt"]) and (meta.get("min") is None or value >= meta["min"])
-        if not (low_ok and (meta.get("max") is None or value <= meta["max"])):
-            raise InputError(f"{name} must be {bounds_text(meta)}, got {value}")
+        v, m, name = getattr(args, f.name), f.metadata, "--" + f.name.replace("_", "-")  # choices: argparse checks
+        for bound, op, ok in ((m["gt"], ">", gt), (m["min"], ">=", ge), (m["max"], "<=", le)):
+            if bound is not None and not ok(v, bound):
+                raise RunError(f"{name} must be {op} {bound}, got {v}")
 
 
 def validate(args: Args) -> None:
-    """Raise InputError (one line for the user) if the flags contradict each other (main then takes the output
-    folder: Outputs). Each flag's own range is checked first, by check_flags, from the bounds its flag() declares."""
+    """Raise RunError on a flag outside its bounds, or one that does not fit the others."""
     check_flags(args)
     if args.group_mode == "prompt" and args.objective == "grpo" and args.group_size < 2:
         # a group of one always has advantage 0: nothing to learn
-        raise InputError(
+        raise RunError(
             f"--group-size must be >= 2 with --group-mode prompt (a group of one always has advantage 0), "
             f"got {args.group_size}"
         )
     if args.pass_k > args.eval_samples:  # pass@k needs k of the n samples
-        raise InputError(f"--pass-k must be at most --eval-samples ({args.eval_samples}), got {args.pass_k}")
-    if args.dataset != "mnist" and args.data != "full":
-        # the bundled digits are MNIST's; another tensorflow-datasets name needs its own files
-        raise InputError(f"--dataset {args.dataset} needs --data full (the bundled digits are MNIST)")
-    if args.load and not os.path.isfile(args.load):
-        raise InputError(f"--load: no such file {args.load!r}")
-
-
-def output_folder(args: Args) -> str:
-    """Where this run writes: --out for training, <out>/eval/ for a --load run (a training run's files stay)."""
-    return os.path.join(args.out, "eval") if args.load else args.out
+        raise RunError(f"--pass-k must be at most --eval-samples ({args.eval_samples}), got {args.pass_k}")
 
 
 # ---- The splits: train / validation / test images; prompts are built from one split only
 def split_test_digits(x: np.ndarray, y: np.ndarray, n_train: int) -> tuple[np.ndarray, ...]:
-    """--data bundled: the 10,000 official test digits, shuffled once, become n_train training digits and a
-    held-out test set (the rest). Returns (x_train, y_train, x_test, y_test)."""
+    """The t10k digits (bundled: the 10,000 official test digits), shuffled once, become n_train training digits and
+    a held-out test set (the rest). Returns (x_train, y_train, x_test, y_test)."""
     order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
     train, held = order[:n_train], order[n_train:]
     return x[train], y[train], x[held], y[held]
@@ -964,7 +787,7 @@ def carve_validation(x: np.ndarray, y: np.ndarray, val_size: float) -> tuple[np.
     return x[train], y[train], x[val], y[val]
 
 
-# ---- Reading MNIST: the IDX .gz files from a folder, or tensorflow-datasets, or a checked download
+# ---- Reading MNIST: the IDX .gz files from 4_GRPO_MNIST/data/ or --data-dir
 IDX_FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
@@ -981,183 +804,62 @@ def read_idx(path: str) -> np.ndarray:
         with gzip.open(path, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
-        raise InputError(f"{path} not found") from None
+        raise RunError(f"{path} not found") from None
     except (OSError, EOFError, zlib.error) as e:  # BadGzipFile, truncated stream, bad CRC
-        raise InputError(f"{path} is not a complete gzip file ({e})") from None
+        raise RunError(f"{path} is not a complete gzip file ({e})") from None
     if len(raw) < 4 or raw[:3] != b"\x00\x00\x08":
-        raise InputError(f"{path} is not an IDX file of unsigned bytes (bad magic number)")
+        raise RunError(f"{path} is not an IDX file of unsigned bytes (bad magic number)")
     ndim = raw[3]
     header = 4 + 4 * ndim
     if len(raw) < header:
-        raise InputError(f"{path} is truncated inside its IDX header")
+        raise RunError(f"{path} is truncated inside its IDX header")
     shape = struct.unpack(f">{ndim}I", raw[4:header])
     expected = math.prod(shape)
     if len(raw) - header != expected:
-        raise InputError(
+        raise RunError(
             f"{path}: shape {shape} needs {expected} data bytes, found {len(raw) - header} (truncated or corrupt)"
         )
     return np.frombuffer(raw, np.uint8, offset=header).reshape(shape)
-
-
-def to_features(images: np.ndarray) -> np.ndarray:
-    """uint8 (N, 28, 28[, 1]) → float32 (N, 784) in [0, 1]."""
-    return images.reshape(images.shape[0], -1).astype(np.float32) / 255.0
 
 
 def load_idx_split(folder: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     image_file, label_file = (os.path.join(folder, name) for name in IDX_FILES[split])
     images, labels = read_idx(image_file), read_idx(label_file)
     if images.ndim != 3 or images.shape[1:] != (28, 28):
-        raise InputError(f"{image_file}: expected images of shape (N, 28, 28), got {images.shape}")
+        raise RunError(f"{image_file}: expected images of shape (N, 28, 28), got {images.shape}")
     if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
-        raise InputError(f"{label_file}: expected {images.shape[0]} labels, got shape {labels.shape}")
+        raise RunError(f"{label_file}: expected {images.shape[0]} labels, got shape {labels.shape}")
     if labels.max(initial=0) > 9:
-        raise InputError(f"{label_file}: labels must be digits 0-9, found {labels.max()}")
-    return to_features(images), labels.astype(np.int32)
-
-
-def load_tfds_split(name: str, split: str, download: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Read a whole split through tfds.data_source (random-access ArrayRecord; no TensorFlow needed to read).
-
-    The tests run it under tfds.testing.mock_data, which fakes the dataset without any files."""
-    import absl.logging
-
-    absl.logging.set_verbosity(absl.logging.ERROR)  # keep tfds' warnings off the error path
-    import tensorflow_datasets as tfds
-
-    try:
-        source = tfds.data_source(name, split=split, download=download)
-        examples = [source[i] for i in range(len(source))]
-    except Exception as e:  # offline, not cached, tfds needs TensorFlow to prepare, ...
-        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:200]
-        raise InputError(
-            f"could not load '{name}' split '{split}' through tensorflow-datasets ({reason}); "
-            f"pass --data-dir DIR, a folder with the four IDX .gz files "
-            f"({', '.join(IDX_FILES['train'] + IDX_FILES['test'])})"
-        ) from None
-    images = np.stack([np.asarray(ex["image"]) for ex in examples])
-    labels = np.array([int(ex["label"]) for ex in examples], dtype=np.int32)
-    return to_features(images), labels
-
-
-def tfds_idx_files(name: str) -> dict[str, tuple[str, str]]:
-    """{file name: (url, sha256)} of the IDX files tfds's own builder downloads for `name`.
-
-    Read from the checksum list that tensorflow-datasets ships (url_checksums/<name>.txt)."""
-    import tensorflow_datasets as tfds
-
-    path = os.path.join(os.path.dirname(tfds.__file__), "url_checksums", f"{name}.txt")
-    files = {}
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                url, _size, sha256, filename = line.rstrip("\n").split("\t")
-                files[filename] = (url, sha256)
-    return files
-
-
-def sha256_of(path: str) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.sha256(fh.read()).hexdigest()
-
-
-def fetch_idx_files(name: str, folder: str, timeout: float = 60.0) -> str:
-    """Download the four IDX .gz files of `name` into `folder` (once), each checked against tfds's SHA-256.
-
-    This is the fallback when tfds cannot prepare the dataset itself: preparing encodes every image
-    with TensorFlow, which this course does not install. Reading needs only NumPy (`read_idx`)."""
-    os.makedirs(folder, exist_ok=True)
-    for filename, (url, sha256) in tfds_idx_files(name).items():
-        path = os.path.join(folder, filename)
-        if os.path.exists(path) and sha256_of(path) == sha256:
-            continue  # cached by an earlier run
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as response:
-                blob = response.read()
-        except (OSError, ValueError) as e:  # URLError, timeouts and refused connections are OSErrors
-            raise InputError(
-                f"could not download {url} ({e}); pass --data-dir DIR, a folder with the four "
-                f"IDX .gz files ({', '.join(IDX_FILES['train'] + IDX_FILES['test'])})"
-            ) from None
-        if hashlib.sha256(blob).hexdigest() != sha256:
-            raise InputError(f"{url} does not match the SHA-256 that tensorflow-datasets lists; not using it")
-        with open(path + ".part", "wb") as fh:
-            fh.write(blob)
-        os.replace(path + ".part", path)  # never leave a half-written file under the real name
-    return folder
-
-
-def idx_cache_dir(name: str) -> str:
-    """Where fetched IDX files are kept: beside tfds's own data, $TFDS_DATA_DIR or ~/tensorflow_datasets."""
-    root = os.environ.get("TFDS_DATA_DIR") or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
-    return os.path.join(root, "downloads", f"{name}_idx")
-
-
-def load_full(args: Args) -> tuple[np.ndarray, ...]:
-    """--data full: (x_train, y_train, x_test, y_test, origin) of the official train and test splits.
-
-    From --data-dir if given; else tfds.data_source, and if tfds cannot provide the data (not prepared, and
-    preparing needs TensorFlow) with --download on, the IDX files its builder uses, fetched and checked."""
-    folder = args.data_dir
-    if not folder:
-        try:
-            x_test, y_test = load_tfds_split(args.dataset, "test", args.download)
-            x_train, y_train = load_tfds_split(args.dataset, "train", args.download)
-            return x_train, y_train, x_test, y_test, f"tfds {args.dataset}"
-        except InputError as tfds_error:
-            if not args.download:
-                raise
-            print(
-                f"tensorflow-datasets could not provide {args.dataset}; fetching its IDX files instead "
-                f"({str(tfds_error).split(';')[0]})",
-                flush=True,
-            )
-            folder = fetch_idx_files(args.dataset, idx_cache_dir(args.dataset))
-    if not os.path.isdir(folder):
-        raise InputError(f"--data-dir {folder} is not a folder")
-    x_test, y_test = load_idx_split(folder, "test")
-    if not os.path.exists(os.path.join(folder, IDX_FILES["train"][0])):
-        raise InputError(
-            f"--data-dir {folder} has no {IDX_FILES['train'][0]}; with only the test files, use --data bundled "
-            f"to train on --split-test-set of them and hold out the rest"
-        )
-    x_train, y_train = load_idx_split(folder, "train")
-    return x_train, y_train, x_test, y_test, f"IDX files in {folder}"
+        raise RunError(f"{label_file}: labels must be digits 0-9, found {labels.max()}")
+    return images.reshape(len(images), -1).astype(np.float32) / 255.0, labels.astype(np.int32)  # (N, 784) in [0, 1]
 
 
 def load_data(args: Args) -> Data:
-    """Train, validation and test arrays. --data bundled: the two t10k files in 4_GRPO_MNIST/data/ (or in
-    --data-dir), split by `split_test_digits`; --data full: `load_full`. The validation split is always
-    carved from the training images (`carve_validation`)."""
-    if args.data == "bundled":
-        folder = args.data_dir or BUNDLED_DIR
-        if not os.path.isdir(folder):
-            raise InputError(f"--data-dir {folder} is not a folder")
-        x, y = load_idx_split(folder, "test")
+    """Train, validation and test arrays: the two t10k files in 4_GRPO_MNIST/data/ (or in --data-dir), split by
+    `split_test_digits`; a --data-dir that also holds the train pair gives the official train and test splits
+    (tools/grpo_full_mnist.py writes the four files). The validation split is carved from the training images."""
+    folder = args.data_dir or BUNDLED_DIR
+    if not os.path.isdir(folder):
+        raise RunError(f"--data-dir {folder} is not a folder")
+    x_test, y_test = load_idx_split(folder, "test")
+    if os.path.exists(os.path.join(folder, IDX_FILES["train"][0])):  # all four files: the official splits
+        x_train, y_train = load_idx_split(folder, "train")
+        source = f"IDX files in {folder}: train split"
+    else:
         n = args.split_test_set
-        if n >= len(y):
-            raise InputError(f"--split-test-set must be below the {len(y)} test images, got {n}")
-        x_train, y_train, x_test, y_test = split_test_digits(x, y, n)
+        if n >= len(y_test):
+            raise RunError(f"--split-test-set must be below the {len(y_test)} test images, got {n}")
+        x_train, y_train, x_test, y_test = split_test_digits(x_test, y_test, n)
         origin = f"IDX files in {folder}" if args.data_dir else "MNIST test digits bundled in 4_GRPO_MNIST/data"
         source = f"{origin}: test split shuffled, first {n} for training"
-    else:
-        x_train, y_train, x_test, y_test, origin = load_full(args)
-        source = f"{origin}: train split"
     if len(y_train) < 2:
-        raise InputError(f"need at least 2 training images to carve a validation split, got {len(y_train)}")
+        raise RunError(f"need at least 2 training images to carve a validation split, got {len(y_train)}")
     x_train, y_train, x_val, y_val = carve_validation(x_train, y_train, args.val_size)
-    return Data(
-        x_train,
-        y_train,
-        x_val,
-        y_val,
-        x_test,
-        y_test,
-        f"{source} -> train {len(y_train)} / val {len(y_val)}; test {len(y_test)}",
-    )
+    source = f"{source} -> train {len(y_train)} / val {len(y_val)}; test {len(y_test)}"
+    return Data(x_train, y_train, x_val, y_val, x_test, y_test, source)
 
 
-# ---- The device mesh: fake CPU devices, the (data, model) mesh, bytes per device
+# ---- The device mesh: fake CPU devices, the (data, model) mesh
 def start_devices(args: Args) -> list:
     """The devices to build the mesh from. --host-devices N asks JAX for N CPU devices; it must run before the
     first JAX operation (the flag only shapes the CPU backend: on a GPU or TPU host the accelerators are used)."""
@@ -1166,7 +868,7 @@ def start_devices(args: Args) -> list:
             jax.config.update("jax_num_cpu_devices", args.host_devices)
         except RuntimeError:  # JAX had already started (inside a test or a notebook): it keeps its devices
             if len(jax.devices("cpu")) < args.host_devices:
-                raise InputError(
+                raise RunError(
                     f"--host-devices {args.host_devices} came too late: JAX had already started with "
                     f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line"
                 ) from None
@@ -1175,25 +877,12 @@ def start_devices(args: Args) -> list:
 
 
 def make_mesh(args: Args, devices: list) -> jax.sharding.Mesh:
-    """A (data, model) mesh with Auto axes (GSPMD lays out what is computed from the placed arrays). --mesh DATAxMODEL,
-    or every device on 'data'. A mesh that does not fit the devices, the batch or a weight is a one-line error."""
-    text = args.mesh or f"{len(devices)}x1"
-    try:
-        shape = tuple(int(n) for n in text.lower().split("x"))
-        assert len(shape) == 2 and min(shape) >= 1
-    except (ValueError, AssertionError):
-        raise InputError(f"--mesh must look like DATAxMODEL, e.g. 2x2, got {args.mesh!r}") from None
-    if shape[0] * shape[1] != len(devices):
-        raise InputError(
-            f"--mesh {text} needs {shape[0] * shape[1]} devices, there are {len(devices)} (see --host-devices)"
-        )
-    if shape[1] > 1 and "model" not in {axis for _, axis in RULE_SETS[args.rules]}:
-        raise InputError(
-            f"--mesh {text}: no --rules {args.rules} rule splits anything along 'model', so its {shape[1]} devices "
-            f"would repeat the same work; use --mesh {shape[0]}x1 (module 5 splits a model along 'model')"
-        )
+    """A (data, model) mesh with Auto axes (GSPMD lays out what is computed from the placed arrays): every device
+    on 'data' (no rule set splits anything along 'model'). A batch or a weight that the devices cannot split evenly
+    is a one-line error."""
+    shape = (len(devices), 1)
     if args.batch_size % shape[0]:
-        raise InputError(f"--batch-size {args.batch_size} must split evenly along 'data' ({shape[0]} devices)")
+        raise RunError(f"--batch-size {args.batch_size} must split evenly along 'data' ({shape[0]} devices)")
     auto = (jax.sharding.AxisType.Auto,) * 2
     abstract = jax.sharding.AbstractMesh(shape, ("data", "model"), axis_types=auto)  # sizes only: check first
     sizes = (slots_for(args), args.hidden_size, args.decoder_size)
@@ -1201,59 +890,18 @@ def make_mesh(args: Args, devices: list) -> jax.sharding.Mesh:
     for path, spec, leaf in zip(*spec_paths(state, abstract, args.rules), jax.tree.leaves(state)):
         for dim, axis in zip(leaf.shape, spec):
             if axis is not None and dim % abstract.shape[axis]:
-                raise InputError(
+                raise RunError(
                     f"--rules {args.rules} splits {path} {tuple(leaf.shape)} along '{axis}' ({abstract.shape[axis]} "
-                    f"devices), which does not divide {dim}; pick another --mesh or --rules"
+                    f"devices), which does not divide {dim}; pick other --host-devices or --rules"
                 )
     return jax.make_mesh(shape, ("data", "model"), axis_types=auto, devices=devices)
-
-
-def bytes_on(tree, device) -> int:
-    """Bytes that `device` holds of every array in `tree` (its addressable shards), measured, not computed."""
-    return sum(
-        shard.data.nbytes for a in jax.tree.leaves(tree) for shard in a.addressable_shards if shard.device == device
-    )
-
-
-def mesh_memory(args: Args, data: Data, mesh: jax.sharding.Mesh) -> dict:
-    """On the first device of the mesh: the bytes of the policy + Adam state, of π_ref (parameters only: it is never
-    trained, so it has no gradient and no optimizer state) and of the critic + Adam that GRPO does not build; and
-    what XLA's compiled RL block (--eval-every iterations) reserves there (memory_analysis; None if not reported)."""
-    sizes, device = (slots_for(args), args.hidden_size, args.decoder_size), mesh.devices.flat[0]
-
-    def adam(model):
-        return nnx.Optimizer(model, optax.adam(args.learning_rate), wrt=nnx.Param)
-
-    policy = Policy(*sizes, rngs=nnx.Rngs(run_keys(args.seed).init))
-    graphdef, state = nnx.split(TrainState(policy, adam(policy)))
-    state = place(state, args.rules)  # as train() places it
-    critic = critic_layers(*sizes, rngs=nnx.Rngs(args.seed))
-    critic_state = place(nnx.state((critic, adam(critic))), args.rules)  # the critic and its Adam, never trained
-    run = jax.jit(partial(train_block, graphdef, nnx.graphdef(policy), GRPOConfig.from_args(args), sizes[0]))
-    keys = jax.random.split(jax.random.key(0), args.eval_every)
-    x, y = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
-    analysis = run.lower(state, state["policy"], 0, x, y, keys).compile()
-    stats = analysis.memory_analysis()
-    compiled = None
-    if stats is not None:
-        compiled = {k: int(getattr(stats, f"{k}_size_in_bytes")) for k in ("argument", "output", "temp", "alias")}
-    return {
-        "devices": mesh.size,
-        "mesh": dict(mesh.shape),
-        "rules": args.rules,
-        "policy_adam_bytes": bytes_on(state, device),
-        "policy_adam_bytes_total": sum(a.nbytes for a in jax.tree.leaves(state)),
-        "reference_bytes": bytes_on(state["policy"], device),
-        "critic_adam_bytes": bytes_on(critic_state, device),
-        "compiled_block": compiled,
-    }
 
 
 # ---- The parameter table: what dropping the critic saves
 def critic_layers(n_slots: int, hidden_size: int, decoder_size: int, *, rngs: nnx.Rngs) -> nnx.Dict:
     """The layers of PPO's value network V(x) = out(relu(trunk(relu(encoder(images)) · slots))) (P,), the policy's
     widths with one output. GRPO has no critic: these are never called or trained, only counted (param_table) and
-    laid out on a mesh (mesh_memory)."""
+    laid out on a mesh (tools/grpo_mesh.py measures what each device holds)."""
     return nnx.Dict(
         encoder=nnx.Linear(784, hidden_size, **named(("pixels", "features")), rngs=rngs),
         trunk=nnx.Linear(n_slots * hidden_size, decoder_size, **named(("inputs", "hidden")), rngs=rngs),
@@ -1296,67 +944,55 @@ def param_table(args: Args) -> tuple[str, dict]:
     return "\n".join(lines), {"params_policy": actor, "params_critic": critic, "critic_share": saved}
 
 
-# ---- Checkpoints and the figure
+# ---- Checkpoints (orbax, Flax's own format for NNX state) and the figure
 LOAD_HINT = "was it saved with another --hidden-size, --decoder-size, --task or --max-digits?"  # what shapes the arrays
 
 
-def save_checkpoint(path: str, parts: dict) -> None:
-    """parts: name -> nnx.Module (its nnx.Param arrays) or array. One flat .npz, no pickle: a module's leaf at path
-    ('hidden1', 'kernel') is stored under 'name/hidden1/kernel' (checkpoint_key), an array under its name."""
-    arrays = {}
-    for name, part in parts.items():
-        if isinstance(part, nnx.Module):
-            pure = nnx.to_pure_dict(nnx.state(part, nnx.Param))  # nested dict: {'hidden1': {'kernel': …}, …}
-            for keys, leaf in jax.tree_util.tree_leaves_with_path(pure):
-                arrays[checkpoint_key(name, keys)] = np.asarray(leaf)
-        else:
-            arrays[name] = np.asarray(part)
-    np.savez(path, **arrays)
-
-
-def load_checkpoint(path: str, parts: dict, hint: str) -> dict:
-    """Fill every Module in `parts` in place from `path` (nnx.replace_by_pure_dict) and return the arrays stored
-    under the other names; their values in `parts` give the expected shapes and dtypes. A missing, corrupt or
-    mismatched file, or one that holds arrays this run has no place for, is an InputError of one line (a shape or a
-    name that does not fit ends with `hint`)."""
+def save_policy(path: str, state: nnx.State) -> None:
+    """The policy's parameters as an orbax checkpoint folder; leaving the `with` waits until it is written. Orbax
+    writes it as <path>.orbax-checkpoint-tmp-<time> first, then renames it: what a stop leaves half-written goes."""
     try:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = dict(f)
-    except Exception as e:  # missing, truncated, not an .npz, pickled objects …
-        raise InputError(f"--load {path}: not a readable .npz checkpoint ({type(e).__name__})") from None
-    used = set()
-
-    def stored(key: str, like) -> np.ndarray:  # the array saved under `key`, with the shape and dtype of `like`
-        if key not in arrays or arrays[key].shape != np.shape(like):
-            found = arrays[key].shape if key in arrays else "missing"
-            raise InputError(f"--load {path}: {key} should have shape {np.shape(like)}, found {found} ({hint})")
-        if arrays[key].dtype != like.dtype:  # loaded as it is: int32 weights would be a broken network
-            raise InputError(f"--load {path}: {key} should hold {like.dtype}, found {arrays[key].dtype}")
-        used.add(key)
-        return arrays[key]
-
-    filled = {}  # every array is checked before any module changes: a refused file changes nothing
-    for name, part in parts.items():
-        if isinstance(part, nnx.Module):
-            filled[name] = jax.tree_util.tree_map_with_path(
-                lambda keys, leaf, name=name: jnp.asarray(stored(checkpoint_key(name, keys), leaf)),
-                nnx.to_pure_dict(nnx.state(part, nnx.Param)),
-            )
-        else:
-            filled[name] = stored(name, part)
-    if set(arrays) - used:
-        raise InputError(f"--load {path}: {min(set(arrays) - used)} has no place in this run ({hint})")
-    for name, part in parts.items():
-        if isinstance(part, nnx.Module):
-            state = nnx.state(part, nnx.Param)
-            nnx.replace_by_pure_dict(state, filled[name])
-            nnx.update(part, state)
-    return {name: value for name, value in filled.items() if not isinstance(parts[name], nnx.Module)}
+        with ocp.StandardCheckpointer() as checkpointer:
+            checkpointer.save(os.path.abspath(path), state)
+    finally:
+        for unfinished in Path(path).parent.glob(Path(path).name + ".orbax-checkpoint-tmp*"):
+            shutil.rmtree(unfinished, ignore_errors=True)
 
 
-def checkpoint_key(name: str, keys) -> str:
-    """'q_network/hidden1/kernel': the .npz key of the leaf at path ('hidden1', 'kernel') of the part called name."""
-    return f"{name}/{jax.tree_util.keystr(keys, simple=True, separator='/')}"
+def shapes(tree) -> dict:
+    """{'decoder/kernel/value': (shape, dtype)} for every array of a state, abstract state or checkpoint metadata."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {jax.tree_util.keystr(k, simple=True, separator="/"): (tuple(a.shape), np.dtype(a.dtype)) for k, a in flat}
+
+
+def load_policy(args: Args, mesh: jax.sharding.Mesh) -> Policy:
+    """--load: the policy saved in a run's policy/ folder, laid out on the mesh as train() lays it out. The names,
+    shapes and dtypes in the checkpoint's metadata are checked against this run's Policy before any array is read;
+    a folder without a checkpoint, another model's, another shape or dtype, or a damaged one is one RunError."""
+    path, name = os.path.abspath(args.load), f"--load {args.load}"
+    sizes = (slots_for(args), args.hidden_size, args.decoder_size)
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Policy(*sizes, rngs=nnx.Rngs(0))))
+    if not os.path.isfile(os.path.join(path, "_CHECKPOINT_METADATA")):
+        raise RunError(f"{name} holds no checkpoint (give a run's policy folder: runs/grpo_mnist/latest/policy)")
+    logging.getLogger("absl").setLevel(logging.ERROR)  # orbax's warning on unreadable metadata: the RunError says it
+    with ocp.StandardCheckpointer() as checkpointer:
+        saved = checkpointer.metadata(path).item_metadata  # None if the metadata cannot be read
+        if saved is None:
+            raise RunError(f"{name} is not a readable checkpoint (truncated or corrupt)")
+        have, want = shapes(saved.tree), shapes(abstract)
+        if have.keys() != want.keys():
+            raise RunError(f"{name} holds {', '.join(sorted(have))}: not this script's policy")
+        for key, (shape, dtype) in want.items():
+            if have[key][0] != shape:
+                raise RunError(f"{name}: {key} has shape {have[key][0]}, this run needs {shape} ({LOAD_HINT})")
+            if have[key][1] != dtype:
+                raise RunError(f"{name}: {key} holds {have[key][1]}, this run needs {dtype}")
+        layout = shardings(abstract, mesh, args.rules)
+        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, layout)
+        try:
+            return nnx.merge(graphdef, checkpointer.restore(path, target))
+        except Exception as e:  # a file under it cut short or overwritten
+            raise RunError(f"{name} is not a readable checkpoint ({type(e).__name__}: truncated or corrupt)") from None
 
 
 def plot_scores(ax, history: list[dict], k: int) -> list[int]:
@@ -1459,29 +1095,47 @@ def score_test_set(args: Args, policy: Policy, reference: Policy, data: Data) ->
     return scores(raw, args.eval_samples, args.pass_k, "test_")
 
 
-def evaluate_saved(args: Args, data: Data, out: Outputs) -> dict:
+def evaluate_saved(args: Args, data: Data, policy: Policy, run: Run) -> dict:
     """--load: score a saved policy as a training run scores its final policy (validation with train()'s
     evaluation key, the test set with score_test_set's, both drawn from --seed), so the run's flags reproduce its
-    final scores; writes <out>/eval/metrics.json. policy.npz holds no π_ref, so no KL to it is reported."""
-    policy = Policy(slots_for(args), args.hidden_size, args.decoder_size, rngs=nnx.Rngs(0))  # filled from --load
-    load_checkpoint(args.load, {"policy": policy}, LOAD_HINT)
-    nnx.update(policy, place(nnx.state(policy), args.rules))  # laid out on the mesh as train() lays it out
+    final scores; writes the eval run's metrics.json. The checkpoint holds no π_ref, so no KL to it is reported."""
     print(f"data: {data.source}\nloaded {args.load}", flush=True)
-    eval_key = run_keys(args.seed).val  # train()'s validation key
     score = jax.jit(partial(evaluate, nnx.graphdef(policy)), static_argnums=4)
     val = fixed_strips(data.x_val, data.y_val, slots_for(args))
     state = nnx.state(policy)  # also π_ref's stand-in, here and on test: that KL (0) is dropped below
-    results = scores(score(state, state, val, eval_key, args.eval_samples), args.eval_samples, args.pass_k, "val_")
+    raw = score(state, state, val, run_keys(args.seed).val, args.eval_samples)  # train()'s validation key
+    results = scores(raw, args.eval_samples, args.pass_k, "val_")
     if args.score_test:
         results.update(**score_test_set(args, policy, policy, data), test_prompts=len(data.y_test))
     results = {k: v for k, v in results.items() if not k.endswith("_kl_ref")}
     results.update(loaded=args.load, val_prompts=len(data.y_val), data=data.source, args=asdict(args))
-    out.commit(results)
-    print_summary(args, results, f"policy loaded from {args.load}, scored with the keys of seed {args.seed}")
+    run.finish(results)
+    print_summary(args, results, f"policy loaded from {args.load}, scored with the keys of seed {args.seed}", run)
     return results
 
 
-def print_summary(args: Args, results: dict, label: str) -> None:
+def collect_metrics(args: Args, data: Data, history: list[dict], test: dict, timings: dict, counts: dict) -> dict:
+    """metrics.json: the final validation and test scores, the last block's training means, the run's sizes and
+    times, every scored row (history) and the flags."""
+    last = history[-1]
+    return {
+        **{k: v for k, v in last.items() if k.startswith("val_")},
+        **test,
+        **{k: last[k] for k in PROGRESS if k in last},
+        "iterations": args.iterations,
+        "sft_steps": sft_steps_for(args),
+        "labelled_images": labelled_count(args, len(data.y_train)),
+        **timings,
+        "train_images": len(data.y_train),
+        "val_prompts": len(data.y_val),
+        "data": data.source,
+        **counts,
+        "history": history,
+        "args": asdict(args),
+    }
+
+
+def print_summary(args: Args, results: dict, label: str, run: Run) -> None:
     k = args.pass_k
     print("---- summary ----")
     print(f"data:            {results['data']}")
@@ -1502,19 +1156,10 @@ def print_summary(args: Args, results: dict, label: str) -> None:
         print(f"clip_frac:       {results['clip_frac']:.4f}  ({where}; the clip binds: {binds})")
         print(f"outside_frac:    {results['outside_frac']:.4f}  (last block; |ρ − 1| > ε, whatever the sign of A)")
         print(f"zero_signal:     {results['zero_signal']:.4f}  (last block; groups whose G rewards are all equal)")
-    if "mesh" in results:
-        m, kb = results["mesh"], lambda n: f"{n / 1000:,.1f} kB"  # kB = 1,000 bytes, as GB = 10⁹ in module 5
-        print(
-            f"per device:      policy + Adam {kb(m['policy_adam_bytes'])} (of {kb(m['policy_adam_bytes_total'])}), "
-            f"π_ref {kb(m['reference_bytes'])}, a critic + Adam would add {kb(m['critic_adam_bytes'])} (shards)"
-        )
-        c = m["compiled_block"]
-        text = "not reported by this backend" if c is None else ", ".join(f"{k} {kb(v)}" for k, v in c.items())
-        print(f"compiled block:  {text}  (XLA memory_analysis of {args.eval_every} RL iterations, per device)")
     if "train_seconds" in results:
         print(f"train_seconds:   {results['train_seconds']:.1f}  (SFT, RL and validation scoring)")
-    files = "metrics.json" if args.load else "metrics.json, learning_curve.png, policy.npz"
-    print(f"outputs:         {output_folder(args)}/{files}", flush=True)
+    files = "metrics.json" if args.load else "metrics.json, learning_curve.png, policy/"
+    print(f"outputs:         {run.folder} ({files})", flush=True)
 
 
 def use_compile_cache(folder: str) -> None:
@@ -1526,83 +1171,33 @@ def use_compile_cache(folder: str) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def stopped_at(args: Args, history: list[dict]) -> dict | None:
-    """Where Ctrl-C ended training, as metrics.json records it: the phase and iteration of the last scored row.
-    None when that row is the last phase's last iteration: training ran to the end."""
-    last, final = history[-1], "rl" if args.objective == "grpo" else "supervised"
-    if (last["phase"], last["iteration"]) == (final, args.iterations):
-        return None
-    phase = last["phase"] if last["phase"] != "start" else "sft" if sft_steps_for(args) else final
-    total = sft_steps_for(args) if phase == "sft" else args.iterations
-    return {"unit": f"{phase} iteration", "at": last["iteration"], "of": total}
-
-
-@reports_input_errors
+@one_line
 def main(args: Args) -> dict:
     validate(args)  # flag values, before any work
-    files = {} if args.load else {"learning_curve.png": True, "policy.npz": True}
-    out = Outputs(output_folder(args), files)  # a writable folder, this run's alone
     mesh = make_mesh(args, start_devices(args))  # before any other JAX operation: --host-devices must come first
     use_compile_cache(args.compile_cache)
+    loaded = load_policy(args, mesh) if args.load else None  # a bad checkpoint is refused before any work
+    run = Run(replace(args, out=os.path.join(args.out, "eval")) if args.load else args)  # this run's own folder
     data = load_data(args)
     if not args.score_test:  # the test images are dropped before training: nothing below can read them
         data = data._replace(x_test=None, y_test=None)
-    if args.load:  # score a saved policy, no training
-        with jax.set_mesh(mesh):
-            return evaluate_saved(args, data, out)
-    label = run_label(args)
-    param_counts = print_header(args, data, label, mesh)
-    title = f"{label} | train {len(data.y_train)} / validation {len(data.y_val)} images"
-
     with jax.set_mesh(mesh):  # every placement and sharding constraint below refers to this mesh
+        if loaded is not None:  # score a saved policy, no training
+            return evaluate_saved(args, data, loaded, run)
+        label = run_label(args)
+        counts = print_header(args, data, label, mesh)
         policy, reference, history, timings = train(args, data)
-        if not history:
-            raise KeyboardInterrupt  # before the first validation score: nothing measured, nothing to write
-        early = stopped_at(args, history)  # where a stop (Ctrl-C, SIGTERM) ended training early
-        last = history[-1]
-        results = {k: v for k, v in last.items() if k.startswith("val_")}
-        run = {
-            **{k: last[k] for k in PROGRESS if k in last},
-            "iterations": args.iterations,
-            "sft_steps": sft_steps_for(args),
-            "labelled_images": labelled_count(args, len(data.y_train)),
-            **timings,
-            "train_images": len(data.y_train),
-            "val_prompts": len(data.y_val),
-            "data": data.source,
-            **param_counts,
-            "history": history,
-            "args": asdict(args),
-        }
-        # A stop from here on keeps the training: its scores (`interrupted` says where), the policy and the curve.
-        finished = {"unit": f"{last['phase']} iteration", "at": last["iteration"], "of": args.iterations}
-        on_mesh = bool(args.host_devices or args.mesh)  # a run on a mesh also measures what each device holds
-        later = ["the test scores"] * args.score_test + ["the mesh measurement"] * on_mesh
-        stopped = early or bool(Outputs.signals)  # or came at its very end: nothing more is scored
-        during = "the test scoring" if args.score_test else "the mesh measurement" if on_mesh else "saving"
-        missing = ["the rest of training", *later] if early else later
-        out.keep({**results, **run, "interrupted": early or finished}, "training" if stopped else during, missing)
-        out.write("policy.npz", save_checkpoint, {"policy": policy})
-        out.write("learning_curve.png", plot_curve, history, args.pass_k, {}, title)
-        if stopped:
-            raise KeyboardInterrupt  # nothing more is scored
+        run.save("policy", save_policy, nnx.state(policy))  # right after training: a stop later keeps it
+        test = {}
         if args.score_test:  # the test set is scored once, here, after every choice on validation
-            results.update(**score_test_set(args, policy, reference, data), test_prompts=len(data.y_test))
-        if on_mesh:
-            stars = ["the test scores on the curve"] * args.score_test
-            out.keep(
-                {**results, **run, "interrupted": finished}, "the mesh measurement", ["the mesh measurement", *stars]
-            )
-            results["mesh"] = mesh_memory(args, data, mesh)
-    results.update(run)
-    if args.score_test:  # the curve again, with the test scores
-        out.keep({**results, "interrupted": finished}, "drawing", ["the test scores on the curve"])
-        test = {k: v for k, v in results.items() if k.startswith("test_")}
-        out.write("learning_curve.png", plot_curve, history, args.pass_k, test, title)
-    out.commit(results)
-    print_summary(args, results, label)
+            test = {**score_test_set(args, policy, reference, data), "test_prompts": len(data.y_test)}
+    title = f"{label} | train {len(data.y_train)} / validation {len(data.y_val)} images"
+    run.save("learning_curve.png", plot_curve, history, args.pass_k, test, title)
+    results = collect_metrics(args, data, history, test, timings, counts)
+    run.finish(results)
+    print_summary(args, results, label, run)
     return results
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    main()

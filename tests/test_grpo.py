@@ -16,6 +16,7 @@ import importlib.util
 import json
 import math
 import re
+import shutil
 import struct
 import threading
 from dataclasses import replace
@@ -26,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 from conftest import REPO, load_script, run_script
 from flax import nnx
@@ -915,16 +917,16 @@ def test_idx_reader_on_bytes_written_here(tmp_path):
     np.testing.assert_array_equal(g.read_idx(str(tmp_path / "lab.gz")), labels)
 
     write_gz(tmp_path / "short.gz", idx_bytes(images)[:-10])  # IDX payload truncated
-    with pytest.raises(g.InputError, match="truncated or corrupt"):
+    with pytest.raises(g.RunError, match="truncated or corrupt"):
         g.read_idx(str(tmp_path / "short.gz"))
     write_gz(tmp_path / "magic.gz", b"\x00\x00\x0d\x01" + idx_bytes(labels)[4:])  # float type code
-    with pytest.raises(g.InputError, match="magic"):
+    with pytest.raises(g.RunError, match="magic"):
         g.read_idx(str(tmp_path / "magic.gz"))
     whole = (tmp_path / "img.gz").read_bytes()
     (tmp_path / "cut.gz").write_bytes(whole[: len(whole) // 2])  # the gzip stream itself cut short
-    with pytest.raises(g.InputError, match="not a complete gzip"):
+    with pytest.raises(g.RunError, match="not a complete gzip"):
         g.read_idx(str(tmp_path / "cut.gz"))
-    with pytest.raises(g.InputError, match="not found"):
+    with pytest.raises(g.RunError, match="not found"):
         g.read_idx(str(tmp_path / "missing.gz"))
 
 
@@ -945,21 +947,38 @@ def test_bundled_digits_are_the_official_mnist_test_set():
     assert (len(data.y_train), len(data.y_val), len(data.y_test)) == (7200, 800, 2000)
 
 
+FULL = load_script("tools/grpo_full_mnist.py")
+
+
 @pytest.mark.unit
-def test_tfds_path_under_mock_data_returns_the_source_pixels():
-    """load_tfds_split returns exactly the pixels / 255 and the labels tfds holds, in its order. Catches: a wrong
-    scale (/ 256, no scaling), transposed or flipped images, a shuffled order, labels out of step with images."""
+def test_the_full_mnist_tool_writes_what_data_dir_reads_under_tfds_mock_data(tmp_path):
+    """tools/grpo_full_mnist.py under tfds.testing.mock_data (no files, no network) writes the four IDX files, and
+    --data-dir reads them as the official splits: exactly the pixels / 255 and the labels tfds holds, in its order,
+    the test split whole, validation carved from train. Catches: a wrong scale (/ 256, no scaling), transposed or
+    flipped images, a shuffled order, labels out of step with images, the two splits swapped, a folder of four
+    files read as the bundled t10k pair and split again."""
     tfds = pytest.importorskip("tensorflow_datasets")
     with tfds.testing.mock_data(num_examples=24):
-        x, y = g.load_tfds_split("mnist", "train", download=False)
-        source = tfds.data_source("mnist", split="train", download=False)
-        examples = [source[i] for i in range(len(source))]
-    images = np.stack([np.asarray(ex["image"]) for ex in examples])  # (24, 28, 28, 1) uint8
+        FULL.main(["--out", str(tmp_path / "full"), "--no-download"])
+        examples = {}
+        for split in ("train", "test"):
+            source = tfds.data_source("mnist", split=split, download=False)
+            examples[split] = [source[i] for i in range(len(source))]
+    assert sorted(p.name for p in (tmp_path / "full").iterdir()) == sorted(
+        FULL.IDX_FILES["train"] + g.IDX_FILES["test"]
+    )
+    assert FULL.IDX_FILES == g.IDX_FILES
+    data = g.load_data(g.Args(data_dir=str(tmp_path / "full")))
+    images = np.stack([np.asarray(ex["image"]) for ex in examples["test"]])  # (24, 28, 28, 1) uint8
     assert images.shape == (24, 28, 28, 1) and images.std() > 0  # random mock pixels, not a constant
     expected = np.array([[px / 255.0 for px in img[..., 0].ravel()] for img in images], dtype=np.float32)
-    assert x.dtype == np.float32 and y.dtype == np.int32
-    np.testing.assert_array_equal(x, expected)
-    np.testing.assert_array_equal(y, [int(ex["label"]) for ex in examples])
+    assert data.x_test.dtype == np.float32 and data.y_test.dtype == np.int32
+    np.testing.assert_array_equal(data.x_test, expected)
+    np.testing.assert_array_equal(data.y_test, [int(ex["label"]) for ex in examples["test"]])
+    train = np.stack([np.asarray(ex["image"])[..., 0].ravel() / 255.0 for ex in examples["train"]]).astype(np.float32)
+    assert len(data.y_train) + len(data.y_val) == 24 and data.source.startswith(f"IDX files in {tmp_path / 'full'}")
+    rows = {r.tobytes(): i for i, r in enumerate(train)}
+    assert sorted(rows[r.tobytes()] for r in np.concatenate([data.x_train, data.x_val])) == list(range(24))
 
 
 @contextlib.contextmanager
@@ -979,52 +998,53 @@ def serve_folder(folder):
 
 @pytest.mark.unit
 def test_tfds_checksum_list_names_the_four_idx_files_and_matches_the_bundled_ones():
-    """tfds_idx_files reads tfds's checksum list; its SHA-256 of the t10k pair matches the bundled files.
+    """The tool's tfds_idx_files reads tfds's checksum list; its SHA-256 of the t10k pair matches the bundled files.
     Catches: a misparsed checksum line (columns swapped), a bundled file that is not the official one."""
+    pytest.importorskip("tensorflow_datasets")
     for name in ("mnist", "fashion_mnist"):
-        files = g.tfds_idx_files(name)
+        files = FULL.tfds_idx_files(name)
         assert sorted(files) == sorted(g.IDX_FILES["train"] + g.IDX_FILES["test"])
         assert all(url.endswith(fname) and len(sha) == 64 for fname, (url, sha) in files.items())
-    files = g.tfds_idx_files("mnist")
+    files = FULL.tfds_idx_files("mnist")
     for name in g.IDX_FILES["test"]:
-        assert g.sha256_of(str(REAL_MNIST / name)) == files[name][1]
+        assert FULL.sha256_of(str(REAL_MNIST / name)) == files[name][1]
 
 
 @pytest.mark.unit
-def test_fallback_fetches_checked_idx_files_when_tfds_cannot(tmp_path, monkeypatch):
-    """--data full when tfds cannot prepare: the four IDX files are fetched (from a local server here), checked
-    against their SHA-256 and cached; --no-download keeps tfds's error; a mismatching file is refused and not
-    kept; no server: one line naming --data-dir. Catches: no fallback, no checksum check, a half-written file
-    under the real name, a download with --no-download."""
+def test_the_full_mnist_tool_fetches_checked_idx_files_when_tfds_cannot(tmp_path, monkeypatch, capsys):
+    """When tfds cannot prepare the data, the tool fetches the four IDX files (from a local server here), checked
+    against their SHA-256, and --data-dir reads them; --no-download keeps tfds's error; a mismatching file is refused
+    and not kept; no server: one line. Catches: no fallback, no checksum check, a half-written file under the real
+    name, a download with --no-download."""
     served = synthetic_digits(tmp_path / "served", n_train=40, n_test=30)
     with serve_folder(served) as base:
-        table = {f: (base + f, g.sha256_of(str(served / f))) for f in g.IDX_FILES["train"] + g.IDX_FILES["test"]}
-        monkeypatch.setattr(g, "tfds_idx_files", lambda name: table)
+        table = {f: (base + f, FULL.sha256_of(str(served / f))) for f in g.IDX_FILES["train"] + g.IDX_FILES["test"]}
+        monkeypatch.setattr(FULL, "tfds_idx_files", lambda name: table)
 
-        def tfds_fails(name, split, download):  # what tfds does without TensorFlow: it cannot prepare
-            raise g.InputError("tfds needs TensorFlow to prepare")
+        def tfds_fails(name, folder, download):  # what tfds does without TensorFlow: it cannot prepare
+            raise FULL.FetchError("tfds needs TensorFlow to prepare")
 
-        monkeypatch.setattr(g, "load_tfds_split", tfds_fails)
-        monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
-
-        data = g.load_data(g.Args(data="full"))
+        monkeypatch.setattr(FULL, "from_tfds", tfds_fails)
+        FULL.main(["--out", str(tmp_path / "full")])
+        data = g.load_data(g.Args(data_dir=str(tmp_path / "full")))
         assert data.x_train.shape == (36, 784) and data.x_val.shape == (4, 784) and data.x_test.shape == (30, 784)
-        cache = tmp_path / "tfds" / "downloads" / "mnist_idx"
-        assert sorted(p.name for p in cache.iterdir()) == sorted(table)
+        assert sorted(p.name for p in (tmp_path / "full").iterdir()) == sorted(table)
 
-        monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds2"))
-        with pytest.raises(g.InputError, match="needs TensorFlow"):  # --no-download: tfds's error, no fetch
-            g.load_data(g.Args(data="full", download=False))
-        assert not (tmp_path / "tfds2").exists()
+        with pytest.raises(SystemExit, match="^error: tfds needs TensorFlow"):  # --no-download: tfds's error
+            FULL.main(["--out", str(tmp_path / "nodl"), "--no-download"])
+        assert not list((tmp_path / "nodl").iterdir())
 
         first = table["t10k-labels-idx1-ubyte.gz"]
         table["t10k-labels-idx1-ubyte.gz"] = (first[0], "0" * 64)  # a file that does not match its checksum
-        with pytest.raises(g.InputError, match="SHA-256"):
-            g.fetch_idx_files("mnist", str(tmp_path / "other"))
+        with pytest.raises(FULL.FetchError, match="SHA-256"):
+            FULL.fetch_idx_files("mnist", str(tmp_path / "full"))
+        (tmp_path / "other").mkdir()
+        with pytest.raises(FULL.FetchError, match="SHA-256"):
+            FULL.fetch_idx_files("mnist", str(tmp_path / "other"))
         assert not (tmp_path / "other" / "t10k-labels-idx1-ubyte.gz").exists()
 
-    with pytest.raises(g.InputError, match="could not download .*--data-dir"):  # server gone: offline
-        g.fetch_idx_files("mnist", str(tmp_path / "offline"), timeout=5)
+    with pytest.raises(SystemExit, match="^error: could not download"):  # server gone: offline
+        FULL.main(["--out", str(tmp_path / "offline")])
 
 
 @pytest.mark.unit
@@ -1073,7 +1093,7 @@ def test_no_score_test_leaves_the_test_set_unread(tmp_path, monkeypatch):
     monkeypatch.setattr(g, "train", train_without_test_images)
     args = tiny_args(tmp_path, score_test=False)
     result = g.main(args)
-    saved = json.loads((Path(args.out) / "metrics.json").read_text())
+    saved = json.loads((Path(args.out) / "latest" / "metrics.json").read_text())
     for metrics in (result, saved):
         assert not [k for k in metrics if k.startswith("test")]
         assert not [k for row in metrics["history"] for k in row if k.startswith("test")]
@@ -1282,80 +1302,156 @@ def test_grpo_config_takes_its_fields_from_args():
 
 
 @pytest.mark.unit
-def test_checkpoint_round_trips_and_bad_file_is_an_error(tmp_path):
-    """policy.npz: keys 'policy/<layer>/<leaf>' without pickle; loading fills another policy in place; a wrong
-    width, a missing part or a file that is not an .npz is one InputError. Catches: pickled checkpoints, keys
-    that do not round-trip, silent shape mismatches."""
+def test_the_checkpoint_round_trips_through_orbax(tmp_path):
+    """save_policy writes an orbax checkpoint folder whose metadata names the policy's six arrays; load_policy fills a
+    policy with the saved weights, laid out on the mesh. Catches: a checkpoint of another state (Adam's, π_ref's),
+    a load that returns fresh weights."""
     policy = g.Policy(2, 8, 16, rngs=nnx.Rngs(3))
-    path = str(tmp_path / "policy.npz")
-    g.save_checkpoint(path, {"policy": policy, "step": np.array(7)})
-    with np.load(path, allow_pickle=False) as f:
-        assert sorted(f.files) == [
-            "policy/decoder/bias",
-            "policy/decoder/kernel",
-            "policy/encoder/bias",
-            "policy/encoder/kernel",
-            "policy/head/bias",
-            "policy/head/kernel",
-            "step",
-        ]
-    loaded = g.Policy(2, 8, 16, rngs=nnx.Rngs(0))  # other weights, filled in place
-    arrays = g.load_checkpoint(path, {"policy": loaded, "step": np.array(0)}, g.LOAD_HINT)
+    g.save_policy(str(tmp_path / "policy"), nnx.state(policy))
+    with ocp.StandardCheckpointer() as checkpointer:
+        saved = g.shapes(checkpointer.metadata(str(tmp_path / "policy")).item_metadata.tree)
+    assert saved == g.shapes(nnx.state(policy)) and len(saved) == 6 and saved["encoder/kernel/value"][0] == (784, 8)
+    args = g.Args(task="number", max_digits=2, hidden_size=8, decoder_size=16, load=str(tmp_path / "policy"))
+    loaded = g.load_policy(args, g.make_mesh(args, jax.devices()))
     prompt, tokens = jnp.ones((2, 16)), jnp.array([[1, 2], [3, EOS]])
     np.testing.assert_array_equal(policy(prompt, tokens), loaded(prompt, tokens))
-    assert int(arrays["step"]) == 7
-    with pytest.raises(g.InputError, match=r"should have shape .* found .*--hidden-size"):
-        g.load_checkpoint(path, {"policy": g.Policy(2, 32, 16, rngs=nnx.Rngs(0))}, g.LOAD_HINT)
-    with pytest.raises(g.InputError, match="critic/decoder/.* found missing"):
-        g.load_checkpoint(path, {"critic": g.Policy(2, 8, 16, rngs=nnx.Rngs(0))}, g.LOAD_HINT)
-    (tmp_path / "bad.npz").write_bytes(b"not a zip")
-    with pytest.raises(g.InputError, match="not a readable .npz"):
-        g.load_checkpoint(str(tmp_path / "bad.npz"), {"policy": loaded}, g.LOAD_HINT)
-    with pytest.raises(g.InputError, match="not a readable .npz"):
-        g.load_checkpoint(str(tmp_path / "gone.npz"), {"policy": loaded}, g.LOAD_HINT)
 
 
 @pytest.mark.unit
-def test_bad_input_exits_with_one_line(tmp_path, monkeypatch):
-    """Each bad input is one 'error: …' line and a non-zero exit before any work. Catches: a contradiction that
+def test_a_stop_while_saving_leaves_no_half_written_checkpoint(tmp_path, monkeypatch):
+    """A stop inside orbax's save (its temporary folder made, then KeyboardInterrupt) leaves nothing in the folder.
+    Catches: orbax's <name>.orbax-checkpoint-tmp-<time> left beside the run's files."""
+
+    def save_then_stop(self, path, state, *args, **kwargs):
+        Path(f"{path}.orbax-checkpoint-tmp-1234").mkdir()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ocp.StandardCheckpointer, "save", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        g.save_policy(str(tmp_path / "partial-policy"), nnx.state(g.Policy(1, 4, 8, rngs=nnx.Rngs(0))))
+    assert list(tmp_path.iterdir()) == []
+
+
+def refused(tmp_path, capfd, monkeypatch, path, *flags: str) -> str:
+    """main() on `--load path` with the tiny flags: it must stop before any work, with exit status 1 and one line on
+    stderr (returned), train nothing and create no folder."""
+
+    def no_work(*a, **k):
+        raise AssertionError("a refused --load reached the data or training")
+
+    monkeypatch.setattr(g, "load_data", no_work)
+    monkeypatch.setattr(g, "train", no_work)
+    out = tmp_path / "refused"
+    capfd.readouterr()
+    with pytest.raises(SystemExit) as e:
+        g.main(g.parse_args([*SMOKE_FLAGS["number"], *TINY_FLAGS, *flags, "--load", str(path), "--out", str(out)]))
+    err = capfd.readouterr().err
+    assert e.value.code == 1 and err.startswith(f"error: --load {path}") and err.count("\n") == 1, err
+    assert not out.exists()
+    return err
+
+
+@pytest.fixture(scope="module")
+def saved_policy(tmp_path_factory):
+    """A policy/ checkpoint of the tiny --task number flags, as a run saves it (save_policy)."""
+    folder = tmp_path_factory.mktemp("saved")
+    args = g.parse_args([*SMOKE_FLAGS["number"], *TINY_FLAGS])
+    g.save_policy(str(folder / "policy"), nnx.state(g.Policy(3, 16, 32, rngs=nnx.Rngs(0))))
+    return args, folder / "policy"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("where", ["missing", "empty", "run folder"])
+def test_load_refuses_a_path_without_a_checkpoint(tmp_path, capfd, monkeypatch, saved_policy, where):
+    """(a) A missing path, an empty folder, a run folder (the checkpoint is one level down): one line.
+    Catches: a traceback, or orbax asked to read a folder that holds no checkpoint."""
+    path = {"missing": tmp_path / "nowhere", "empty": tmp_path / "empty", "run folder": saved_policy[1].parent}[where]
+    (tmp_path / "empty").mkdir()
+    assert "holds no checkpoint" in refused(tmp_path, capfd, monkeypatch, path)
+
+
+@pytest.mark.unit
+def test_load_refuses_another_models_checkpoint(tmp_path, capfd, monkeypatch):
+    """(b) A checkpoint of another model (here PPO's critic, other names): one line naming what it holds.
+    Catches: names left unchecked (orbax would fail inside its restore, with tracebacks on stderr)."""
+    g.save_policy(str(tmp_path / "critic"), nnx.state(g.critic_layers(3, 16, 32, rngs=nnx.Rngs(0))))
+    assert "trunk/kernel/value" in refused(tmp_path, capfd, monkeypatch, tmp_path / "critic")
+
+
+@pytest.mark.unit
+def test_load_refuses_another_shape(tmp_path, capfd, monkeypatch, saved_policy):
+    """(c) The checkpoint of --hidden-size 16 loaded with --hidden-size 8: one line naming the array, both shapes
+    and the flags that shape it. Catches: shapes left unchecked."""
+    err = refused(tmp_path, capfd, monkeypatch, saved_policy[1], "--hidden-size", "8")
+    assert "decoder/kernel/value has shape (84, 32), this run needs (60, 32)" in err and "--hidden-size" in err
+
+
+@pytest.mark.unit
+def test_load_refuses_another_dtype(tmp_path, capfd, monkeypatch):
+    """(d) The same policy saved in bfloat16: one line naming the dtypes. Catches: a load that casts silently."""
+    state = jax.tree.map(lambda a: a.astype(jnp.bfloat16), nnx.state(g.Policy(3, 16, 32, rngs=nnx.Rngs(0))))
+    g.save_policy(str(tmp_path / "bf16"), state)
+    assert "holds bfloat16, this run needs float32" in refused(tmp_path, capfd, monkeypatch, tmp_path / "bf16")
+
+
+@pytest.mark.unit
+def test_load_refuses_a_truncated_checkpoint(tmp_path, capfd, monkeypatch, saved_policy):
+    """(e) The largest file under the checkpoint cut to half its bytes: one line. Catches: orbax's restore error
+    passed on as a traceback."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(saved_policy[1], damaged)
+    largest = max((p for p in damaged.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    largest.write_bytes(largest.read_bytes()[: largest.stat().st_size // 2])
+    assert "not a readable checkpoint" in refused(tmp_path, capfd, monkeypatch, damaged)
+
+
+@pytest.mark.smoke
+def test_load_refuses_a_garbled_checkpoint_in_one_line_from_the_command_line(tmp_path, saved_policy):
+    """(e) Its _METADATA overwritten, from the command line (where absl's logging and orbax's threads reach stderr
+    as they would for a learner): exit status 1, exactly one line on stderr, no progress line, no folder. Catches:
+    absl's 'Failed to get item metadata' warning printed above the line, a traceback at exit."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(saved_policy[1], damaged)
+    (damaged / "_METADATA").write_text("{not json")
+    flags = [*SMOKE_FLAGS["number"], *TINY_FLAGS, "--load", str(damaged), "--out", str(tmp_path / "o")]
+    proc = run_script(SCRIPT, *flags, cwd=tmp_path, timeout=240)
+    assert proc.returncode == 1 and "phase=" not in proc.stdout and not (tmp_path / "o").exists()
+    assert (
+        proc.stderr == f"error: --load {damaged} is not a readable checkpoint (truncated or corrupt); nothing written\n"
+    )
+
+
+@pytest.mark.unit
+def test_bad_input_exits_with_one_line(tmp_path, capsys):
+    """Each bad input is one 'error: …' line and exit status 1 before any work. Catches: a contradiction that
     starts training (--pass-k above --eval-samples, G = 1 in prompt mode), a traceback instead of a line."""
     out = str(tmp_path / "o")
-    with pytest.raises(SystemExit, match="^error: --group-size must be >= 2 with --group-mode prompt"):
-        g.main(g.Args(group_size=1, out=out))
+
+    def fails(message: str, **flags) -> None:
+        with pytest.raises(SystemExit) as e:
+            g.main(g.Args(out=out, **flags))
+        err = capsys.readouterr().err
+        assert e.value.code == 1 and re.match(f"error: {message}", err) and err.count("\n") == 1, err
+
+    fails("--group-size must be >= 2 with --group-mode prompt", group_size=1)
     g.validate(g.Args(group_size=1, group_mode="batch", out=out))  # a batch-wide baseline needs no group
-    with pytest.raises(SystemExit, match=r"^error: --pass-k must be at most --eval-samples \(4\), got 5"):
-        g.main(g.Args(eval_samples=4, pass_k=5, out=out))
-    with pytest.raises(SystemExit, match="--clip-eps"):
-        g.main(g.Args(clip_eps=0.0, out=out))
-    with pytest.raises(SystemExit, match=r"--val-size must be in \(0, 0.5\]"):
-        g.main(g.Args(val_size=1.0, out=out))
-    with pytest.raises(SystemExit, match="^error: --learning-rate must be > 0"):
-        g.main(g.Args(learning_rate=0.0, out=out))
-    with pytest.raises(SystemExit, match=r"--max-digits must be in \[1, 8\]"):
-        g.main(g.Args(task="number", max_digits=9, out=out))
-    with pytest.raises(g.InputError, match="--hidden-size must be >= 1"):  # validate() raises; main reports it
+    fails(r"--pass-k must be at most --eval-samples \(4\), got 5", eval_samples=4, pass_k=5)
+    fails("--clip-eps must be > 0", clip_eps=0.0)
+    fails("--val-size must be <= 0.5", val_size=1.0)
+    fails("--learning-rate must be > 0", learning_rate=0.0)
+    fails("--max-digits must be <= 8", task="number", max_digits=9)
+    with pytest.raises(g.RunError, match="--hidden-size must be >= 1"):  # validate() raises; main reports it
         g.validate(g.Args(hidden_size=0, out=out))
     with pytest.raises(SystemExit, match=r"^error: argument --kl: invalid choice.*\(see --help\)"):
         g.parse_args(["--kl", "k2"])
-    with pytest.raises(SystemExit, match="^error: --pass-k must be >= 1"):
-        g.parse_args(["--pass-k", "0"])
     only_test = synthetic_digits(tmp_path / "t", splits=("t10k",))
-    with pytest.raises(SystemExit, match="has no train-images.*use --data bundled"):
-        g.main(g.Args(data="full", data_dir=str(only_test), out=out))
-    with pytest.raises(SystemExit, match="--dataset fashion_mnist needs --data full"):
-        g.main(g.Args(dataset="fashion_mnist", out=out))
-    with pytest.raises(SystemExit, match="below the 500 test images"):
-        g.main(g.Args(data_dir=str(only_test), split_test_set=500, out=out))
-    with pytest.raises(SystemExit, match="is not a folder"):
-        g.main(g.Args(data_dir=str(tmp_path / "nowhere"), out=out))
+    fails("--split-test-set must be below the 500 test images", data_dir=str(only_test), split_test_set=500)
+    fails(r"--data-dir \S*nowhere is not a folder", data_dir=str(tmp_path / "nowhere"))
     data = synthetic_digits(tmp_path / "data", n_train=64, n_test=64)
     blob = (data / "train-images-idx3-ubyte.gz").read_bytes()
     (data / "train-images-idx3-ubyte.gz").write_bytes(blob[: len(blob) // 3])  # truncated download
-    with pytest.raises(SystemExit, match=r"^error: \S*train-images-idx3-ubyte.gz is not a complete gzip file"):
-        g.main(g.Args(data="full", data_dir=str(data), out=out))
-    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "empty_tfds"))  # nothing prepared, no download
-    with pytest.raises(SystemExit, match="^error: could not load 'mnist'.*--data-dir"):
-        g.main(g.Args(data="full", download=False, out=out))
+    fails(r"\S*train-images-idx3-ubyte.gz is not a complete gzip file", data_dir=str(data))
+    assert not Path(out).exists() or not any(Path(out).iterdir())  # no run left a folder behind
 
 
 # ------------------------------------------------------------------ smoke: the CLI
@@ -1388,7 +1484,7 @@ def cli_run(tmp_path_factory):
 @pytest.mark.parametrize("task", ["digit", "number"])
 def test_cli_runs_both_tasks(task, tmp_path, cli_run):
     """The command line runs each task for 4 iterations on the bundled digits and writes metrics.json (validation
-    and test pass@1, pass@2 and greedy; the test set only once, at the end), learning_curve.png and policy.npz
+    and test pass@1, pass@2 and greedy; the test set only once, at the end), learning_curve.png and policy/
     (key prefix 'policy'); one progress line per score, SFT rows first for --task number, whose run also has the KL
     penalty (β = 0.1: its mean per-token KL on the progress line). For --task digit the
     same flags run again in-process through main() give the same metrics apart from the seconds, and --seed 1
@@ -1403,17 +1499,21 @@ def test_cli_runs_both_tasks(task, tmp_path, cli_run):
         assert name in lines[-1], name
     assert (" kl=" in lines[-1]) == (task == "number")  # the penalty's KL is reported only where β > 0
     assert "policy only (GRPO)" in r.stdout and "policy + critic (PPO)" in r.stdout
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = json.loads((out / "latest" / "metrics.json").read_text())
     for key in ("val_pass1", "val_pass2", "val_greedy", "test_pass1", "test_pass2", "test_greedy", "clip_frac"):
         assert 0 <= metrics[key] <= 1, key
     assert metrics["val_pass1"] <= metrics["val_pass2"]
     assert metrics["test_prompts"] == 2000 and metrics["val_prompts"] == 800
     assert all(not k.startswith("test") for row in metrics["history"] for k in row)
-    assert (out / "learning_curve.png").stat().st_size > 1000
+    assert (out / "latest" / "learning_curve.png").stat().st_size > 1000
     n_slots = 1 if task == "digit" else 3
-    with np.load(out / "policy.npz", allow_pickle=False) as f:
-        assert f["policy/encoder/kernel"].shape == (784, 16)
-        assert f["policy/decoder/kernel"].shape == (n_slots * (16 + g.VOCAB + 1), 32)
+    with ocp.StandardCheckpointer() as checkpointer:
+        saved = g.shapes(checkpointer.metadata(str((out / "latest" / "policy").resolve())).item_metadata.tree)
+    assert saved["encoder/kernel/value"][0] == (784, 16)
+    assert saved["decoder/kernel/value"][0] == (n_slots * (16 + g.VOCAB + 1), 32)
+    assert r.stdout.splitlines()[-1] == f"outputs:         {out / (out / 'latest').readlink()} " + (
+        "(metrics.json, learning_curve.png, policy/)"
+    )
     if task == "number":
         return
     again = g.main(g.parse_args([*SMOKE_FLAGS[task], *TINY_FLAGS, "--out", str(tmp_path / "again")]))
@@ -1424,39 +1524,29 @@ def test_cli_runs_both_tasks(task, tmp_path, cli_run):
 
 @pytest.mark.smoke
 def test_load_scores_the_saved_policy_as_its_run_did(tmp_path, cli_run, capsys):
-    """--load of the tiny --task number run's policy.npz with the run's flags trains nothing and writes
-    <out>/eval/metrics.json: the run's final validation and test scores, exactly (the same policy, the same
-    evaluation keys), and no KL to π_ref (policy.npz holds none); the run's own files stay as they were. A corrupt
-    file, a missing one and a file of another --hidden-size are one 'error: …' line each. Catches: a --load that
-    trains, scores another policy (the initial one) or with other keys, writes over the training run's files, or
-    ends in a traceback on a bad file."""
+    """--load of the tiny --task number run's latest/policy with the run's flags trains nothing and writes a run of
+    its own under <out>/eval/: the run's final validation and test scores, exactly (the same policy, the same
+    evaluation keys), and no KL to π_ref (the checkpoint holds none); <out>/latest still points at the training run,
+    whose files stay as they were, so the same --load works again. Catches: a --load that trains, scores another
+    policy (the initial one) or with other keys, writes into the training run's folder or moves <out>/latest."""
     r, out = cli_run("number")
     assert r.returncode == 0, r.stderr
-    run = json.loads((out / "metrics.json").read_text())
-    before = {name: (out / name).read_bytes() for name in ("metrics.json", "policy.npz", "learning_curve.png")}
-    flags = [*SMOKE_FLAGS["number"], *TINY_FLAGS]
+    run = json.loads((out / "latest" / "metrics.json").read_text())
+    before = {p: p.read_bytes() for p in (out / "latest").resolve().rglob("*") if p.is_file()}
+    argv = [*SMOKE_FLAGS["number"], *TINY_FLAGS, "--load", str(out / "latest" / "policy"), "--out", str(out)]
     capsys.readouterr()
-    loaded = g.main(g.parse_args([*flags, "--load", str(out / "policy.npz"), "--out", str(out)]))
+    loaded = g.main(g.parse_args(argv))
     printed = capsys.readouterr().out
-    assert "phase=" not in printed and f"loaded {out / 'policy.npz'}" in printed and "test:" in printed
-    assert json.loads((out / "eval" / "metrics.json").read_text()) == json.loads(json.dumps(loaded))
+    assert "phase=" not in printed and f"loaded {out / 'latest' / 'policy'}" in printed and "test:" in printed
+    assert json.loads((out / "eval" / "latest" / "metrics.json").read_text()) == json.loads(json.dumps(loaded))
     scored = [k for k in run if k.startswith(("val_", "test_")) and not k.endswith("_kl_ref")]
     assert len(scored) == 12  # val and test: pass@1, pass@2, greedy, length, wrong-answer length, prompts
     assert {k: loaded[k] for k in scored} == {k: run[k] for k in scored}
     assert not [k for k in loaded if "kl_ref" in k] and "history" not in loaded
-    assert loaded["loaded"] == str(out / "policy.npz")
-    assert {name: (out / name).read_bytes() for name in before} == before  # the training run's files stay
-    assert [p.name for p in (out / "eval").iterdir()] == ["metrics.json"]
-    (tmp_path / "bad.npz").write_bytes(b"not a zip")
-    for path, wider, message in (
-        (tmp_path / "bad.npz", [], "not a readable .npz checkpoint"),
-        (tmp_path / "gone.npz", [], "--load: no such file"),
-        (out / "policy.npz", ["--hidden-size", "8"], "should have shape.*--hidden-size"),
-    ):
-        argv = [*flags, *wider, "--load", str(path), "--out", str(tmp_path / "o")]
-        with pytest.raises(SystemExit, match=f"^error: .*{message}") as e:
-            g.main(g.parse_args(argv))
-        assert "\n" not in str(e.value)
+    assert loaded["loaded"] == str(out / "latest" / "policy")
+    assert {p: p.read_bytes() for p in (out / "latest").resolve().rglob("*") if p.is_file()} == before
+    assert [p.name for p in (out / "eval" / "latest").iterdir()] == ["metrics.json"]
+    assert g.main(g.parse_args(argv))["val_pass1"] == loaded["val_pass1"]  # latest is still the training run
 
 
 # ------------------------------------------------------------------ learning: short real runs

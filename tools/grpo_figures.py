@@ -84,7 +84,7 @@ def run(name: str, out: Path, runs_done: dict[str, dict]) -> dict:
     for metrics in runs_done.values():
         if what_it_trains(metrics["args"]) == wanted:
             return metrics
-    path = out / name / "metrics.json"
+    path = out / name / "latest" / "metrics.json"
     if path.is_file():
         metrics = json.loads(path.read_text(encoding="utf-8"))
         if what_it_trains(metrics["args"]) == wanted:

@@ -237,7 +237,7 @@ def parse(argv=None):
     a = p.parse_args(ours)
     if a.rounds < 0:
         p.exit(1, "error: --rounds must be >= 0\n")
-    for f in ("--out", "--load", "--host-devices", "--mesh", "--compile-cache", "--objective"):
+    for f in ("--out", "--load", "--host-devices", "--compile-cache", "--objective"):
         if any(x == f or x.startswith(f + "=") for x in flags):
             p.exit(1, f"error: {f} after --: this tool times the one-device GRPO run that it sets up itself\n")
     g = load_script(SCRIPT)
@@ -266,7 +266,10 @@ def main(argv=None) -> None:
     g.use_compile_cache(cache.name)  # empty: the first train() compiles, the second reads what it wrote
     with tempfile.TemporaryDirectory(prefix="grpo_time_out_") as out:
         args = replace(args, out=out, compile_cache=cache.name)
-        g.validate(args)
+        try:
+            g.validate(args)
+        except g.RunError as e:  # the script's own one-line error for a flag out of bounds
+            sys.exit(f"error: {e}")
     mesh = g.make_mesh(args, g.start_devices(args))
     data = g.load_data(args)
     n_slots, n = g.slots_for(args), args.eval_samples

@@ -125,7 +125,7 @@ def earlier(folder: Path, flags: list[str], seeds_text: str) -> dict | None:
         return None
     if [int(s) for s in summary.get("per_seed", {})] != wanted:
         return None
-    metrics = {s: json.loads((folder / f"seed_{s}" / "metrics.json").read_text()) for s in wanted}
+    metrics = {s: json.loads((folder / f"seed_{s}" / "latest" / "metrics.json").read_text()) for s in wanted}
     seconds = {s: summary["seconds_per_seed"][str(s)] for s in wanted}
     return {
         key: seeds.summarise({s: float(m[key]) for s, m in metrics.items()}, seconds, seeds.Headline(key, None))
