@@ -520,8 +520,10 @@ class RunKeys(NamedTuple):
 
 
 def run_keys(seed: int) -> RunKeys:
-    """split(key(seed), 4). nnx.Rngs(seed) itself would draw fold_in(key(seed), n), and split(k)[i] equals
-    fold_in(k, i): keys taken from key(seed) directly would repeat the initial weights' keys."""
+    """split(key(seed), 4): the keys of the initial weights, training, validation and the test. nnx.Rngs(init)
+    draws fold_in(init, n); with jax_threefry_partitionable on (the default in jax 0.12) split(k, 4)[i] is the very
+    key fold_in(k, i), with it off it is not, so keys taken from key(seed) itself beside nnx.Rngs(seed) would repeat
+    the initial weights' keys under the default. Splitting once keeps the four apart under either setting."""
     return RunKeys(*jax.random.split(jax.random.key(seed), 4))
 
 

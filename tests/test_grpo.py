@@ -701,8 +701,9 @@ def test_the_reference_stays_the_initial_policy_by_default(tmp_path):
 def test_run_keys_differ_from_every_key_of_the_initial_weights(seed):
     """The training, validation and test keys of run_keys(seed) differ from each other and from every key that
     nnx.Rngs(init) hands the initializers (all the Policy's draws, and as many again), and from the first blocks'
-    keys derived from the training key. nnx.Rngs draws fold_in(init, n), and split(k)[i] == fold_in(k, i), so keys
-    split from key(seed) while the weights come from nnx.Rngs(seed) repeat them: the training key would be the
+    keys derived from the training key. nnx.Rngs draws fold_in(init, n), and split(k)[i] == fold_in(k, i) with
+    jax_threefry_partitionable on (the default), so keys split from key(seed) while the weights come from
+    nnx.Rngs(seed) repeat them: the training key would be the
     encoder kernel's. Catches (tried): init = key(seed) with the other three split from it (train() then samples
     with the encoder's key), the test key fold_in(key(seed), 2) beside nnx.Rngs(seed), init equal to the train key."""
     keys = g.run_keys(seed)
