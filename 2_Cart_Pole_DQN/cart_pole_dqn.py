@@ -9,8 +9,8 @@ the replay buffer, the ε schedule and when the periodic jobs are due; the Q-net
 target and the loss; the compiled update (a block of gradient steps in one lax.scan) and the target-network
 sync; the training loop; the greedy evaluation. Then the same DQN compiled end to end (--backend jax):
 CartPole as pure JAX functions, the replay buffer as arrays of a fixed size, and make_train(args), whose
-train(key) runs the whole loop as one lax.scan. Below the `# Plumbing` line: the seeds of --backend jax
-(vmap, devices), the run folder and the command line, input checks, checkpoints, the GIF, the plot and main.
+train(key) runs the whole loop as one lax.scan. Below the `# Plumbing` line: the run folder and the command
+line, input checks, the seeds of --backend jax (vmap, devices), checkpoints, the GIF, the plot, metrics.json, main.
 
 The JAX and Flax NNX this file uses (jax.jit and tracing, lax.scan and its carry, lax.cond, vmap, PRNG keys,
 pytrees, nnx.split / nnx.merge / nnx.state) are taught in the course's README.md, section "JAX and Flax NNX"
