@@ -24,10 +24,12 @@ pytrees, nnx.split / nnx.merge / nnx.state) are taught in the course's README.md
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
@@ -1017,10 +1019,26 @@ def print_seeds(args: Args, metrics: dict) -> None:
 # ----------------------------------------------------------------------------- checkpoints, the GIF, the plot
 
 
+def quiet_orbax() -> None:
+    """orbax reports a failed read or write in log records, and its other reads and writes, still in flight, in
+    tracebacks from their threads into its closed event loop: the one line of the RunError or OSError says it."""
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: "Event loop is closed" in str(u.exc_value) or hook(u)
+
+
 def save_checkpoint(path: str, params: nnx.State) -> None:
     """θ as an orbax checkpoint: a folder holding each array under its path in the Q-network (hidden1/kernel …)."""
-    with ocp.StandardCheckpointer() as checkpointer:  # leaving the block waits until every file is written
-        checkpointer.save(os.path.abspath(path), jax.tree.map(jnp.asarray, params))
+    quiet_orbax()
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:  # leaving the block waits until every file is written
+            checkpointer.save(os.path.abspath(path), jax.tree.map(jnp.asarray, params))
+    except ValueError as e:  # a failed write (a full disk, say): orbax names the OS error in a ValueError
+        time.sleep(0.1)  # the writes still in flight end, and report, while quiet_orbax's filter is in place
+        code = int((re.search(r"os_error_code='(\d+)'", str(e)) or [0, errno.EIO])[1])
+        raise OSError(code, os.strerror(code)) from None
+    finally:
+        shutil.rmtree(path + ".orbax-checkpoint-tmp", ignore_errors=True)  # orbax writes there, then renames
 
 
 def load_checkpoint(path: str, args: Args) -> nnx.State:
@@ -1031,9 +1049,7 @@ def load_checkpoint(path: str, args: Args) -> nnx.State:
     abstract = nnx.state(network)
     if not os.path.isfile(os.path.join(path, "_METADATA")):
         raise RunError(f"--load {path}: no checkpoint there (a training run keeps it in its folder's q_network/)")
-    logging.getLogger("absl").setLevel(logging.CRITICAL)  # orbax's own warnings: the RunError says it in one line
-    hook = sys.unraisablehook  # a failed read's other reads report to orbax's closed event loop: not shown
-    sys.unraisablehook = lambda u: "Event loop is closed" in str(u.exc_value) or hook(u)
+    quiet_orbax()
     arrays = lambda tree: {  # noqa: E731
         jax.tree_util.keystr(key, simple=True, separator="/"): f"{tuple(a.shape)} {np.dtype(a.dtype)}"
         for key, a in jax.tree_util.tree_leaves_with_path(tree)
@@ -1045,7 +1061,7 @@ def load_checkpoint(path: str, args: Args) -> nnx.State:
             if found == wanted:
                 return checkpointer.restore(os.path.abspath(path), abstract)
     except Exception as e:  # a truncated or corrupt file
-        time.sleep(0.1)  # the reads still in flight end, and report, while the hook above is in place
+        time.sleep(0.1)  # the reads still in flight end, and report, while quiet_orbax's filter is in place
         raise RunError(f"--load {path}: a corrupt or truncated checkpoint ({type(e).__name__})") from None
     name = min(key for key in wanted.keys() | found.keys() if wanted.get(key) != found.get(key))
     raise RunError(

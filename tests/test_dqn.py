@@ -385,6 +385,23 @@ def test_checkpoint_round_trip_is_exact(tmp_path):
 
 
 @pytest.mark.unit
+def test_a_full_disk_while_saving_the_checkpoint_is_an_os_error(tmp_path, monkeypatch):
+    """orbax reports a failed write as a ValueError that names the OS error (a full disk: as a 60 kB tmpfs gives
+    it); save_checkpoint raises that OSError, which Run.save reports in one line ('no space left on device while
+    writing q_network'), and removes the folder orbax was writing into. Caught: the ValueError let through (a
+    traceback), orbax's temporary folder left in the run's folder."""
+
+    def full_disk(self, path, state):
+        os.makedirs(f"{path}.orbax-checkpoint-tmp/d")
+        raise ValueError("RESOURCE_EXHAUSTED: Failed writing \"d/0\": No space left on device [os_error_code='28']")
+
+    monkeypatch.setattr(dqn.ocp.StandardCheckpointer, "save", full_disk)
+    with pytest.raises(OSError) as e:
+        dqn.save_checkpoint(str(tmp_path / "q_network"), _agent().state["q_network"])
+    assert (e.value.errno, e.value.strerror) == (28, "No space left on device") and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.unit
 def test_validate_raises_run_error(tmp_path):
     with pytest.raises(dqn.RunError, match="--tau"):
         dqn.validate(dqn.Args(tau=0.0, out=str(tmp_path)))
