@@ -498,11 +498,15 @@ def test_load_refuses_a_path_without_a_checkpoint(where, saved, tmp_path, capsys
 
 @pytest.mark.unit
 def test_load_refuses_another_modules_checkpoint(tmp_path, capsys):
-    """(b) A checkpoint whose arrays have other names (module 3's actor, say): the first name that does not match."""
+    """(b) A checkpoint whose arrays have other names (module 3's actor, say), or all of this run's and one more (a
+    dueling head's V(s) layer): the first name that does not match. Caught: a check of this run's names only."""
     other = {"actor": {"kernel": dqn.nnx.Param(jnp.zeros((3, 16)))}, "log_std": dqn.nnx.Param(jnp.zeros(1))}
     dqn.save_checkpoint(str(tmp_path / "params"), dqn.nnx.State(other))
     line = _load(capsys, tmp_path / "params")
     assert line.startswith("actor/kernel/value should be absent, found (3, 16) float32") and "another module" in line
+    extra = dqn.nnx.State({**_agent().state["q_network"], "value": {"kernel": dqn.nnx.Param(jnp.zeros((16, 1)))}})
+    dqn.save_checkpoint(str(tmp_path / "extra"), extra)  # every array fits, and one more: refused, not ignored
+    assert _load(capsys, tmp_path / "extra").startswith("value/kernel/value should be absent, found (16, 1) float32")
 
 
 @pytest.mark.unit
