@@ -1128,9 +1128,8 @@ def evaluation_metrics(evaluation: Evaluation) -> dict:
     )
 
 
-def evaluate_saved(args: Args, act) -> dict:
-    """--load: evaluate (and with --video, watch) a saved agent, in a run folder of its own under <out>/eval/."""
-    params = load_checkpoint(args.load, args)
+def evaluate_saved(args: Args, act, params: nnx.State) -> dict:
+    """--load: evaluate (and with --video, watch) the saved θ, in a run folder of its own under <out>/eval/."""
     run = Run(replace(args, out=os.path.join(args.out, "eval")))  # <out>/latest stays the training run's
     final = evaluate(act, params, args.eval_episodes, args.eval_seed)
     metrics = dict(**evaluation_metrics(final), env_steps=0, train_seconds=0.0, loaded_from=args.load)
@@ -1208,11 +1207,12 @@ def main(args: Args) -> dict:
     use_compile_cache(args.compile_cache)
     devices = seed_devices(args) if args.backend == "jax" and not args.load else None  # before JAX starts
     t_start = time.perf_counter()
+    loaded = load_checkpoint(args.load, args) if args.load else None  # a bad checkpoint: one line, before any work
     agent = nnx.jit(lambda: build_agent(args, nnx.Rngs(args.seed)))()  # built in one compiled call (one program)
     graphdef, state = nnx.split(agent)  # the hot loop calls compiled functions of `state`
     act, update = make_step_fns(args, graphdef, nnx.graphdef(agent.q_network))
     if args.load:
-        return evaluate_saved(args, act)
+        return evaluate_saved(args, act, loaded)
     run = Run(args)  # this run's own folder under --out
 
     # one (last parameters, log) per seed; the first seed's parameters are saved and its curve is plotted
