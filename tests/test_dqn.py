@@ -997,21 +997,8 @@ def test_cli_trains_saves_and_load_round_trip(tmp_path):
 
     # --load evaluates the saved agent without training, on the same fixed evaluation seeds, into <out>/eval/
     before = (folder / "metrics.json").read_bytes()
-    proc = run_script(
-        SCRIPT,
-        "--load",
-        str(out / "latest" / "q_network"),
-        "--eval-episodes",
-        "3",
-        "--hidden-size",
-        "16",
-        "--out",
-        str(out),
-        "--video",
-        cwd=tmp_path,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
+    load = ["--load", str(out / "latest" / "q_network"), "--eval-episodes", "3", "--hidden-size", "16", "--video"]
+    dqn.main(dqn.parse_args([*load, "--out", str(out)]))  # in this process: main is the command line's code
     assert (folder / "metrics.json").read_bytes() == before  # the training run's files are untouched
     assert (out / "latest").resolve() == folder.resolve()  # and latest still points at them
     loaded = json.loads((out / "eval" / "latest" / "metrics.json").read_text())
