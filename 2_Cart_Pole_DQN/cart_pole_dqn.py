@@ -9,8 +9,8 @@ the replay buffer, the ε schedule and when the periodic jobs are due; the Q-net
 target and the loss; the compiled update (a block of gradient steps in one lax.scan) and the target-network
 sync; the training loop; the greedy evaluation. Then the same DQN compiled end to end (--backend jax):
 CartPole as pure JAX functions, the replay buffer as arrays of a fixed size, and make_train(args), whose
-train(key) runs the whole loop as one lax.scan. Below the `# Plumbing` line: the seeds of --backend jax
-(vmap, devices), the command line, input checks, checkpoints, the GIF, the plot, metrics.json and main.
+train(key) runs the whole loop as one lax.scan. Below the `# Plumbing` line: the run folder and the command
+line, input checks, the seeds of --backend jax (vmap, devices), checkpoints, the GIF, the plot, metrics.json, main.
 
 The JAX and Flax NNX this file uses (jax.jit and tracing, lax.scan and its carry, lax.cond, vmap, PRNG keys,
 pytrees, nnx.split / nnx.merge / nnx.state) are taught in the course's README.md, section "JAX and Flax NNX"
@@ -18,43 +18,42 @@ pytrees, nnx.split / nnx.merge / nnx.state) are taught in the course's README.md
 
     python 2_Cart_Pole_DQN/cart_pole_dqn.py                      # train 50k steps, evaluate 100 episodes
     python 2_Cart_Pole_DQN/cart_pole_dqn.py --backend jax --num-seeds 16   # 16 seeds in one compiled call
-    python 2_Cart_Pole_DQN/cart_pole_dqn.py --load runs/cart_pole_dqn/q_network.npz --video   # -> <out>/eval/
+    python 2_Cart_Pole_DQN/cart_pole_dqn.py --load runs/cart_pole_dqn/latest/q_network --video   # -> <out>/eval/
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import errno
 import functools
 import json
+import logging
 import os
+import re
 import shutil
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
+from operator import ge, gt, le
+from pathlib import Path
 from typing import NamedTuple
 
-if __name__ == "__main__":  # a SIGTERM while the libraries load waits for main, which reports it
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-try:  # Ctrl-C while the libraries load: one line and exit status 130, not a traceback
-    import gymnasium as gym
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
-    from flax import nnx
-except KeyboardInterrupt:
-    print("interrupted while loading the libraries; nothing written", file=sys.stderr)
-    raise SystemExit(130) from None
+if __name__ == "__main__":  # Ctrl-C or SIGTERM while the libraries below load waits for main(), which reports it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from flax import nnx
 
 
 def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
-    """A dataclass field that is also a command-line flag. Its bounds travel with it and check_flags tests them:
-    choices (a tuple of allowed values), min / max (inclusive) and gt (strictly greater than)."""
+    """A dataclass field that is also a command-line flag, with the bounds check_flags tests."""
     return field(default=default, metadata={"help": help, "choices": choices, "min": min, "max": max, "gt": gt})
 
 
@@ -75,7 +74,6 @@ class Args:
     max_grad_norm: float = flag(10.0, "clip the global gradient norm to this value (0 turns clipping off)", min=0)
     hidden_size: int = flag(128, "width of each of the two hidden layers of the Q-network", gt=0)
     layer_norm: bool = flag(False, "LayerNorm after each hidden Linear layer (before the ReLU)")
-    dueling: bool = flag(False, "dueling head: Q(s, a) = V(s) + A(s, a) − mean_a' A(s, a')")
     buffer_size: int = flag(100_000, "replay buffer capacity (transitions)", gt=0)
     batch_size: int = flag(64, "transitions per gradient step", gt=0)
     gamma: float = flag(0.999, "discount γ; 0.999 looks ~1,000 steps ahead, past the 500-step episode", min=0, max=1)
@@ -112,9 +110,9 @@ class Args:
     solve_threshold: float = flag(
         475.0, "a mean return at or above this counts as solved (a periodic evaluation; --backend jax: a seed's test)"
     )
-    out: str = flag("runs/cart_pole_dqn", "folder for metrics.json, the curve PNG and q_network.npz")
-    load: str = flag("", "evaluate a saved q_network.npz without training (--video: watch it); writes into <out>/eval/")
-    video: bool = flag(False, "also write one greedy episode of the final agent to <out>/episode.gif")
+    out: str = flag("runs/cart_pole_dqn", "each run writes a folder of its own in here; <out>/latest: the newest")
+    load: str = flag("", "evaluate a saved q_network checkpoint without training (--video: watch it), in <out>/eval/")
+    video: bool = flag(False, "also write one greedy episode of the final agent to episode.gif in the run's folder")
     compile_cache: str = flag(
         "~/.cache/jax-rl-course", "JAX's persistent compilation cache: later runs skip compiling ('' turns it off)"
     )
@@ -238,11 +236,10 @@ def due(args: Args, before: int, after: int) -> Due:
 class QNetwork(nnx.Module):
     """Q_θ(s, ·): an MLP from the 4 state numbers to one Q-value per action."""
 
-    def __init__(self, obs_dim: int, n_actions: int, hidden_size: int, layer_norm=False, dueling=False, *, rngs):
+    def __init__(self, obs_dim: int, n_actions: int, hidden_size: int, layer_norm=False, *, rngs):
         self.hidden1 = nnx.Linear(obs_dim, hidden_size, rngs=rngs)
         self.hidden2 = nnx.Linear(hidden_size, hidden_size, rngs=rngs)
         self.head = nnx.Linear(hidden_size, n_actions, rngs=rngs)
-        self.value = nnx.Linear(hidden_size, 1, rngs=rngs) if dueling else None  # V(s) of the dueling head
         self.norm1 = nnx.LayerNorm(hidden_size, rngs=rngs) if layer_norm else None
         self.norm2 = nnx.LayerNorm(hidden_size, rngs=rngs) if layer_norm else None
 
@@ -251,10 +248,7 @@ class QNetwork(nnx.Module):
         x = nnx.relu(self.norm1(x) if self.norm1 is not None else x)
         x = self.hidden2(x)
         x = nnx.relu(self.norm2(x) if self.norm2 is not None else x)
-        if self.value is None:
-            return self.head(x)
-        advantage = self.head(x)  # Q = V + A − mean_a A: only differences between actions reach A
-        return self.value(x) + advantage - advantage.mean(axis=-1, keepdims=True)
+        return self.head(x)
 
 
 def make_tx(args: Args) -> optax.GradientTransformation:
@@ -277,7 +271,7 @@ class Agent(NamedTuple):
 
 def build_agent(args: Args, rngs: nnx.Rngs) -> Agent:
     """The Q-network, initialised from `rngs`, and its optimizer: the one place they are wired together."""
-    q_network = QNetwork(OBS_DIM, N_ACTIONS, args.hidden_size, args.layer_norm, args.dueling, rngs=rngs)
+    q_network = QNetwork(OBS_DIM, N_ACTIONS, args.hidden_size, args.layer_norm, rngs=rngs)
     return Agent(q_network, nnx.Optimizer(q_network, make_tx(args), wrt=nnx.Param))
 
 
@@ -401,53 +395,54 @@ def train(args: Args, act, update, state: nnx.State) -> tuple[nnx.State, dict]:
     best = dict(params=jax.tree.map(jnp.copy, state["q_network"]), eval_return=-np.inf, step=0)  # θ_best, a copy
     solved_step = solved_seconds = None
     env_steps, t_train = 0, time.perf_counter()
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops the loop here; what it measured is kept
-        while env_steps < args.total_timesteps:
-            # ε-greedy in every env: a uniform random action with probability ε_t, else a = argmax_a Q_θ(s, a)
-            epsilon = epsilon_schedule(env_steps, args.eps_start, args.eps_end, args.learning_starts, decay_steps)
-            explore = rng.random(n) < epsilon
-            actions = np.where(explore, rng.integers(n_actions, size=n), np.asarray(act(state["q_network"], obs)))
-            next_obs, rewards, terminated, truncated, _ = envs.step(actions)
-            # Keep the real transitions (s, a, r, s'): not the reset steps, and no more than total_timesteps in all.
-            keep = ~resetting & (np.cumsum(~resetting) <= args.total_timesteps - env_steps)
-            buffer.add(obs[keep], actions[keep], rewards[keep], next_obs[keep], terminated[keep], truncated[keep])
-            before, env_steps = env_steps, env_steps + int(keep.sum())
-            resetting = terminated | truncated
-            episode_returns += rewards * keep
-            train_returns += episode_returns[resetting & keep].tolist()
-            episode_returns[resetting] = 0.0
-            obs = next_obs
+    while env_steps < args.total_timesteps:
+        # ε-greedy in every env: a uniform random action with probability ε_t, else a = argmax_a Q_θ(s, a)
+        epsilon = epsilon_schedule(env_steps, args.eps_start, args.eps_end, args.learning_starts, decay_steps)
+        explore = rng.random(n) < epsilon
+        actions = np.where(explore, rng.integers(n_actions, size=n), np.asarray(act(state["q_network"], obs)))
+        next_obs, rewards, terminated, truncated, _ = envs.step(actions)
+        # Keep the real transitions (s, a, r, s'): not the reset steps, and no more than total_timesteps in all.
+        keep = ~resetting & (np.cumsum(~resetting) <= args.total_timesteps - env_steps)
+        buffer.add(obs[keep], actions[keep], rewards[keep], next_obs[keep], terminated[keep], truncated[keep])
+        before, env_steps = env_steps, env_steps + int(keep.sum())
+        resetting = terminated | truncated
+        episode_returns += rewards * keep
+        train_returns += episode_returns[resetting & keep].tolist()
+        episode_returns[resetting] = 0.0
+        obs = next_obs
 
-            jobs = due(args, before, env_steps)
-            if jobs.train:
-                batches = buffer.sample(rng, args.batch_size, args.gradient_steps)
-                state, loss = update(state, target_params, batches)
-                losses.append(loss)
-            if jobs.sync:
-                target_params = sync_target(state["q_network"], target_params, args.tau)
-            if jobs.evaluate:
-                periodic = evaluate(act, state["q_network"], args.periodic_eval_episodes, args.eval_seed + 1)
-                eval_return = float(periodic.returns.mean())
-                elapsed = time.perf_counter() - t_train
-                train_return = float(np.mean(train_returns[-10:])) if train_returns else 0.0
-                mean_loss = float(np.mean(losses[-10:])) if losses else float("nan")
-                row = dict(step=env_steps, eval_return=eval_return, train_return=train_return, loss=mean_loss)
-                curve.append(dict(row, seconds=round(elapsed, 2)))
-                if eval_return >= best["eval_return"]:  # ties go to the later, longer-trained parameters
-                    best = dict(
-                        params=jax.tree.map(jnp.copy, state["q_network"]), eval_return=eval_return, step=env_steps
-                    )
-                if solved_step is None and eval_return >= args.solve_threshold:
-                    solved_step, solved_seconds = env_steps, round(elapsed, 2)
-                print(
-                    f"step={env_steps} return={train_return:.1f} eval_return={eval_return:.1f} loss={mean_loss:.4f} "
-                    f"eps={epsilon:.3f} sps={env_steps / elapsed:.0f}",
-                    flush=True,
-                )
+        jobs = due(args, before, env_steps)
+        if jobs.train:
+            batches = buffer.sample(rng, args.batch_size, args.gradient_steps)
+            state, loss = update(state, target_params, batches)
+            losses.append(loss)
+        if jobs.sync:
+            target_params = sync_target(state["q_network"], target_params, args.tau)
+        if jobs.evaluate:
+            periodic = evaluate(act, state["q_network"], args.periodic_eval_episodes, args.eval_seed + 1)
+            eval_return = float(periodic.returns.mean())
+            elapsed = time.perf_counter() - t_train
+            train_return = float(np.mean(train_returns[-10:])) if train_returns else 0.0
+            mean_loss = float(np.mean(losses[-10:])) if losses else float("nan")
+            row = dict(step=env_steps, eval_return=eval_return, train_return=train_return, loss=mean_loss)
+            curve.append(dict(row, seconds=round(elapsed, 2)))
+            if eval_return >= best["eval_return"]:  # ties go to the later, longer-trained parameters
+                best = dict(params=jax.tree.map(jnp.copy, state["q_network"]), eval_return=eval_return, step=env_steps)
+            if solved_step is None and eval_return >= args.solve_threshold:
+                solved_step, solved_seconds = env_steps, round(elapsed, 2)
+            print(progress_line(row, epsilon, env_steps / elapsed), flush=True)
     envs.close()
     log = dict(curve=curve, best=best, solved_step=solved_step, solved_seconds=solved_seconds)
     log.update(env_steps=env_steps, train_seconds=time.perf_counter() - t_train, train_episodes=len(train_returns))
     return state["q_network"], dict(log, gradient_steps_total=len(losses) * args.gradient_steps)
+
+
+def progress_line(row: dict, epsilon: float, sps: float) -> str:
+    """The line printed at a periodic evaluation: a row of the learning curve, ε, and env steps per second."""
+    return (
+        f"step={row['step']} return={row['train_return']:.1f} eval_return={row['eval_return']:.1f} "
+        f"loss={row['loss']:.4f} eps={epsilon:.3f} sps={sps:.0f}"
+    )
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -702,491 +697,115 @@ def make_train(args: Args) -> Train:
     return Train(init, step, run, validation_returns, schedule)
 
 
-# Plumbing: --backend jax's seeds and devices, the command line, input checks, checkpoints, the GIF, the plot,
-# metrics.json and main ---------------------------------------------------------------------------------------
+# Plumbing: the run folder and the command line, input checks, --backend jax's seeds and devices, checkpoints, the
+# GIF, the plot, metrics.json and main ----------------------------------------------------------------------------
 
 
-# ----------------------------------------------------------------------------- --backend jax: seeds and devices
+class RunError(Exception):
+    """What ends a run early with one line on stderr and exit status 1: bad input, a full disk, a failed check."""
 
 
-def seed_devices(args: Args) -> list:
-    """The devices that the seed axis of a --backend jax run is split across (data parallelism over seeds).
-    Must run before the first JAX operation.
+class Run:
+    """This run's own folder, <--out>/<date>-<time>-seed<seed>. Each file is written under a temporary name, then moved
+    into place; metrics.json comes last and marks a complete run, which <--out>/latest then points at."""
 
-    JAX sees a CPU as one device, and XLA runs one device's program mostly on one core. Asked before JAX
-    starts its backend, jax_num_cpu_devices splits the CPU into several devices; sharding the stacked seeds
-    along them gives every core its own seeds (the mesh of 5_Sharding_Mesh, with one axis). The count must
-    divide --num-seeds: --host-devices -1 takes the largest such count up to the number of cores.
-    """
-    want = args.host_devices
-    if want < 0:
-        want = most_devices(args.num_seeds, os.cpu_count() or 1)
-    if want > 0:
+    def __init__(self, args):
+        stamp, Run.active, self.saved, self.complete = time.strftime("%Y%m%d-%H%M%S"), self, [], False
+        for n in range(1, 1000):  # a folder that exists is another run's: this one takes the next name
+            self.folder = os.path.join(args.out, f"{stamp}-seed{args.seed}" + f"-{n}" * (n > 1))
+            try:
+                return os.makedirs(self.folder)
+            except FileExistsError:
+                continue
+            except OSError as e:
+                raise RunError(f"--out {args.out!r} is not a writable folder ({e.strerror})") from None
+
+    def save(self, name: str, writer, *args) -> None:  # writer(path, *args) writes `name`: whole, or absent
+        partial = os.path.join(self.folder, "partial-" + name)  # the same ending: savefig and PIL read it
         try:
-            jax.config.update("jax_num_cpu_devices", want)
-        except RuntimeError:  # JAX had already started (inside a test or a notebook): it keeps its devices
-            if args.host_devices > 0 and len(jax.devices("cpu")) < want:
-                raise InputError(
-                    f"--host-devices {want} came too late: JAX had already started with "
-                    f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line"
-                ) from None
-    devices = jax.devices()  # on a GPU or TPU host, the accelerators (the flag only shapes the CPU backend)
-    return devices[: most_devices(args.num_seeds, min(len(devices), want) if want > 0 else len(devices))]
+            writer(partial, *args)
+            os.replace(partial, os.path.join(self.folder, name))
+        except OSError as e:
+            raise RunError(f"{(e.strerror or type(e).__name__).lower()} while writing {name}") from None
+        finally:  # what a full disk or a stop left half-written goes, and gives its space back
+            shutil.rmtree(partial) if os.path.isdir(partial) else Path(partial).unlink(missing_ok=True)
+        self.saved.append(name)
+
+    def finish(self, metrics: dict) -> None:
+        if Run.stops:  # a stop that a library callback swallowed: the run ends here, not complete
+            raise KeyboardInterrupt
+        self.save("metrics.json", lambda path: Path(path).write_text(json.dumps(metrics, indent=2)))
+        self.complete, link = True, os.path.join(os.path.dirname(self.folder), f"partial-latest-{os.getpid()}")
+        os.symlink(os.path.basename(self.folder), link)  # then moved into place: `latest` is never missing
+        os.replace(link, os.path.join(os.path.dirname(self.folder), "latest"))
+
+    def left(self) -> str:  # the end of the one line: what this run's folder holds now
+        if self.complete:
+            return f" once the run was complete; {self.folder} holds all of it"
+        if not self.saved:
+            return shutil.rmtree(self.folder, ignore_errors=True) or "; nothing written"
+        return f"; kept in {self.folder}: {', '.join(self.saved)} (not complete: no metrics.json)"
 
 
-def most_devices(num_seeds: int, at_most: int) -> int:
-    """The largest device count ≤ at_most that divides num_seeds, so that every device gets as many seeds."""
-    return max(k for k in range(1, at_most + 1) if num_seeds % k == 0)
+def stop(signum, frame):  # SIGINT and SIGTERM end a run the same way: a KeyboardInterrupt, reported by one_line
+    Run.stops.append(signum)
+    raise KeyboardInterrupt
 
 
-def over_seeds(fn: Callable, seeds_per_device: int) -> Callable:
-    """fn of one seed, applied to one device's seeds, stacked on a leading axis: jax.vmap(fn), except for a single
-    seed, which runs unbatched (the axis dropped, then put back). Even an axis of size 1 changes the program that
-    XLA compiles: on CPU some weight gradients then come out transposed in memory, and Adam's elementwise update,
-    which reads them against that order, runs slower."""
-    if seeds_per_device > 1:
-        return jax.vmap(fn)
-    return lambda seeds: jax.tree.map(lambda x: x[None], fn(jax.tree.map(lambda x: x[0], seeds)))
-
-
-def train_seeds(args: Args, devices: list) -> list[tuple[nnx.State, dict]]:
-    """--backend jax: make_train(args), its run vmapped over the seeds (over_seeds) and sharded across `devices`: one
-    compiled call trains every seed. The progress lines are printed when it returns (for several seeds, their means).
-    Returns each seed's last parameters and log, as train() returns them."""
-    train = make_train(args)
-    # Each seed's init is compiled once and run on its own; the runners are stacked on a leading seed axis S, and
-    # device i gets seeds i·S/D … (i+1)·S/D − 1. run, over each device's seeds, then trains them without communication.
-    init = jax.jit(train.init)
-    runners = jax.tree.map(
-        lambda *x: jnp.stack(x), *[init(jax.random.key(s)) for s in range(args.seed, args.seed + args.num_seeds)]
-    )
-    mesh = jax.make_mesh((len(devices),), ("seed",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
-    by_seed = jax.sharding.PartitionSpec("seed")
-    runners = jax.device_put(runners, jax.sharding.NamedSharding(mesh, by_seed))
-    print(first_line(args, train.schedule, len(devices)), flush=True)
-    t_train = time.perf_counter()
-    seeds_of_a_device = over_seeds(train.run, args.num_seeds // len(devices))
-    # check_vma=False: the seeds never communicate, so shard_map need not track which values differ across devices
-    # (it would reject the constant NaN that a lax.cond branch returns where the other returns a per-seed value)
-    per_device = jax.shard_map(seeds_of_a_device, mesh=mesh, in_specs=by_seed, out_specs=by_seed, check_vma=False)
-    run = jax.jit(per_device).lower(runners).compile()
-    compile_seconds = time.perf_counter() - t_train
-    interrupted = False  # a stop that came during the call, which ran every step: the run stops once it returns
-    try:
-        with Outputs.held():
-            out = run(runners)  # dispatched: XLA runs every step in this one call
-            jax.block_until_ready(out)
-    except KeyboardInterrupt:
-        interrupted = True
-    runners, step_logs = out
-    params, bests, step_logs = jax.device_get((runners.state["q_network"], runners.best, step_logs))  # not the buffers
-    train_seconds = time.perf_counter() - t_train
-    runs = []
-    for i in range(args.num_seeds):
-        seed_log, best, last_params = jax.tree.map(lambda x, i=i: x[i], (step_logs, bests, params))
-        runs.append((last_params, jax_log(args, train.schedule, seed_log, best, train_seconds)))
-    sps = args.num_seeds * args.total_timesteps / max(train_seconds - compile_seconds, 1e-9)
-    curves = [log["curve"] for _, log in runs]
-    for rows in zip(*curves):  # one progress line per periodic evaluation, the mean over the seeds
-        mean = {key: float(np.mean([row[key] for row in rows])) for key in ("eval_return", "train_return", "loss")}
-        epsilon = train.schedule.epsilon[rows[0]["step"] // args.num_envs - 1]
-        print(
-            f"step={rows[0]['step']} return={mean['train_return']:.1f} eval_return={mean['eval_return']:.1f} "
-            f"loss={mean['loss']:.4f} eps={epsilon:.3f} sps={sps:.0f}",
-            flush=True,
-        )
-    print(
-        f"compile_seconds={compile_seconds:.1f} run_seconds={train_seconds - compile_seconds:.1f} "
-        f"({args.num_seeds} seed(s) × {args.total_timesteps} env steps)",
-        flush=True,
-    )
-    for _, log in runs:
-        log.update(interrupted=interrupted, compile_seconds=round(compile_seconds, 2), devices=len(devices))
-    return runs
-
-
-def jax_log(args: Args, schedule: Schedule, steps: StepLog, best: Best, train_seconds: float) -> dict:
-    """One seed's StepLog (NumPy, one entry per step of the compiled loop) as train()'s log: a curve row at each
-    periodic evaluation, with the mean of the last 10 training episodes and of the last 10 training losses."""
-    episodes, losses, curve, solved_step = [], [], [], None
-    for i in np.flatnonzero(schedule.train | schedule.evaluate | np.isfinite(steps.episode_returns).any(1)):
-        ended = steps.episode_returns[i]
-        episodes += ended[np.isfinite(ended)].tolist()
-        if schedule.train[i]:
-            losses.append(float(steps.loss[i]))
-        if schedule.evaluate[i]:
-            step = args.num_envs * (int(i) + 1)
-            eval_return = round(float(steps.eval_return[i]), 2)  # a mean of 100 integers: two decimals are exact
-            train_return = float(np.mean(episodes[-10:])) if episodes else 0.0
-            curve.append(dict(step=step, eval_return=eval_return, train_return=train_return, loss=mean_or_nan(losses)))
-            if solved_step is None and eval_return >= args.solve_threshold:
-                solved_step = step
-    best = dict(params=best.params, eval_return=round(float(best.eval_return), 2), step=int(best.step))
-    log = dict(curve=curve, best=best, solved_step=solved_step, solved_seconds=None, env_steps=args.total_timesteps)
-    log.update(train_seconds=train_seconds, train_episodes=len(episodes))
-    return dict(log, gradient_steps_total=int(schedule.train.sum()) * args.gradient_steps)
-
-
-def mean_or_nan(values: list) -> float:
-    """The mean of the last 10 values, NaN before the first."""
-    return float(np.mean(values[-10:])) if values else float("nan")
-
-
-def first_line(args: Args, schedule: Schedule, devices: int) -> str:
-    """What a --backend jax run is about to do, printed before it starts."""
-    split = f" vmapped, split across {devices} device(s)" if args.num_seeds > devices else ", one per device (no vmap)"
-    return (
-        f"DQN on a JAX port of {ENV_ID}: {args.num_seeds} seed(s){split}; "
-        f"per seed {len(schedule.epsilon)} steps × {args.num_envs} envs, {int(schedule.train.sum())} training calls "
-        f"× {args.gradient_steps} Adam steps, {int(schedule.evaluate.sum())} periodic evaluations"
-        + ("; progress lines: the mean over the seeds" if args.num_seeds > 1 else "")
-    )
-
-
-def seed_summary(x, bar: float) -> dict:
-    """Across seeds: mean, IQM (25 % trimmed mean) with a 95 % percentile-bootstrap CI (10,000 resamples
-    of the seeds, fixed bootstrap seed 0; None for one seed, [x, x] when every seed scored x), min, max, std
-    (ddof 0), and how many reach the bar (--solve-threshold). The same as module 3's, which tools/seeds.py uses."""
-    from scipy import stats  # only here: a one-seed run does not pay for importing scipy
-
-    x = np.asarray(x, float)
-    out = dict(
-        mean=float(x.mean()),
-        iqm=float(stats.trim_mean(x, 0.25)),
-        min=float(x.min()),
-        max=float(x.max()),
-        std=float(x.std()),
-        solved=int((x >= bar).sum()),
-        n=len(x),
-        iqm_ci=None,
-    )
-    if len(x) >= 2 and np.all(x == x[0]):  # every resample has the same IQM: the interval is that one point
-        out["iqm_ci"] = [float(x[0]), float(x[0])]
-    elif len(x) >= 2:
-        res = stats.bootstrap(
-            (x,),
-            lambda v, axis: stats.trim_mean(v, 0.25, axis=axis),
-            confidence_level=0.95,
-            n_resamples=10_000,
-            method="percentile",
-            random_state=np.random.default_rng(0),
-        )
-        out["iqm_ci"] = [float(res.confidence_interval.low), float(res.confidence_interval.high)]
-    return out
-
-
-def seeds_metrics(args: Args, act, runs: list, first: Evaluation | None) -> dict:
-    """What metrics.json adds for --backend jax: the seeds, and unless Ctrl-C stopped the run, every seed's final
-    greedy evaluation on the test episodes (the first seed's is `first`, already made), how many solved it and, for
-    several seeds, their summary (seed_summary)."""
-    _, log = runs[0]
-    metrics = dict(
-        backend="jax",
-        seeds=list(range(args.seed, args.seed + args.num_seeds)),
-        devices=log["devices"],
-        compile_seconds=log["compile_seconds"],
-    )
-    if first is None:
-        return metrics
-    finals = [first]
-    for last_params, log in runs[1:]:
-        params = log["best"]["params"] if args.final_agent == "best" else last_params
-        finals.append(evaluate(act, params, args.eval_episodes, args.eval_seed))
-    returns = np.array([final.returns.mean() for final in finals])
-    per_seed = [
-        dict(
-            seed=seed,
-            **evaluation_metrics(final),
-            best_step=log["best"]["step"],
-            best_periodic_return=log["best"]["eval_return"],
-            solved_step=log["solved_step"],
-            validation_returns=[row["eval_return"] for row in log["curve"]],
-        )
-        for seed, final, (_, log) in zip(metrics["seeds"], finals, runs)
-    ]
-    metrics.update(
-        eval_return_per_seed=[float(r) for r in returns],
-        solved=int((returns >= args.solve_threshold).sum()),
-        per_seed=per_seed,
-    )
-    if len(returns) > 1:  # one seed has no spread to summarise (and does not pay for importing scipy)
-        metrics["across_seeds"] = seed_summary(returns, args.solve_threshold)
-    return metrics
-
-
-def print_seeds(args: Args, metrics: dict) -> None:
-    """The many-seed summary: each seed's final greedy evaluation and how many reach --solve-threshold."""
-    a = metrics["across_seeds"]
-    print(
-        f"per seed (final greedy evaluation, mean over {args.eval_episodes} test episodes): "
-        + " ".join(f"{seed}:{r:.1f}" for seed, r in zip(metrics["seeds"], metrics["eval_return_per_seed"]))
-        + f"\nacross {a['n']} seeds: mean={a['mean']:.1f} IQM={a['iqm']:.1f}"
-        + (f" [95% CI {a['iqm_ci'][0]:.1f}, {a['iqm_ci'][1]:.1f}]" if a["iqm_ci"] else "")
-        + f" min={a['min']:.1f} max={a['max']:.1f} solved(>={args.solve_threshold:g})={metrics['solved']}/{a['n']}",
-        flush=True,
-    )
-
-
-class InputError(Exception):
-    """Bad input: a flag value, a missing or corrupt file, an unwritable folder, a mesh that does not fit."""
-
-
-class WriteError(Exception):
-    """A file of the run could not be written (a full disk, a folder that turned read-only): what and why."""
-
-
-def reports_input_errors(main):
-    """Every early end of a run is one line on stderr. Bad input (InputError) or a file that cannot be written
-    (WriteError): exit status 1. SIGINT (Ctrl-C) or SIGTERM, at any moment: exit status 130 or 143. The run's
-    folder then holds its previous files or the set this run kept (Outputs.stop), never a mix; the line says which."""
+def one_line(main):
+    """main(args) that ends in one line on stderr whenever it does not finish: exit status 1 for a RunError, 130 for
+    SIGINT (Ctrl-C), 143 for SIGTERM. main() is the command line: it parses the flags, and exits once the run ends."""
 
     @functools.wraps(main)
-    def run(args):
-        main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
-        handlers = {s: signal.signal(s, Outputs.on_signal) for s in (signal.SIGINT, signal.SIGTERM) if main_thread}
-        hook, sys.unraisablehook = sys.unraisablehook, functools.partial(Outputs.unraisable, then=sys.unraisablehook)
-        Outputs.signals, Outputs.holding, Outputs.again = [], False, None
+    def run(args=None):
+        cli, code, signals, hook = args is None, 0, {signal.SIGINT, signal.SIGTERM}, sys.unraisablehook
+        handlers, Run.stops, Run.active = {s: signal.signal(s, stop) for s in signals}, [], None
+        sys.unraisablehook = lambda u: u.exc_type is KeyboardInterrupt or hook(u)  # finish() sees a swallowed stop
         try:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # one held back while the libraries loaded
-            return main(args)
-        except (InputError, WriteError) as e:
-            Outputs.holding = True  # from here on a signal is recorded, not raised
-            out = Outputs.active
-            tell = out is not None and not out.done and (isinstance(e, WriteError) or out.kept is not None)
-            sys.exit(f"error: {e}" + (out.stop(str(e)) if tell else ""))
-        except KeyboardInterrupt:
-            Outputs.holding = True
-            rest = Outputs.active.stop(None) if Outputs.active else f"; nothing written to {args.out}"
-            print(f"interrupted{rest}", file=sys.stderr)
-            sys.exit(128 + (Outputs.signals or [signal.SIGINT])[0])
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # one that came while the libraries loaded lands now
+            metrics = main(args or parse_args())
+            signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # done: a stop from here on waits for the exit
+        except (RunError, OSError, KeyboardInterrupt) as e:
+            signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # stopping already: one line, then the exit
+            rest = Run.active.left() if Run.active else "; nothing written"
+            print(f"interrupted{rest}" if isinstance(e, KeyboardInterrupt) else f"error: {e}{rest}", file=sys.stderr)
+            code = 128 + (Run.stops or [signal.SIGINT])[0] if isinstance(e, KeyboardInterrupt) else 1
         finally:
-            Outputs.holding = True
-            if Outputs.again is not None:  # a signal being sent again lands while the handlers are still in place
-                Outputs.again.cancel()
-                Outputs.again.join()
-            if Outputs.active is not None:
-                Outputs.active.close()
-            for s, handler in handlers.items():
-                signal.signal(s, handler)
-            sys.unraisablehook, Outputs.holding = hook, False
+            if not cli:  # a test called main(args): its own handlers come back
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+                sys.unraisablehook, _ = hook, [signal.signal(s, h) for s, h in handlers.items()]
+        if cli:  # exit at once: the files are complete, and Python's shutdown would outlive the handlers
+            sys.stdout.flush(), sys.stderr.flush(), os._exit(code)
+        return sys.exit(code) if code else metrics
 
     return run
 
 
-class Outputs:
-    """The files of one run in one folder (--out; <out>/eval/ for --load), kept as one set.
-
-    write() puts each file into a staging folder inside it, under a temporary name until it is whole; commit()
-    writes metrics.json there too, then deletes this script's files that the new set lacks (an old episode.gif) and
-    moves the set into place, metrics.json last, with SIGINT and SIGTERM held back. Until then the folder keeps its
-    previous files. A run stopped early commits what keep() last named, marked `interrupted`. A lock file holding
-    the PID keeps a second run out of the folder.
-    """
-
-    active = None  # the Outputs of the run in progress (reports_input_errors stops and closes it)
-    signals: list = []  # SIGINT / SIGTERM received during the run, in order
-    holding = False  # True: a signal is recorded, and raised only when the hold ends (held)
-    again = None  # the timer that sends a swallowed signal again (unraisable)
-
-    def __init__(self, folder: str, files: dict[str, bool]):
-        """files: every file this script can write into such a folder besides metrics.json -> written by this run."""
-        self.folder, self.files, self.written, self.writing = folder, files, [], None
-        self.kept, self.done = None, False  # what a stop commits (keep); whether the set is in place (commit)
-        self.staging, self.lock = os.path.join(folder, ".staging"), os.path.join(folder, ".lock")
-        try:
-            os.makedirs(folder, exist_ok=True)
-            self.take_lock()
-            Outputs.active = self
-            shutil.rmtree(self.staging, ignore_errors=True)  # what a killed run left
-            os.mkdir(self.staging)
-        except OSError as e:
-            raise InputError(f"--out {folder!r} is not a writable folder ({e.strerror or type(e).__name__})") from None
-
-    def take_lock(self) -> None:
-        """Create the lock file, holding this PID. A lock whose process has ended is taken over; a live one refused."""
-        while True:
-            try:
-                with open(self.lock, "x") as f:  # "x": only if no such file exists
-                    f.write(str(os.getpid()))
-                return
-            except FileExistsError:
-                try:
-                    with open(self.lock) as f:
-                        text = f.read()
-                except FileNotFoundError:  # its run has just ended
-                    continue
-            pid = int(text) if text.strip().isdigit() else 0  # 0: none yet, its run is writing it right now
-            try:
-                os.kill(pid or os.getpid(), 0)  # signal 0 only asks whether that process exists
-            except ProcessLookupError:  # it has ended (killed, say): its lock is taken over
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(self.lock)
-                print(f"{self.lock}: PID {pid} has ended; its lock is taken over", flush=True)
-                continue
-            except PermissionError:  # it exists, and belongs to another user
-                pass
-            raise InputError(
-                f"--out {self.folder!r} is in use by the run of PID {pid or 'unknown'}; wait for it to end or pick "
-                f"another --out (its lock file: {self.lock})"
-            )
-
-    def write(self, name: str, writer, *args, **kwargs):
-        """writer(path, *args, **kwargs) writes the set's file `name` (into the staging folder, under a temporary
-        name until it is whole); returns what writer returns."""
-        partial = os.path.join(self.staging, "partial-" + name)  # the same ending: savez, savefig and PIL read it
-        self.writing = name
-        try:
-            result = writer(partial, *args, **kwargs)
-            os.replace(partial, os.path.join(self.staging, name))
-        except OSError as e:
-            raise WriteError(f"{(e.strerror or type(e).__name__).lower()} while writing {name}") from None
-        finally:  # a file that stopped half-way goes, and gives back its space
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(partial)
-        self.written, self.writing = [*(n for n in self.written if n != name), name], None
-        return result
-
-    def keep(self, metrics: dict, during: str, missing: list[str]) -> None:
-        """From here on a stop commits `metrics` (as it is then) with the files written by then, marked interrupted
-        `during` (say, 'the final evaluation'), with `missing` and every file not written listed as not done."""
-        self.kept = (metrics, during, missing)
-
-    def commit(self, metrics: dict) -> None:
-        """Write metrics.json, then put the set in place of the folder's previous one; signals wait until it is."""
-        if Outputs.signals and not Outputs.holding:  # one came, and no code stopped for it (a library swallowed it)
-            raise KeyboardInterrupt
-        with Outputs.held():
-
-            def dump(path: str) -> None:
-                with open(path, "w") as f:
-                    json.dump(metrics, f, indent=2)
-
-            self.write("metrics.json", dump)
-            for name in self.files:
-                if name not in self.written:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.remove(os.path.join(self.folder, name))
-            for name in sorted(self.written, key=lambda name: name == "metrics.json"):  # metrics.json last
-                os.replace(os.path.join(self.staging, name), os.path.join(self.folder, name))
-            self.done = True
-
-    def stop(self, error: str | None) -> str:
-        """After a signal (error None) or an error: commit the set keep() named, marked interrupted, and return the
-        rest of the one line: where the run stopped (after a signal) and what the folder holds."""
-        if self.done:
-            return f" once the run was saved; {self.folder} holds all of it"
-        if self.kept is None:
-            return f"; nothing written to {self.folder}"
-        metrics, during, missing = self.kept
-        missing = [*missing, *(name for name, wanted in self.files.items() if wanted and name not in self.written)]
-        during = f"writing {self.writing}" if self.writing else during
-        mark = {**metrics.get("interrupted", {}), "during": during, "missing": missing}
-        where = f"{'while' if self.writing else 'during'} {during}"
-        if mark.get("at", 0) < mark.get("of", 0):  # training itself stopped early
-            where = f"at {mark['unit']} {mark['at']} of {mark['of']}"
-        try:
-            self.commit({**metrics, "interrupted": mark | ({"error": error} if error else {})})
-        except WriteError:
-            return f"; nothing written to {self.folder}"
-        kept = f"kept in {self.folder}: {', '.join(sorted(self.written, key=lambda n: n != 'metrics.json'))}"
-        return ("" if error else f" {where}") + f"; {kept}" + (f" (not done: {', '.join(missing)})" if missing else "")
-
-    def close(self) -> None:
-        """Remove the staging folder (whatever it still holds was never committed) and the lock."""
-        shutil.rmtree(self.staging, ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(self.lock)
-        Outputs.active = None
-
-    @staticmethod
-    def on_signal(signum, frame) -> None:
-        """SIGINT and SIGTERM: recorded (the exit status says which), then raised as KeyboardInterrupt unless held."""
-        Outputs.signals.append(signum)
-        if not Outputs.holding:
-            raise KeyboardInterrupt
-
-    @staticmethod
-    def unraisable(info, then) -> None:
-        """A KeyboardInterrupt raised inside a library callback (JAX's garbage-collection hook), which cannot pass it
-        on, is not lost: the signal is sent again a moment later, to land in the run's own code. Any other exception
-        goes to `then`, the hook that was in place."""
-        if isinstance(info.exc_value, KeyboardInterrupt) and Outputs.signals:
-            Outputs.again = threading.Timer(0.01, os.kill, (os.getpid(), Outputs.signals[-1]))
-            Outputs.again.daemon = True
-            Outputs.again.start()
-        else:
-            then(info)
-
-    @staticmethod
-    @contextlib.contextmanager
-    def held():
-        """Inside, SIGINT and SIGTERM are recorded, not raised; one that came is raised on leaving."""
-        seen, was = len(Outputs.signals), Outputs.holding
-        Outputs.holding = True
-        try:
-            yield
-        finally:
-            Outputs.holding = was
-        if len(Outputs.signals) > seen and not was:
-            raise KeyboardInterrupt
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line, exit status 1, instead of dumping the usage."""
-
-    def error(self, message):
-        sys.exit(f"error: {message} (see --help)")
-
-
-def parse_args(argv=None) -> Args:
-    """Args from the command line: one flag per field, whose --help line shows its bounds and default."""
-    p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def parse_args(argv=None) -> Args:  # one flag per field of Args; a malformed one is one line (main checks bounds)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.error = lambda message: sys.exit(f"error: {message} (see --help)")  # one line, not the usage
     for f in fields(Args):
         kind = {"type": type(f.default), "choices": f.metadata["choices"]}
-        if isinstance(f.default, bool):
-            kind = {"action": argparse.BooleanOptionalAction}
-        bounds = bounds_text(f.metadata)
-        text = f.metadata["help"] + (f"; must be {bounds}" if bounds else "")
-        p.add_argument("--" + f.name.replace("_", "-"), default=f.default, help=text, **kind)
-    args = Args(**vars(p.parse_args(argv)))
-    try:
-        check_flags(args)
-    except InputError as e:
-        p.error(str(e))
-    return args
+        kind = {"action": argparse.BooleanOptionalAction} if isinstance(f.default, bool) else kind
+        p.add_argument("--" + f.name.replace("_", "-"), default=f.default, help=f.metadata["help"], **kind)
+    return Args(**vars(p.parse_args(argv)))
 
 
-def bounds_text(meta: dict) -> str:
-    """'in (0, 1]', '>= 1', '> 0' … from a flag's min / max / gt ('' if it has none)."""
-    low = ("(", meta["gt"]) if meta["gt"] is not None else ("[", meta["min"]) if meta["min"] is not None else None
-    high = meta["max"]
-    if low and high is not None:
-        return f"in {low[0]}{low[1]}, {high}]"
-    if low:
-        return f"{'>' if low[0] == '(' else '>='} {low[1]}"
-    return f"<= {high}" if high is not None else ""
-
-
-def check_flags(args) -> None:
-    """Raise InputError, one line, for the first flag outside the choices or bounds its flag() declares."""
+def check_flags(args) -> None:  # RunError, one line, for the first flag outside its flag()'s bounds
     for f in fields(args):
-        value, meta = getattr(args, f.name), f.metadata
-        name = "--" + f.name.replace("_", "-")
-        if meta.get("choices") is not None and value not in meta["choices"]:
-            raise InputError(f"{name} must be one of {', '.join(map(str, meta['choices']))}; got {value!r}")
-        low_ok = (meta.get("gt") is None or value > meta["gt"]) and (meta.get("min") is None or value >= meta["min"])
-        if not (low_ok and (meta.get("max") is None or value <= meta["max"])):
-            raise InputError(f"{name} must be {bounds_text(meta)}, got {value}")
+        v, m, name = getattr(args, f.name), f.metadata, "--" + f.name.replace("_", "-")  # choices: argparse checks
+        for bound, op, ok in ((m["gt"], ">", gt), (m["min"], ">=", ge), (m["max"], "<=", le)):
+            if bound is not None and not ok(v, bound):
+                raise RunError(f"{name} must be {op} {bound}, got {v}")
 
 
 def validate(args: Args) -> None:
-    """Raise InputError (one line) before any work: a flag outside its bounds (check_flags), two flags that do
-    not fit together or a --load file that does not exist (main then takes the output folder: Outputs)."""
+    """Raise RunError (one line) before any work: a flag outside its bounds (check_flags), or two that do not fit."""
     check_flags(args)
 
     def need(ok: bool, msg: str):
         if not ok:
-            raise InputError(msg)
+            raise RunError(msg)
 
     # a minibatch is drawn from the buffer, so it cannot be larger than the buffer
     need(
@@ -1198,10 +817,7 @@ def validate(args: Args) -> None:
         value = getattr(args, name)
         need(value >= args.num_envs, f"--{name.replace('_', '-')} ({value}) must be >= --num-envs ({args.num_envs})")
     # ε falls along the schedule's line; it never rises
-    need(
-        args.eps_end <= args.eps_start,
-        f"--eps-end ({args.eps_end}) must be <= --eps-start ({args.eps_start})",
-    )
+    need(args.eps_end <= args.eps_start, f"--eps-end ({args.eps_end}) must be <= --eps-start ({args.eps_start})")
     # many seeds: only the compiled loop runs them side by side, and a checkpoint holds one Q-network
     need(
         args.backend == "jax" or args.num_seeds == 1,
@@ -1227,99 +843,260 @@ def validate(args: Args) -> None:
             args.buffer_size >= args.num_envs,
             f"--backend jax: --buffer-size ({args.buffer_size}) must be >= --num-envs ({args.num_envs})",
         )
-    if args.load:
-        need(os.path.isfile(args.load), f"--load: no such file {args.load!r}")
 
 
-def output_folder(args: Args) -> str:
-    """Where this run writes: --out for training, <out>/eval/ for a --load run (a training run's files stay)."""
-    return os.path.join(args.out, "eval") if args.load else args.out
+# ----------------------------------------------------------------------------- --backend jax: seeds and devices
 
 
-LOAD_HINT = "was it saved with another --hidden-size, --layer-norm or --dueling?"  # the flags that change the arrays
+def seed_devices(args: Args) -> list:
+    """The devices that the seed axis of a --backend jax run is split across (data parallelism over seeds).
+    Must run before the first JAX operation.
+
+    JAX sees a CPU as one device, and XLA runs one device's program mostly on one core. Asked before JAX
+    starts its backend, jax_num_cpu_devices splits the CPU into several devices; sharding the stacked seeds
+    along them gives every core its own seeds (the mesh of 5_Sharding_Mesh, with one axis). The count must
+    divide --num-seeds: --host-devices -1 takes the largest such count up to the number of cores.
+    """
+    want = args.host_devices
+    if want < 0:
+        want = most_devices(args.num_seeds, os.cpu_count() or 1)
+    if want > 0:
+        try:
+            jax.config.update("jax_num_cpu_devices", want)
+        except RuntimeError:  # JAX had already started (inside a test or a notebook): it keeps its devices
+            if args.host_devices > 0 and len(jax.devices("cpu")) < want:
+                raise RunError(
+                    f"--host-devices {want} came too late: JAX had already started with "
+                    f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line"
+                ) from None
+    devices = jax.devices()  # on a GPU or TPU host, the accelerators (the flag only shapes the CPU backend)
+    return devices[: most_devices(args.num_seeds, min(len(devices), want) if want > 0 else len(devices))]
 
 
-def save_checkpoint(path: str, parts: dict) -> None:
-    """parts: name -> nnx.Module (its nnx.Param arrays) or array. One flat .npz, no pickle: a module's leaf at path
-    ('hidden1', 'kernel') is stored under 'name/hidden1/kernel' (checkpoint_key), an array under its name."""
-    arrays = {}
-    for name, part in parts.items():
-        if isinstance(part, nnx.Module):
-            pure = nnx.to_pure_dict(nnx.state(part, nnx.Param))  # nested dict: {'hidden1': {'kernel': …}, …}
-            for keys, leaf in jax.tree_util.tree_leaves_with_path(pure):
-                arrays[checkpoint_key(name, keys)] = np.asarray(leaf)
-        else:
-            arrays[name] = np.asarray(part)
-    np.savez(path, **arrays)
+def most_devices(num_seeds: int, at_most: int) -> int:
+    """The largest device count ≤ at_most that divides num_seeds, so that every device gets as many seeds."""
+    return max(k for k in range(1, at_most + 1) if num_seeds % k == 0)
 
 
-def load_checkpoint(path: str, parts: dict, hint: str) -> dict:
-    """Fill every Module in `parts` in place from `path` (nnx.replace_by_pure_dict) and return the arrays stored
-    under the other names; their values in `parts` give the expected shapes and dtypes. A missing, corrupt or
-    mismatched file, or one that holds arrays this run has no place for, is an InputError of one line (a shape or a
-    name that does not fit ends with `hint`)."""
+def over_seeds(fn: Callable, seeds_per_device: int) -> Callable:
+    """fn of one seed, applied to one device's seeds, stacked on a leading axis: jax.vmap(fn), except for a single
+    seed, which runs unbatched (the axis dropped, then put back). Even an axis of size 1 changes the program that
+    XLA compiles: on CPU some weight gradients then come out transposed in memory, and Adam's elementwise update,
+    which reads them against that order, runs slower."""
+    if seeds_per_device > 1:
+        return jax.vmap(fn)
+    return lambda seeds: jax.tree.map(lambda x: x[None], fn(jax.tree.map(lambda x: x[0], seeds)))
+
+
+def train_seeds(args: Args, devices: list) -> list[tuple[nnx.State, dict]]:
+    """--backend jax: make_train(args), its run over the seeds (over_seeds) and sharded across `devices`: one
+    compiled call trains every seed. Its progress lines are printed when it returns (for several seeds, their means).
+    Returns each seed's last parameters and log, as train() returns them."""
+    train, n, d = make_train(args), args.num_seeds, len(devices)
+    schedule, how = train.schedule, f" vmapped, split across {d} device(s)" if n > d else ", one per device (no vmap)"
+    print(
+        f"DQN on a JAX port of {ENV_ID}: {n} seed(s){how}; per seed {len(schedule.epsilon)} steps × {args.num_envs} "
+        f"envs, {int(schedule.train.sum())} training calls × {args.gradient_steps} Adam steps, "
+        f"{int(schedule.evaluate.sum())} periodic evaluations"
+        + ("; progress lines: the mean over the seeds" * (n > 1)),
+        flush=True,
+    )
+    # Each seed's init is compiled once and run on its own; the runners are stacked on a leading seed axis S, and
+    # device i gets seeds i·S/D … (i+1)·S/D − 1. run, over each device's seeds, then trains them without communication.
+    init = jax.jit(train.init)
+    runners = jax.tree.map(lambda *x: jnp.stack(x), *[init(jax.random.key(args.seed + i)) for i in range(n)])
+    mesh = jax.make_mesh((d,), ("seed",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
+    by_seed = jax.sharding.PartitionSpec("seed")
+    runners = jax.device_put(runners, jax.sharding.NamedSharding(mesh, by_seed))
+    t_train = time.perf_counter()
+    # check_vma=False: the seeds never communicate, so shard_map need not track which values differ across devices
+    # (it would reject the constant NaN that a lax.cond branch returns where the other returns a per-seed value)
+    seeds_of_a_device = over_seeds(train.run, n // d)
+    per_device = jax.shard_map(seeds_of_a_device, mesh=mesh, in_specs=by_seed, out_specs=by_seed, check_vma=False)
+    run = jax.jit(per_device).lower(runners).compile()
+    compile_seconds = time.perf_counter() - t_train
+    runners, steps = jax.block_until_ready(run(runners))  # XLA runs every step in this one call
+    params, bests, steps = jax.device_get((runners.state["q_network"], runners.best, steps))  # not the buffers
+    train_seconds = time.perf_counter() - t_train
+    seed = lambda tree, i: jax.tree.map(lambda x: x[i], tree)  # noqa: E731  (seed i's part of the stacked results)
+    logs = [jax_log(args, schedule, seed(steps, i), seed(bests, i), train_seconds) for i in range(n)]
+    sps = n * args.total_timesteps / max(train_seconds - compile_seconds, 1e-9)
+    for rows in zip(*[log["curve"] for log in logs]):  # one progress line per periodic evaluation, the seeds' mean
+        mean = {key: float(np.mean([row[key] for row in rows])) for key in ("eval_return", "train_return", "loss")}
+        print(
+            progress_line(dict(mean, step=rows[0]["step"]), schedule.epsilon[rows[0]["step"] // args.num_envs - 1], sps)
+        )
+    print(
+        f"compile_seconds={compile_seconds:.1f} run_seconds={train_seconds - compile_seconds:.1f} "
+        f"({n} seed(s) × {args.total_timesteps} env steps)",
+        flush=True,
+    )
+    extra = dict(compile_seconds=round(compile_seconds, 2), devices=d)
+    return [(seed(params, i), dict(log, **extra)) for i, log in enumerate(logs)]
+
+
+def jax_log(args: Args, schedule: Schedule, steps: StepLog, best: Best, train_seconds: float) -> dict:
+    """One seed's StepLog (NumPy, one entry per step of the compiled loop) as train()'s log: a curve row at each
+    periodic evaluation, with the mean of the last 10 training episodes and of the last 10 training losses."""
+    ended = np.isfinite(steps.episode_returns)  # (steps, envs): the episodes that ended, step by step
+    episodes, n_ended = steps.episode_returns[ended].astype(float), np.cumsum(ended.sum(1))
+    losses, n_losses = steps.loss[schedule.train].astype(float), np.cumsum(schedule.train)
+    curve = []
+    for i in np.flatnonzero(schedule.evaluate):
+        train_return = float(np.mean(episodes[: n_ended[i]][-10:])) if n_ended[i] else 0.0
+        loss = float(np.mean(losses[: n_losses[i]][-10:])) if n_losses[i] else float("nan")
+        eval_return = round(float(steps.eval_return[i]), 2)  # a mean of 100 integers: two decimals are exact
+        curve.append(
+            dict(step=args.num_envs * (int(i) + 1), eval_return=eval_return, train_return=train_return, loss=loss)
+        )
+    solved = [row["step"] for row in curve if row["eval_return"] >= args.solve_threshold]
+    best = dict(params=best.params, eval_return=round(float(best.eval_return), 2), step=int(best.step))
+    log = dict(curve=curve, best=best, solved_step=(solved or [None])[0], solved_seconds=None)
+    log.update(env_steps=args.total_timesteps, train_seconds=train_seconds, train_episodes=len(episodes))
+    return dict(log, gradient_steps_total=int(schedule.train.sum()) * args.gradient_steps)
+
+
+def seed_summary(x, bar: float) -> dict:
+    """Across seeds: mean, IQM (25 % trimmed mean) with a 95 % percentile-bootstrap CI (10,000 resamples
+    of the seeds, fixed bootstrap seed 0; None for one seed, [x, x] when every seed scored x), min, max, std
+    (ddof 0), and how many reach the bar (--solve-threshold). The same as module 3's, which tools/seeds.py uses."""
+    from scipy import stats  # only here: a one-seed run does not pay for importing scipy
+
+    x, iqm = np.asarray(x, float), lambda v, axis=None: stats.trim_mean(v, 0.25, axis=axis)
+    out = dict(mean=float(x.mean()), iqm=float(iqm(x)), min=float(x.min()), max=float(x.max()), std=float(x.std()))
+    out.update(solved=int((x >= bar).sum()), n=len(x), iqm_ci=None)
+    if len(x) >= 2 and np.all(x == x[0]):  # every resample has the same IQM: the interval is that one point
+        out["iqm_ci"] = [float(x[0]), float(x[0])]
+    elif len(x) >= 2:  # a 95 % interval (scipy's default level) from 10,000 resamples of the seeds
+        rng = np.random.default_rng(0)
+        ci = stats.bootstrap((x,), iqm, n_resamples=10_000, method="percentile", random_state=rng).confidence_interval
+        out["iqm_ci"] = [float(ci.low), float(ci.high)]
+    return out
+
+
+def seeds_metrics(args: Args, act, runs: list, first: Evaluation) -> dict:
+    """What metrics.json adds for --backend jax: the seeds, every seed's final greedy evaluation on the test episodes
+    (the first seed's is `first`, already made), how many solved it and, for several seeds, their summary."""
+    finals = [first] + [
+        evaluate(act, log["best"]["params"] if args.final_agent == "best" else last, args.eval_episodes, args.eval_seed)
+        for last, log in runs[1:]
+    ]
+    seeds, returns = list(range(args.seed, args.seed + args.num_seeds)), [float(f.returns.mean()) for f in finals]
+    per_seed = [
+        dict(
+            seed=seed,
+            **evaluation_metrics(final),
+            best_step=log["best"]["step"],
+            best_periodic_return=log["best"]["eval_return"],
+            solved_step=log["solved_step"],
+            validation_returns=[row["eval_return"] for row in log["curve"]],
+        )
+        for seed, final, (_, log) in zip(seeds, finals, runs)
+    ]
+    metrics = dict(
+        backend="jax", seeds=seeds, devices=runs[0][1]["devices"], compile_seconds=runs[0][1]["compile_seconds"]
+    )
+    metrics.update(
+        eval_return_per_seed=returns, solved=sum(r >= args.solve_threshold for r in returns), per_seed=per_seed
+    )
+    if len(returns) > 1:  # one seed has no spread to summarise (and does not pay for importing scipy)
+        metrics["across_seeds"] = seed_summary(returns, args.solve_threshold)
+    return metrics
+
+
+def print_seeds(args: Args, metrics: dict) -> None:
+    """The many-seed summary: each seed's final greedy evaluation and how many reach --solve-threshold."""
+    a = metrics["across_seeds"]
+    print(
+        f"per seed (final greedy evaluation, mean over {args.eval_episodes} test episodes): "
+        + " ".join(f"{seed}:{r:.1f}" for seed, r in zip(metrics["seeds"], metrics["eval_return_per_seed"]))
+        + f"\nacross {a['n']} seeds: mean={a['mean']:.1f} IQM={a['iqm']:.1f}"
+        + (f" [95% CI {a['iqm_ci'][0]:.1f}, {a['iqm_ci'][1]:.1f}]" if a["iqm_ci"] else "")
+        + f" min={a['min']:.1f} max={a['max']:.1f} solved(>={args.solve_threshold:g})={metrics['solved']}/{a['n']}",
+        flush=True,
+    )
+
+
+# ----------------------------------------------------------------------------- checkpoints, the GIF, the plot
+
+
+def quiet_orbax() -> None:
+    """orbax reports a failed read or write in log records, and its other reads and writes, still in flight, in
+    tracebacks from their threads into its closed event loop: the one line of the RunError or OSError says it."""
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: "Event loop is closed" in str(u.exc_value) or hook(u)
+
+
+def save_checkpoint(path: str, params: nnx.State) -> None:
+    """θ as an orbax checkpoint: a folder holding each array under its path in the Q-network (hidden1/kernel …)."""
+    quiet_orbax()
     try:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = dict(f)
-    except Exception as e:  # missing, truncated, not an .npz, pickled objects …
-        raise InputError(f"--load {path}: not a readable .npz checkpoint ({type(e).__name__})") from None
-    used = set()
-
-    def stored(key: str, like) -> np.ndarray:  # the array saved under `key`, with the shape and dtype of `like`
-        if key not in arrays or arrays[key].shape != np.shape(like):
-            found = arrays[key].shape if key in arrays else "missing"
-            raise InputError(f"--load {path}: {key} should have shape {np.shape(like)}, found {found} ({hint})")
-        if arrays[key].dtype != like.dtype:  # loaded as it is: int32 weights would be a broken network
-            raise InputError(f"--load {path}: {key} should hold {like.dtype}, found {arrays[key].dtype}")
-        used.add(key)
-        return arrays[key]
-
-    filled = {}  # every array is checked before any module changes: a refused file changes nothing
-    for name, part in parts.items():
-        if isinstance(part, nnx.Module):
-            filled[name] = jax.tree_util.tree_map_with_path(
-                lambda keys, leaf, name=name: jnp.asarray(stored(checkpoint_key(name, keys), leaf)),
-                nnx.to_pure_dict(nnx.state(part, nnx.Param)),
-            )
-        else:
-            filled[name] = stored(name, part)
-    if set(arrays) - used:
-        raise InputError(f"--load {path}: {min(set(arrays) - used)} has no place in this run ({hint})")
-    for name, part in parts.items():
-        if isinstance(part, nnx.Module):
-            state = nnx.state(part, nnx.Param)
-            nnx.replace_by_pure_dict(state, filled[name])
-            nnx.update(part, state)
-    return {name: value for name, value in filled.items() if not isinstance(parts[name], nnx.Module)}
+        with ocp.StandardCheckpointer() as checkpointer:  # leaving the block waits until every file is written
+            checkpointer.save(os.path.abspath(path), jax.tree.map(jnp.asarray, params))
+    except ValueError as e:  # a failed write (a full disk, say): orbax names the OS error in a ValueError
+        time.sleep(0.1)  # the writes still in flight end, and report, while quiet_orbax's filter is in place
+        code = int((re.search(r"os_error_code='(\d+)'", str(e)) or [0, errno.EIO])[1])
+        raise OSError(code, os.strerror(code)) from None
+    finally:
+        shutil.rmtree(path + ".orbax-checkpoint-tmp", ignore_errors=True)  # orbax writes there, then renames
 
 
-def checkpoint_key(name: str, keys) -> str:
-    """'q_network/hidden1/kernel': the .npz key of the leaf at path ('hidden1', 'kernel') of the part called name."""
-    return f"{name}/{jax.tree_util.keystr(keys, simple=True, separator='/')}"
+def load_checkpoint(path: str, args: Args) -> nnx.State:
+    """θ from a folder save_checkpoint wrote. Before anything is read, the name, shape and dtype of every array in
+    the checkpoint's metadata must be those of this run's Q-network (nnx.eval_shape: shapes, no arrays); a folder
+    without a checkpoint, any mismatch, or a file that cannot be read is a RunError of one line."""
+    network = nnx.eval_shape(lambda: QNetwork(OBS_DIM, N_ACTIONS, args.hidden_size, args.layer_norm, rngs=nnx.Rngs(0)))
+    abstract = nnx.state(network)
+    if not os.path.isfile(os.path.join(path, "_METADATA")):
+        raise RunError(f"--load {path}: no checkpoint there (a training run keeps it in its folder's q_network/)")
+    quiet_orbax()
+    arrays = lambda tree: {  # noqa: E731
+        jax.tree_util.keystr(key, simple=True, separator="/"): f"{tuple(a.shape)} {np.dtype(a.dtype)}"
+        for key, a in jax.tree_util.tree_leaves_with_path(tree)
+    }
+    wanted, found = arrays(abstract), None
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            found = arrays(checkpointer.metadata(os.path.abspath(path)).item_metadata.tree)  # None: unreadable
+            if found == wanted:
+                return checkpointer.restore(os.path.abspath(path), abstract)
+    except Exception as e:  # a truncated or corrupt file
+        time.sleep(0.1)  # the reads still in flight end, and report, while quiet_orbax's filter is in place
+        raise RunError(f"--load {path}: a corrupt or truncated checkpoint ({type(e).__name__})") from None
+    name = min(key for key in wanted.keys() | found.keys() if wanted.get(key) != found.get(key))
+    raise RunError(
+        f"--load {path}: {name} should be {wanted.get(name, 'absent')}, found {found.get(name, 'none')} "
+        "(another module's checkpoint, or another --hidden-size or --layer-norm?)"
+    )
 
 
-def record_gif(path: str, act, params: nnx.State, seed: int, frame_skip: int = 2, scale: float = 0.5) -> float:
-    """Render one greedy episode into an animated GIF (every `frame_skip`-th frame, downscaled); return its return."""
-    from PIL import Image
+def write_video(run: Run, act, params: nnx.State, seed: int, frame_skip: int = 2, scale: float = 0.5) -> float:
+    """episode.gif in the run's folder: one greedy episode from reset(seed), every `frame_skip`-th frame, downscaled
+    and in 32 colours; returns the episode's return."""
+    try:  # pygame missing, no renderer ...: one line
+        from PIL import Image
 
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen; no display needed
-    env = gym.make(ENV_ID, render_mode="rgb_array")
-    obs, _ = env.reset(seed=seed)
-    frames, total, t, done = [], 0.0, 0, False
-    while not done:
-        if t % frame_skip == 0:
-            frame = Image.fromarray(env.render())
-            frames.append(frame.resize((int(frame.width * scale), int(frame.height * scale))))
-        action = int(act(params, obs[None])[0])
-        obs, reward, terminated, truncated, _ = env.step(action)
-        total, t, done = total + reward, t + 1, terminated or truncated
-    env.close()
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen; no display needed
+        env = gym.make(ENV_ID, render_mode="rgb_array")
+        obs, _ = env.reset(seed=seed)
+        frames, total, t, done = [], 0.0, 0, False
+        while not done:
+            if t % frame_skip == 0:
+                frame = Image.fromarray(env.render())
+                frames.append(frame.resize((int(frame.width * scale), int(frame.height * scale))))
+            obs, reward, terminated, truncated, _ = env.step(int(act(params, obs[None])[0]))
+            total, t, done = total + reward, t + 1, terminated or truncated
+        env.close()
+    except Exception as e:
+        raise RunError(f"--video could not draw the episode ({type(e).__name__}: {e})") from None
     frames = [f.convert("P", palette=Image.Palette.ADAPTIVE, colors=32) for f in frames]
-    frames[0].save(path, save_all=True, append_images=frames[1:], duration=40 * frame_skip, loop=0)
+    gif = dict(save_all=True, append_images=frames[1:], duration=40 * frame_skip, loop=0)
+    run.save("episode.gif", lambda path: frames[0].save(path, **gif))
     return total
 
 
-def plot_curve(path: str, curve: list[dict], threshold: float, title: str, chosen_step: int | None = None) -> None:
+def plot_curve(path: str, curve: list[dict], threshold: float, title: str, chosen_step: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1330,8 +1107,7 @@ def plot_curve(path: str, curve: list[dict], threshold: float, title: str, chose
     ax.plot(steps, [c["eval_return"] for c in curve], marker="o", label="greedy evaluation (mean)")
     ax.plot(steps, [c["train_return"] for c in curve], alpha=0.6, label="training episodes (ε-greedy, mean)")
     ax.axhline(threshold, color="gray", ls="--", lw=1, label=f"solved ({threshold:g})")
-    if chosen_step is not None:
-        ax.axvline(chosen_step, color="green", ls=":", lw=1.5, label="saved parameters")
+    ax.axvline(chosen_step, color="green", ls=":", lw=1.5, label="saved parameters")
     ax.set(xlabel="environment steps", ylabel="episode return", title=title, ylim=(0, 520))
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
@@ -1339,15 +1115,7 @@ def plot_curve(path: str, curve: list[dict], threshold: float, title: str, chose
     plt.close(fig)
 
 
-def write_video(out: Outputs, act, params: nnx.State, seed: int) -> float:
-    """episode.gif, the set's last file: one greedy episode; returns its return. Call Outputs.keep first, so that a
-    stop or a failure here keeps the rest of the set."""
-    try:
-        return out.write("episode.gif", record_gif, act, params, seed=seed)
-    except WriteError:
-        raise
-    except Exception as e:  # pygame missing, no renderer, ...
-        raise InputError(f"--video could not draw the episode ({type(e).__name__}: {e})") from None
+# ----------------------------------------------------------------------------- metrics.json, the summary, main
 
 
 def evaluation_metrics(evaluation: Evaluation) -> dict:
@@ -1361,48 +1129,34 @@ def evaluation_metrics(evaluation: Evaluation) -> dict:
     )
 
 
-def evaluate_saved(args: Args, act, q_network: QNetwork, out: Outputs) -> dict:
-    """--load: evaluate (and with --video, watch) a saved agent; writes into <out>/eval/."""
-    load_checkpoint(args.load, {"q_network": q_network}, LOAD_HINT)
-    params = nnx.state(q_network)
-    metrics = dict(
-        **evaluation_metrics(evaluate(act, params, args.eval_episodes, args.eval_seed)),
-        env_steps=0,
-        train_seconds=0.0,
-        loaded_from=args.load,
-    )
+def evaluate_saved(args: Args, act, params: nnx.State) -> dict:
+    """--load: evaluate (and with --video, watch) the saved θ, in a run folder of its own under <out>/eval/."""
+    run = Run(replace(args, out=os.path.join(args.out, "eval")))  # <out>/latest stays the training run's
+    final = evaluate(act, params, args.eval_episodes, args.eval_seed)
+    metrics = dict(**evaluation_metrics(final), env_steps=0, train_seconds=0.0, loaded_from=args.load)
     if args.video:
-        out.keep({**metrics, "args": asdict(args)}, "drawing the GIF", [])
-        metrics["video_return"] = write_video(out, act, params, args.eval_seed)
-    out.commit({**metrics, "args": asdict(args)})
+        metrics["video_return"] = write_video(run, act, params, args.eval_seed)
+    run.finish({**metrics, "args": asdict(args)})
     print(
         f"loaded {args.load}: eval_return_mean={metrics['eval_return_mean']:.1f} "
-        f"eval_return_std={metrics['eval_return_std']:.1f} over {metrics['eval_episodes']} episodes; "
-        f"wrote {out.folder}/metrics.json",
+        f"eval_return_std={metrics['eval_return_std']:.1f} over {metrics['eval_episodes']} episodes",
         flush=True,
     )
-    if args.video:
-        print(f"video: {out.folder}/episode.gif (return {metrics['video_return']:.0f})", flush=True)
+    print_outputs(run, metrics)
     return metrics
 
 
-def training_metrics(args: Args, final: Evaluation | None, last: Evaluation | None, log: dict, t_start: float) -> dict:
-    """metrics.json of a training run: the final evaluation of the saved parameters, then how training went. Without
-    a final evaluation (final and last None: a stop came before it ended), `interrupted` says where training stopped."""
-    stopped = dict(interrupted=dict(unit="env step", at=log["env_steps"], of=args.total_timesteps))
+def training_metrics(args: Args, final: Evaluation, last: Evaluation, log: dict, t_start: float) -> dict:
+    """metrics.json of a training run: the final evaluation of the saved parameters, then how training went."""
+    as_logged = ("env_steps", "gradient_steps_total", "solved_step", "solved_seconds", "train_episodes", "curve")
     return dict(
-        **(stopped if final is None else evaluation_metrics(final)),
+        **evaluation_metrics(final),
         final_agent=args.final_agent,
         best_step=log["best"]["step"],
         best_periodic_return=log["best"]["eval_return"],
-        last_eval_return_mean=None if last is None else float(last.returns.mean()),
-        env_steps=log["env_steps"],
+        last_eval_return_mean=float(last.returns.mean()),
         train_seconds=round(log["train_seconds"], 2),
-        gradient_steps_total=log["gradient_steps_total"],
-        solved_step=log["solved_step"],
-        solved_seconds=log["solved_seconds"],
-        train_episodes=log["train_episodes"],
-        curve=log["curve"],
+        **{key: log[key] for key in as_logged},
         total_seconds=round(time.perf_counter() - t_start, 2),
     )
 
@@ -1421,7 +1175,12 @@ def print_summary(args: Args, metrics: dict) -> None:
         f"gradient_steps={metrics['gradient_steps_total']} solved_step={metrics['solved_step']} "
         f"total_seconds={metrics['total_seconds']}"
     )
-    print(f"wrote {os.path.join(args.out, 'metrics.json')}, learning_curve.png, q_network.npz", flush=True)
+
+
+def print_outputs(run: Run, metrics: dict) -> None:
+    if "video_return" in metrics:
+        print(f"video: episode.gif, one greedy episode of return {metrics['video_return']:.0f}")
+    print(f"outputs: {run.folder} ({', '.join(run.saved)})", flush=True)
 
 
 def use_compile_cache(folder: str) -> None:
@@ -1443,68 +1202,45 @@ def use_sequential_xla_scheduler() -> None:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_enable_concurrency_optimized_scheduler=false".strip()
 
 
-@reports_input_errors
+@one_line
 def main(args: Args) -> dict:
     validate(args)  # flag values, before any work
-    files = {} if args.load else {"q_network.npz": True, "learning_curve.png": True}
-    out = Outputs(output_folder(args), {**files, "episode.gif": args.video})  # a writable folder, this run's alone
     use_compile_cache(args.compile_cache)
     devices = seed_devices(args) if args.backend == "jax" and not args.load else None  # before JAX starts
     t_start = time.perf_counter()
+    loaded = load_checkpoint(args.load, args) if args.load else None  # a bad checkpoint: one line, before any work
     agent = nnx.jit(lambda: build_agent(args, nnx.Rngs(args.seed)))()  # built in one compiled call (one program)
     graphdef, state = nnx.split(agent)  # the hot loop calls compiled functions of `state`
-    q_graphdef = nnx.graphdef(agent.q_network)
-    act, update = make_step_fns(args, graphdef, q_graphdef)
+    act, update = make_step_fns(args, graphdef, nnx.graphdef(agent.q_network))
     if args.load:
-        return evaluate_saved(args, act, agent.q_network, out)
+        return evaluate_saved(args, act, loaded)
+    run = Run(args)  # this run's own folder under --out
 
     # one (last parameters, log) per seed; the first seed's parameters are saved and its curve is plotted
     runs = train_seeds(args, devices) if args.backend == "jax" else [train(args, act, update, state)]
     last_params, log = runs[0]
-    early = log["env_steps"] < args.total_timesteps  # a stop (Ctrl-C, SIGTERM) ended training early
-    if early and not log["curve"]:
-        raise KeyboardInterrupt  # before the first periodic evaluation: nothing measured, nothing to write
-    params = log["best"]["params"] if args.final_agent == "best" else last_params
-    # A stop from here on keeps the training: its metrics (`interrupted` says where), the checkpoint and the curve.
-    trained = training_metrics(args, None, None, log, t_start)
-    if args.backend == "jax":
-        trained.update(seeds_metrics(args, act, runs, None))
-    stopped = early or bool(Outputs.signals)  # or came at its very end: nothing more is evaluated
-    during = "training" if stopped else "the final evaluation"
-    if log.get("interrupted"):  # the stop came during the compiled call, which ran every step
-        during = "training, which the compiled call ran to its end"
-    missing = ["the rest of training"] * early + ["the final evaluation"]
-    out.keep({**trained, "args": asdict(args)}, during, missing)
-    out.write("q_network.npz", save_checkpoint, {"q_network": nnx.merge(q_graphdef, params)})
-    out.write(
-        "learning_curve.png",
-        plot_curve,
-        log["curve"],
-        args.solve_threshold,
-        f"DQN on {ENV_ID}, seed {args.seed}" + (f" ({args.backend})" if args.backend == "jax" else ""),
-        chosen_step=log["best"]["step"] if args.final_agent == "best" else log["env_steps"],
-    )
-    if stopped or log.get("interrupted"):
-        raise KeyboardInterrupt  # nothing more is evaluated
+    best = args.final_agent == "best"
+    params, saved_step = (log["best"]["params"], log["best"]["step"]) if best else (last_params, log["env_steps"])
+    run.save("q_network", save_checkpoint, params)  # right after training: a stop from here on keeps it
+    title = f"DQN on {ENV_ID}, seed {args.seed}" + (f" ({args.backend})" if args.backend == "jax" else "")
+    run.save("learning_curve.png", plot_curve, log["curve"], args.solve_threshold, title, saved_step)
 
     # Final greedy evaluation with a fixed seed, other than the periodic evaluations' seed used to pick `best`.
     last = evaluate(act, last_params, args.eval_episodes, args.eval_seed)
-    final = last if args.final_agent == "last" else evaluate(act, params, args.eval_episodes, args.eval_seed)
+    final = evaluate(act, params, args.eval_episodes, args.eval_seed) if best else last
     metrics = training_metrics(args, final, last, log, t_start)
     if args.backend == "jax":
         metrics.update(seeds_metrics(args, act, runs, final))
-    if args.video:  # a stop from here on keeps the evaluated run, without its GIF
-        out.keep({**metrics, "interrupted": trained["interrupted"], "args": asdict(args)}, "drawing the GIF", [])
-        metrics["video_return"] = write_video(out, act, params, args.eval_seed)
-    out.commit({**metrics, "args": asdict(args)})
+    if args.video:
+        metrics["video_return"] = write_video(run, act, params, args.eval_seed)
+    run.finish({**metrics, "args": asdict(args)})
     print_summary(args, metrics)
+    print_outputs(run, metrics)
     if args.num_seeds > 1:
         print_seeds(args, metrics)
-    if args.video:
-        print(f"video: {out.folder}/episode.gif (return {metrics['video_return']:.0f})", flush=True)
     return metrics
 
 
 if __name__ == "__main__":
     use_sequential_xla_scheduler()
-    main(parse_args())
+    main()

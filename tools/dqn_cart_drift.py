@@ -1,8 +1,8 @@
 """Figure: where the cart goes during one greedy episode, for a DQN agent trained with γ = 0.99 and one with 0.999.
 
 Both agents are trained by 2_Cart_Pole_DQN/cart_pole_dqn.py's own `main` with the default flags, the same
---seed, and only --gamma changed (or loaded from <out>/gamma_<γ>/q_network.npz when that file exists and
---retrain is not given). Each then plays the same greedy episode: one CartPole-v1 whose initial state comes
+--seed, and only --gamma changed (or loaded from <out>/seed_<seed>_gamma_<γ>/latest/q_network when that checkpoint
+exists and --retrain is not given). Each then plays the same greedy episode: one CartPole-v1 whose initial state comes
 from --episode-seed (the default is the script's --eval-seed, the episode its --video records). The figure
 shows the cart's position x(t) against the track's ends at ±2.4, and the pole's angle θ(t) against ±12° (the
 script's X_LIMIT and THETA_LIMIT, where CartPole-v1 ends an episode):
@@ -38,15 +38,15 @@ def trained_agent(dqn, seed: int, gamma: float, out: Path, retrain: bool):
     """The Q-network of `cart_pole_dqn.py --seed SEED --gamma GAMMA` (trained now, or loaded) and its metrics."""
     from flax import nnx
 
-    folder = out / f"seed_{seed}_gamma_{gamma:g}"
-    checkpoint = folder / "q_network.npz"
-    if retrain or not checkpoint.is_file():
+    folder = out / f"seed_{seed}_gamma_{gamma:g}"  # the script's runs, each in a folder of its own; latest: the last
+    if retrain or not (folder / "latest" / "metrics.json").is_file():
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / "train.log", "w") as log, contextlib.redirect_stdout(log):  # its progress lines
             dqn.main(dqn.Args(seed=seed, gamma=gamma, out=str(folder)))
-    q_network = dqn.build_agent(dqn.Args(seed=seed, gamma=gamma), nnx.Rngs(0)).q_network  # the script's shapes
-    dqn.load_checkpoint(str(checkpoint), {"q_network": q_network}, dqn.LOAD_HINT)
-    metrics = json.loads((folder / "metrics.json").read_text())
+    args = dqn.Args(seed=seed, gamma=gamma)
+    q_network = dqn.build_agent(args, nnx.Rngs(0)).q_network  # the script's shapes
+    nnx.update(q_network, dqn.load_checkpoint(str(folder / "latest" / "q_network"), args))
+    metrics = json.loads((folder / "latest" / "metrics.json").read_text())
     return q_network, metrics
 
 

@@ -72,7 +72,7 @@ def update_flops(args, obs_dim: int, n_actions: int) -> dict:
     """Floating-point operations of one Adam step of the script's agent (args: its Args), by pass:
     forward, backward, target (Q⁻ on s'), online_next (Q on s', Double DQN only) and their total."""
     h = args.hidden_size
-    layers = [(obs_dim, h), (h, h), (h, n_actions)] + ([(h, 1)] if args.dueling else [])  # (in, out) of each Linear
+    layers = [(obs_dim, h), (h, h), (h, n_actions)]  # (in, out) of each Linear
     forward = args.batch_size * sum(2 * n_in * n_out for n_in, n_out in layers)
     parts = dict(forward=forward, backward=2 * forward, target=forward, online_next=forward if args.double_dqn else 0)
     return dict(parts, total=sum(parts.values()))
@@ -100,7 +100,7 @@ def parse(argv=None):
     )
     try:
         dqn.check_flags(args)
-    except dqn.InputError as e:
+    except dqn.RunError as e:
         p.exit(1, f"error: {e}\n")
     if args.total_timesteps % args.num_envs:
         p.exit(1, f"error: --total-timesteps ({args.total_timesteps}) must be a multiple of {args.num_envs} (envs)\n")
@@ -130,7 +130,7 @@ def main(argv=None) -> None:
         jax.config.update("jax_enable_compilation_cache", False)  # cold, whatever the environment says
     try:
         devices = dqn.seed_devices(args)  # before the first JAX operation
-    except dqn.InputError as e:
+    except dqn.RunError as e:
         p.exit(1, f"error: {e}\n")
 
     # 1. counted
@@ -140,7 +140,6 @@ def main(argv=None) -> None:
     h, s = args.hidden_size, args.num_seeds
     print(
         f"one Adam step (batch {args.batch_size}, {dqn.OBS_DIM}-{h}-{h}-{dqn.N_ACTIONS}"
-        + (", dueling" if args.dueling else "")
         + f", double DQN {'on' if args.double_dqn else 'off'}): "
         + " + ".join(f"{name} {v / 1e6:.2f}" for name, v in flops.items() if name != "total" and v)
         + f" = {flops['total'] / 1e6:.2f} MFLOP"

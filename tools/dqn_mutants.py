@@ -8,8 +8,8 @@ Each mutation replaces one exact piece of the script's source in a copy of the m
 temporary folder (the repository itself is not touched) and runs the named tests there with pytest; first the same
 tests must pass on the unmutated copy. A mutation whose source piece is not found is reported as an error, so the
 list cannot silently go stale. With --seeds, the mutated copy is also run as `python cart_pole_dqn.py --seed S`
-(default flags) for each seed, one after another, into --out/NAME/seed_S; one line per seed gives its test score,
-the loss at the end, the largest loss of the run and its validation returns.
+(default flags) for each seed, one after another, into --out/NAME/seed_S (the run: seed_S/latest/); one line per
+seed gives its test score, the loss at the end, the largest loss of the run and its validation returns.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def train_seeds(root: Path, seeds: list[int], out: Path) -> list[dict]:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"error: seed {seed} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
-        m = json.loads((folder / "metrics.json").read_text())
+        m = json.loads((folder / "latest" / "metrics.json").read_text())
         losses = [row["loss"] for row in m["curve"] if row["loss"] == row["loss"]]  # NaN before the first update
         print(
             f"seed={seed} eval_return_mean={m['eval_return_mean']:.1f} last_eval_return_mean="

@@ -1,8 +1,8 @@
 """What the Q-network believes near the 500-step time limit, with and without a bootstrap at the cut.
 
 Two agents are trained by 2_Cart_Pole_DQN/cart_pole_dqn.py's own `main` with the default flags and the same --seed,
-one of them with --no-bootstrap-truncated (or loaded from <out>/<name>/q_network.npz when that file exists and
---retrain is not given). Each plays the same greedy episode (reset seed --episode-seed, the default the script's
+one of them with --no-bootstrap-truncated (or loaded from <out>/<run>/latest/q_network when that checkpoint exists
+and --retrain is not given). Each plays the same greedy episode (reset seed --episode-seed, the default the script's
 --eval-seed), and the tool prints Q(s, ·) at a few time steps of it, beside what a policy that never drops the pole
 is worth at that step, and the step of each agent's saved parameters (the best validation checkpoint):
 
@@ -39,15 +39,14 @@ def trained_agent(dqn, name: str, seed: int, out: Path, retrain: bool, total_tim
     from flax import nnx
 
     args = dqn.Args(seed=seed, bootstrap_truncated=AGENTS[name], total_timesteps=total_timesteps)
-    folder = out / f"seed_{seed}_{name}_{total_timesteps}"
-    checkpoint = folder / "q_network.npz"
-    if retrain or not checkpoint.is_file():
+    folder = out / f"seed_{seed}_{name}_{total_timesteps}"  # the script's runs, each in a folder of its own
+    if retrain or not (folder / "latest" / "metrics.json").is_file():
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / "train.log", "w") as log, contextlib.redirect_stdout(log):  # its progress lines
             dqn.main(dqn.Args(**{**vars(args), "out": str(folder)}))
     q_network = dqn.build_agent(args, nnx.Rngs(0)).q_network  # the script's shapes
-    dqn.load_checkpoint(str(checkpoint), {"q_network": q_network}, dqn.LOAD_HINT)
-    return q_network, json.loads((folder / "metrics.json").read_text()), args
+    nnx.update(q_network, dqn.load_checkpoint(str(folder / "latest" / "q_network"), args))
+    return q_network, json.loads((folder / "latest" / "metrics.json").read_text()), args
 
 
 def q_along_episode(q_network, episode_seed: int) -> np.ndarray:

@@ -35,7 +35,8 @@ def run(argv: list[str], out: Path) -> tuple[float, dict]:
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         sys.exit(f"error: {' '.join(argv[:2])} failed: {last}")
-    return seconds, json.loads((out / "metrics.json").read_text())
+    course_run = out / "latest" / "metrics.json"  # the course script's run folder; rejax writes into --out itself
+    return seconds, json.loads((course_run if course_run.exists() else out / "metrics.json").read_text())
 
 
 def main() -> None:
