@@ -354,8 +354,7 @@ def soft_update(params: nnx.State, target_params: nnx.State, tau: float) -> nnx.
 
 
 def sync_target(params: nnx.State, target_params: nnx.State, tau: float) -> nnx.State:
-    """Hard copy θ⁻ ← θ when τ = 1, else Polyak. The copy has arrays of its own: θ⁻ stays valid even if the update
-    that produces the next θ takes over (donates) the memory of the current one.
+    """Hard copy θ⁻ ← θ when τ = 1, else Polyak. The copy has arrays of its own, sharing no memory with θ.
 
     On modules, the hard copy would read nnx.update(target_network, nnx.state(q_network)).
     """
@@ -669,7 +668,7 @@ def make_train(args: Args) -> Train:
         episode_return = runner.episode_return + rewards
 
         # The jobs of this step: lax.cond runs one of its two branches, picked by the schedule's boolean. That boolean
-        # is the same for every seed, so under vmap the branch not taken still costs nothing.
+        # comes from the schedule, the scan's xs, which vmap does not batch, so each cond stays a branch.
         def train_call():
             batches = buffer_sample(buffer, sample_key, args.batch_size, args.gradient_steps)
             return update(runner.state, runner.target_params, batches)
