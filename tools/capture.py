@@ -9,7 +9,7 @@ A README shows it with `<!-- results: NAME -->` (see tools/results.py). The comm
 root; a command that fails writes nothing.
 
     python tools/capture.py dqn_run \
-        --figure runs/capture/dqn/learning_curve.png=2_Cart_Pole_DQN/assets/learning_curve.png \
+        --figure runs/capture/dqn/latest/learning_curve.png=2_Cart_Pole_DQN/assets/learning_curve.png \
         -- python 2_Cart_Pole_DQN/cart_pole_dqn.py --out runs/capture/dqn
 
 `--figure SRC=DEST` (repeatable; `--figure PATH` when the command writes the figure in place): after the command

@@ -3,7 +3,7 @@
 A figure a README shows is written by the command that writes its results file:
 
     python tools/capture.py dqn_run \
-        --figure runs/capture/dqn/learning_curve.png=2_Cart_Pole_DQN/assets/learning_curve.png \
+        --figure runs/capture/dqn/latest/learning_curve.png=2_Cart_Pole_DQN/assets/learning_curve.png \
         -- python 2_Cart_Pole_DQN/cart_pole_dqn.py --out runs/capture/dqn
 
 `tools/capture.py` runs the command, writes `benchmarks/results/dqn_run.txt`, then copies each figure the command

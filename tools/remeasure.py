@@ -43,7 +43,7 @@ LADDER = [
 PREREQUISITES = {
     "ppo_ladder": LADDER,
     "ppo_value_map": ["python 3_Pendulum/pendulum.py"],
-    "dqn_video": ["python 2_Cart_Pole_DQN/cart_pole_dqn.py --out runs/capture/dqn"],  # the q_network.npz it loads
+    "dqn_video": ["python 2_Cart_Pole_DQN/cart_pole_dqn.py --out runs/capture/dqn"],  # the latest/q_network it loads
     "ppo_video": ["python 3_Pendulum/pendulum.py"],
     "ppo_ex5_value_maps": [
         "python 3_Pendulum/pendulum.py",
