@@ -1048,10 +1048,10 @@ def arrays_in(tree) -> dict:
 LOAD_HINT = "saved by another script, or with another --hidden-size, --sigma or --norm-obs?"
 
 
-def load_params(args: Args) -> tuple[Actor, RunningMeanStd | None]:
-    """--load: the actor and observation statistics of a checkpoint folder. Its names, dtypes and shapes, read from
-    its metadata, must be those of the networks these flags build before anything is restored; then a file that
-    cannot be read (truncated, damaged) ends the run too. Each is a RunError of one line."""
+def load_params(args: Args) -> tuple[Actor, Critic, RunningMeanStd | None]:
+    """--load: the actor, critic and observation statistics of a checkpoint folder. Its names, dtypes and shapes,
+    read from its metadata, must be those of the networks these flags build before anything is restored; then a file
+    that cannot be read (truncated, damaged) ends the run too. Each is a RunError of one line."""
     agent = nnx.eval_shape(lambda: new_agent(args, jax.random.key(0), jax.random.key(0)))
     rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
     abstract = jax.tree.map(
@@ -1077,7 +1077,11 @@ def load_params(args: Args) -> tuple[Actor, RunningMeanStd | None]:
     checkpointer.close()
     if rms is not None:
         rms.mean, rms.var = tree["obs_norm"]["mean"], tree["obs_norm"]["var"]
-    return nnx.merge(nnx.graphdef(agent.actor), tree["actor"]), rms
+    return (
+        nnx.merge(nnx.graphdef(agent.actor), tree["actor"]),
+        nnx.merge(nnx.graphdef(agent.critic), tree["critic"]),
+        rms,
+    )
 
 
 def save_video(path: str, actor: Actor, rms: RunningMeanStd | None, args: Args, metrics: dict) -> None:
@@ -1219,7 +1223,7 @@ def main(args: Args) -> dict:
     use_compile_cache(args.compile_cache)
     t_start = time.perf_counter()
     if args.load:  # evaluate a checkpoint, into <out>/eval/: <out>/latest stays the training run
-        actor, rms = load_params(args)  # a checkpoint that does not fit is refused here, before any work
+        actor, _, rms = load_params(args)  # a checkpoint that does not fit is refused here, before any work
         run = Run(replace(args, out=os.path.join(args.out, "eval")))
         print(f"loaded {args.load}", flush=True)
         returns = evaluate_seeds(
