@@ -1035,7 +1035,7 @@ def params_tree(actor: Actor, critic: Critic, rms: RunningMeanStd | None) -> dic
 def save_params(path: str, tree: dict) -> None:
     """The checkpoint folder `path`, written by orbax (Flax's way to save NNX state); `with` waits for the write."""
     with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(os.path.abspath(path), tree)
+        checkpointer.save(os.path.abspath(path), jax.device_get(tree))  # host arrays: restored on any device
 
 
 def arrays_in(tree) -> dict:
