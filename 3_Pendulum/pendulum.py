@@ -854,7 +854,6 @@ def validate(args: Args) -> None:
     in its flag(); here are the relations between flags). load_params checks a --load checkpoint."""
     check_flags(args)
     batch = f"--num-envs × --num-steps = {args.batch_size}"
-    untuned = [k for k, v in UNTUNED_PRESET.items() if v != getattr(Args(), k)]
     for wrong, message in (
         (  # every device must get as many seeds, and only the JAX backend shards
             args.host_devices > 0 and (args.backend != "jax" or args.num_seeds % args.host_devices),
@@ -886,7 +885,7 @@ def validate(args: Args) -> None:
             f"--total-timesteps ({args.total_timesteps}) is less than one rollout ({batch})",
         ),
         (  # the preset's values must be there, not only its name
-            args.preset == "untuned" and all(getattr(args, k) == getattr(Args(), k) for k in untuned),
+            args.preset == "untuned" and all(getattr(args, k) == getattr(Args(), k) for k in UNTUNED_PRESET),
             "preset 'untuned' is applied by parse_args; from Python, use Args(preset='untuned', **UNTUNED_PRESET)",
         ),
     ):
@@ -1110,28 +1109,25 @@ def save_video(path: str, actor: Actor, rms: RunningMeanStd | None, args: Args, 
     metrics["video_return"] = total
 
 
-def plot_curve(
-    path: str,
-    ep_steps,
-    ep_returns,
-    eval_mean: float | None,
-    title: str,
-    dot_label: str = "training episode (stochastic policy)",
-) -> None:
+def plot_curve(path: str, args: Args, log: TrainLog, eval_mean: float) -> None:
+    """Each training episode's return (a dot), their running mean (solid) and the final deterministic score (dashed)."""
+    who = f"seed {args.seed}" if args.num_seeds == 1 else f"seeds {args.seed}–{args.seed + args.num_seeds - 1}"
+    title = f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID} ({args.backend}), {who}, preset {args.preset}"
+    jax_dots = "one seed: mean of its envs' latest training episodes"
+    dots = jax_dots if args.backend == "jax" else "training episode (stochastic policy)"
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
-    if ep_returns:
-        x, y = np.asarray(ep_steps), np.asarray(ep_returns)
-        ax.scatter(x, y, s=6, alpha=0.35, label=dot_label)
+    if log.ep_returns:
+        x, y = np.asarray(log.ep_steps), np.asarray(log.ep_returns)
+        ax.scatter(x, y, s=6, alpha=0.35, label=dots)
         k = 16
         if len(y) >= k:
             ax.plot(x[k - 1 :], np.convolve(y, np.ones(k) / k, mode="valid"), lw=2, label=f"mean of last {k}")
-    if eval_mean is not None:
-        ax.axhline(eval_mean, color="C2", ls="--", label=f"final deterministic eval {eval_mean:.0f}")
+    ax.axhline(eval_mean, color="C2", ls="--", label=f"final deterministic eval {eval_mean:.0f}")
     ax.axhline(-200, color="gray", lw=0.8, ls=":", label="−200 (target)")
     ax.set(xlabel="environment steps", ylabel="episode return", title=title)
     ax.legend(loc="lower right", fontsize=8)
@@ -1147,6 +1143,18 @@ def use_compile_cache(folder: str) -> None:
         jax.config.update("jax_compilation_cache_dir", os.path.expanduser(folder))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # default: only programs > 1 s
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def evaluate_saved(args: Args, t_start: float) -> dict:
+    """--load: score a checkpoint (with --video, watch it too) into <out>/eval/<run>/, so that <out>/latest stays the
+    training run. A checkpoint that does not fit these flags is refused before any work."""
+    actor, _, rms = load_params(args)
+    run = Run(replace(args, out=os.path.join(args.out, "eval")))
+    print(f"loaded {args.load}", flush=True)
+    one = jax.tree.map(lambda x: x[None], nnx.state(actor))  # a stack of one policy, as evaluate_seeds takes
+    returns = evaluate_seeds(nnx.graphdef(actor), one, rms, args.eval_episodes, args.eval_seed)
+    metrics = run_metrics(args, returns, env_steps=0, train_seconds=0.0, loaded=args.load)
+    return finish(run, args, actor, rms, metrics, [], t_start)
 
 
 def run_metrics(args: Args, all_returns: np.ndarray, **more) -> dict:
@@ -1222,19 +1230,8 @@ def main(args: Args) -> dict:
     validate(args)  # flag values, before any work
     use_compile_cache(args.compile_cache)
     t_start = time.perf_counter()
-    if args.load:  # evaluate a checkpoint, into <out>/eval/: <out>/latest stays the training run
-        actor, _, rms = load_params(args)  # a checkpoint that does not fit is refused here, before any work
-        run = Run(replace(args, out=os.path.join(args.out, "eval")))
-        print(f"loaded {args.load}", flush=True)
-        returns = evaluate_seeds(
-            nnx.graphdef(actor),
-            jax.tree.map(lambda x: x[None], nnx.state(actor)),
-            rms,
-            args.eval_episodes,
-            args.eval_seed,
-        )
-        metrics = run_metrics(args, returns, env_steps=0, train_seconds=0.0, loaded=args.load)
-        return finish(run, args, actor, rms, metrics, [], t_start)
+    if args.load:
+        return evaluate_saved(args, t_start)
     devices = seed_devices(args) if args.backend == "jax" else [jax.devices()[0]]  # before JAX starts
     run = Run(args)  # this run's own folder under --out
     if args.backend == "jax":  # every seed's actor (leading axis S); the first seed's networks are saved
@@ -1249,10 +1246,7 @@ def main(args: Args) -> dict:
     # Every seed's final policy on gymnasium's Pendulum-v1, whichever backend trained it: (S, episodes).
     returns = evaluate_seeds(nnx.graphdef(agent.actor), actor_states, rms, args.eval_episodes, args.eval_seed)
     metrics = run_metrics(args, returns, **trained(args, log, len(devices)))
-    who = f"seed {args.seed}" if args.num_seeds == 1 else f"seeds {args.seed}–{args.seed + args.num_seeds - 1}"
-    title = f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID} ({args.backend}), {who}, preset {args.preset}"
-    dots = ["one seed: mean of its envs' latest training episodes"] if args.backend == "jax" else []
-    run.save("learning_curve.png", plot_curve, log.ep_steps, log.ep_returns, metrics["eval_return_mean"], title, *dots)
+    run.save("learning_curve.png", plot_curve, args, log, metrics["eval_return_mean"])
     return finish(run, args, agent.actor, rms, metrics, log.history, t_start)
 
 
