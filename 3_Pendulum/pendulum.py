@@ -6,10 +6,10 @@ training as one compiled program (a JAX port of Pendulum-v1; `make_train(args)` 
 default backend's rollout and training loop (gymnasium envs stepped from Python) → evaluation. One iteration collects
 `--num-envs × --num-steps` transitions, computes GAE(λ) advantages and runs `--update-epochs` epochs of minibatch
 steps on the clipped surrogate (actor) and the value regression (critic). `--algo` picks a rung of the ladder
-(`ladder`; the rungs below PPO update with `ladder_update`). Below the `# Plumbing` line: `train_jax`, which
-vmaps `train` over seeds and shards it over devices, then the command line, checks, checkpoints, GIF, plot,
-metrics.json and main. Each run writes its own folder, <--out>/<date>-<time>-seed<seed>; <--out>/latest is the newest
-complete one.
+(`ladder`; the rungs below PPO update with `ladder_update`). Below the `# Plumbing` line: the run's folder, errors and
+command line, the checks, `train_jax`, which vmaps `train` over seeds and shards it over devices, then checkpoints,
+GIF, plot, metrics.json and main. Each run writes its own folder, <--out>/<date>-<time>-seed<seed>; <--out>/latest
+is the newest complete one.
 
     python 3_Pendulum/pendulum.py                  # train with the defaults (100k steps), then evaluate
     python 3_Pendulum/pendulum.py --preset untuned  # a first, untuned PPO (UNTUNED_PRESET): see the common bugs
@@ -744,7 +744,7 @@ def evaluate_seeds(actor_def, actor_states, rms: RunningMeanStd | None, episodes
     return total.reshape(n_seeds, episodes)
 
 
-# Plumbing ─ below: train_jax (seeds over devices), the command line, checks, checkpoints, GIF, plot, metrics, main
+# Plumbing ─ below: the run folder, command line and checks, train_jax (seeds over devices), checkpoints, plots, main
 
 
 class RunError(Exception):
