@@ -1053,9 +1053,7 @@ def load_params(args: Args) -> tuple[Actor, Critic, RunningMeanStd | None]:
     that cannot be read (truncated, damaged) ends the run too. Each is a RunError of one line."""
     agent = nnx.eval_shape(lambda: new_agent(args, jax.random.key(0), jax.random.key(0)))
     rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
-    abstract = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params_tree(agent.actor, agent.critic, rms)
-    )
+    abstract = params_tree(agent.actor, agent.critic, rms)  # shapes and dtypes: what to restore, and as what
     path, where = os.path.abspath(args.load), f"--load {args.load}"
     if not os.path.isfile(os.path.join(path, "_CHECKPOINT_METADATA")):
         raise RunError(f"{where}: no checkpoint there (a training run's params folder: runs/pendulum/latest/params)")
@@ -1245,7 +1243,18 @@ def main(args: Args) -> dict:
 
     # Every seed's final policy on gymnasium's Pendulum-v1, whichever backend trained it: (S, episodes).
     returns = evaluate_seeds(nnx.graphdef(agent.actor), actor_states, rms, args.eval_episodes, args.eval_seed)
-    metrics = run_metrics(args, returns, **trained(args, log, len(devices)))
+    metrics = run_metrics(
+        args,
+        returns,
+        env_steps=len(log.history) * args.batch_size,
+        train_seconds=round(log.train_seconds, 2),
+        first_update_seconds=log.first_update_seconds,
+        train_return_last10=float(np.mean(log.ep_returns[-10:])) if log.ep_returns else None,
+        loaded=None,
+        devices=len(devices),
+        last_update=log.history[-1],  # losses, KL, clip fractions of the final update
+        **({"last_update_per_seed": log.last_per_seed} if args.num_seeds > 1 else {}),
+    )
     run.save("learning_curve.png", plot_curve, args, log, metrics["eval_return_mean"])
     return finish(run, args, agent.actor, rms, metrics, log.history, t_start)
 
