@@ -1243,18 +1243,7 @@ def main(args: Args) -> dict:
 
     # Every seed's final policy on gymnasium's Pendulum-v1, whichever backend trained it: (S, episodes).
     returns = evaluate_seeds(nnx.graphdef(agent.actor), actor_states, rms, args.eval_episodes, args.eval_seed)
-    metrics = run_metrics(
-        args,
-        returns,
-        env_steps=len(log.history) * args.batch_size,
-        train_seconds=round(log.train_seconds, 2),
-        first_update_seconds=log.first_update_seconds,
-        train_return_last10=float(np.mean(log.ep_returns[-10:])) if log.ep_returns else None,
-        loaded=None,
-        devices=len(devices),
-        last_update=log.history[-1],  # losses, KL, clip fractions of the final update
-        **({"last_update_per_seed": log.last_per_seed} if args.num_seeds > 1 else {}),
-    )
+    metrics = run_metrics(args, returns, **trained(args, log, len(devices)))
     run.save("learning_curve.png", plot_curve, args, log, metrics["eval_return_mean"])
     return finish(run, args, agent.actor, rms, metrics, log.history, t_start)
 
