@@ -1058,7 +1058,7 @@ def load_params(args: Args) -> tuple[Actor, Critic, RunningMeanStd | None]:
     if not os.path.isfile(os.path.join(path, "_CHECKPOINT_METADATA")):
         raise RunError(f"{where}: no checkpoint there (a training run's params folder: runs/pendulum/latest/params)")
     logging.getLogger("absl").disabled = True  # orbax's warnings about a damaged file: the one line says it
-    checkpointer = ocp.StandardCheckpointer()  # left open when a restore fails: closing it prints its pending reads
+    checkpointer = ocp.StandardCheckpointer()  # left open when a restore fails: closing it would wait on failed reads
     saved = checkpointer.metadata(path).item_metadata
     want, found = arrays_in(abstract), arrays_in(saved.tree if saved is not None else {})
     for name in sorted(want.keys() | found.keys()) if saved is not None else ():
@@ -1070,6 +1070,7 @@ def load_params(args: Args) -> tuple[Actor, Critic, RunningMeanStd | None]:
     try:
         tree = checkpointer.restore(path, abstract)
     except Exception as e:  # a damaged or truncated file under it
+        sys.unraisablehook = lambda unraisable: None  # its other reads, still in flight, fail once the run ends
         raise RunError(f"{where}: a damaged checkpoint, not readable ({type(e).__name__})") from None
     checkpointer.close()
     if rms is not None:
