@@ -491,7 +491,7 @@ def test_load_refuses_a_garbled_checkpoint(pen, tmp_path, capsys):
     assert "a damaged checkpoint, not readable" in _refused(pen, capsys, tmp_path / "params", out=tmp_path)
 
 
-@pytest.mark.smoke
+@pytest.mark.integration  # a subprocess: its stderr is the whole of what a learner sees
 def test_load_refuses_a_truncated_checkpoint_in_one_line(pen, tmp_path):
     """(e) The largest data file under the checkpoint cut to half, from the command line: stderr is the one line
     only, exit status 1. Mutation caught: the errors of orbax's reads still in flight when the restore failed
