@@ -810,6 +810,7 @@ def one_line(main):
         try:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # one that came while the libraries loaded lands now
             metrics = main(args or parse_args())
+            signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # done: a stop from here on waits for the exit
         except (RunError, OSError, KeyboardInterrupt) as e:
             signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # stopping already: one line, then the exit
             rest = Run.active.left() if Run.active else "; nothing written"
