@@ -1059,7 +1059,7 @@ def load_params(args: Args) -> tuple[Actor, Critic, RunningMeanStd | None]:
     if not os.path.isfile(os.path.join(path, "_CHECKPOINT_METADATA")):
         raise RunError(f"{where}: no checkpoint there (a training run's params folder: runs/pendulum/latest/params)")
     logging.getLogger("absl").disabled = True  # orbax's warnings about a damaged file: the one line says it
-    checkpointer = ocp.StandardCheckpointer()  # left open when a restore fails: closing it would wait on failed reads
+    checkpointer = ocp.StandardCheckpointer()  # closed after a restore, not after a failed one (see below)
     saved = checkpointer.metadata(path).item_metadata
     want, found = arrays_in(abstract), arrays_in(saved.tree if saved is not None else {})
     for name in sorted(want.keys() | found.keys()) if saved is not None else ():
