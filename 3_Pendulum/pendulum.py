@@ -1,54 +1,53 @@
 """PPO (actor-critic, GAE, clipped surrogate) that swings up and balances Pendulum-v1, in JAX + Flax NNX.
 
-The lesson, in the order the algorithm runs: Args (and `TrainConfig`, the part of them the compiled code reads) →
-environments → actor (a tfd.Normal) / critic → GAE → losses → the update (`ppo_update`) → `--backend jax`, the whole
-training as one compiled program (a JAX port of Pendulum-v1; `make_train(config)` returns a pure `train(key)`) → the
+The lesson, in the order the algorithm runs: Args (the flags, and the sizes they imply, which the compiled code reads)
+→ environments → actor (a tfd.Normal) / critic → GAE → losses → the update (`ppo_update`) → `--backend jax`, the whole
+training as one compiled program (a JAX port of Pendulum-v1; `make_train(args)` returns a pure `train(key)`) → the
 default backend's rollout and training loop (gymnasium envs stepped from Python) → evaluation. One iteration collects
 `--num-envs × --num-steps` transitions, computes GAE(λ) advantages and runs `--update-epochs` epochs of minibatch
 steps on the clipped surrogate (actor) and the value regression (critic). `--algo` picks a rung of the ladder
-(`ladder`; the rungs below PPO update with `ladder_update`). Below the `# Plumbing` line: `train_jax`, which
-vmaps `train` over seeds and shards it over devices, then the command line, checks, checkpoints, GIF, plot,
-metrics.json and main.
+(`ladder`; the rungs below PPO update with `ladder_update`). Below the `# Plumbing` line: the run's folder, errors and
+command line, the checks, `train_jax`, which vmaps `train` over seeds and shards it over devices, then checkpoints,
+GIF, plot, metrics.json and main. Each run writes its own folder, <--out>/<date>-<time>-seed<seed>; <--out>/latest
+is the newest complete one.
 
     python 3_Pendulum/pendulum.py                  # train with the defaults (100k steps), then evaluate
     python 3_Pendulum/pendulum.py --preset untuned  # a first, untuned PPO (UNTUNED_PRESET): see the common bugs
     python 3_Pendulum/pendulum.py --backend jax --num-seeds 16 [--algo reinforce]   # 16 seeds in one vmapped run
-    python 3_Pendulum/pendulum.py --load runs/pendulum/params.npz --video   # -> runs/pendulum/eval/episode.gif
+    python 3_Pendulum/pendulum.py --load runs/pendulum/latest/params --video   # -> runs/pendulum/eval/<run>/episode.gif
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
+import logging
 import math
 import os
 import shutil
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
+from operator import ge, gt, le
+from pathlib import Path
 from typing import NamedTuple
 
-if __name__ == "__main__":  # a SIGTERM while the libraries load waits for main, which reports it
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-try:  # Ctrl-C while the libraries load: one line and exit status 130, not a traceback
-    import gymnasium as gym
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
-    from flax import nnx
-    from gymnasium.wrappers.utils import RunningMeanStd
-    from gymnasium.wrappers.vector import RecordEpisodeStatistics
-    from tensorflow_probability.substrates.jax import distributions as tfd  # TFP on JAX: no TensorFlow needed
-except KeyboardInterrupt:
-    print("interrupted while loading the libraries; nothing written", file=sys.stderr)
-    raise SystemExit(130) from None
+if __name__ == "__main__":  # Ctrl-C or SIGTERM while the libraries below load waits for main(), which reports it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from flax import nnx
+from gymnasium.wrappers.utils import RunningMeanStd
+from gymnasium.wrappers.vector import RecordEpisodeStatistics
+from tensorflow_probability.substrates.jax import distributions as tfd  # TFP on JAX: no TensorFlow needed
 
 MAX_TORQUE = 2.0  # Pendulum-v1's action space is [-2, 2]
 ENV_ID = "Pendulum-v1"
@@ -57,8 +56,7 @@ ALGOS = ("reinforce", "reinforce-baseline", "a2c", "ppo")  # the policy-gradient
 
 
 def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
-    """A dataclass field that is also a command-line flag. Its bounds travel with it and check_flags tests them:
-    choices (a tuple of allowed values), min / max (inclusive) and gt (strictly greater than)."""
+    """A dataclass field that is also a command-line flag, with the bounds check_flags tests."""
     return field(default=default, metadata={"help": help, "choices": choices, "min": min, "max": max, "gt": gt})
 
 
@@ -103,12 +101,50 @@ class Args:
     activation: str = flag("tanh", "hidden-layer activation", choices=("tanh", "relu"))
     eval_episodes: int = flag(20, "deterministic (mean-action) evaluation episodes after training", min=1)
     eval_seed: int = flag(10_000, "evaluation episode i resets with seed eval_seed + i, for every training seed")
-    out: str = flag("runs/pendulum", "folder for metrics.json, the curve PNG and params.npz")
-    load: str = flag("", "evaluate the parameters in this .npz instead of training")
-    video: bool = flag(False, "also write one deterministic episode of the final policy to <out>/episode.gif")
+    out: str = flag("runs/pendulum", "each run writes <out>/<date>-<time>-seed<seed>/; <out>/latest is the newest")
+    load: str = flag("", "evaluate the checkpoint folder <run>/params instead of training (into <out>/eval/)")
+    video: bool = flag(False, "also write one deterministic episode of the final policy to the run's episode.gif")
     compile_cache: str = flag(
         "~/.cache/jax-rl-course", "JAX's persistent compilation cache: later runs skip compiling ('' turns it off)"
     )
+
+    # The sizes the flags and the rung imply. The compiled functions read Args itself (bound with functools.partial
+    # before anything is traced): the flags and these, never recomputed inside a trace.
+    @property
+    def rung(self) -> Rung:
+        return ladder(self)
+
+    @property
+    def batch_size(self) -> int:  # transitions per rollout
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_minibatches(self) -> int:  # gradient steps per epoch (a remainder smaller than a minibatch is dropped)
+        return self.batch_size // self.minibatch_size
+
+    @property
+    def num_updates(self) -> int:  # rollouts in the whole run
+        return max(1, self.total_timesteps // self.batch_size)
+
+
+# A first, untuned PPO: one env with 2,048-step rollouts, minibatches of 64, Adam at 3e-4 without decay for the
+# actor, no gradient clipping, raw rewards, ReLU networks with a softplus σ(s) head, and the time limit treated as
+# a termination; the rest as the defaults (K = 10, γ 0.99, λ 0.95, ε 0.2, …). (Not the (B,1)−(B,) value-loss
+# broadcast: value_loss_fn refuses that shape.) --preset untuned makes these the defaults, and flags given explicitly
+# win; from Python: Args(preset="untuned", **UNTUNED_PRESET).
+UNTUNED_PRESET = dict(
+    num_envs=1,
+    num_steps=2048,
+    minibatch_size=64,
+    actor_learning_rate=3e-4,
+    anneal_lr=False,
+    max_grad_norm=0.0,
+    reward_scale=1.0,
+    bootstrap_truncated=False,
+    sigma="state",
+    activation="relu",
+)
+WHOLE_EPISODES = dict(num_envs=10, num_steps=EPISODE_STEPS)  # the reinforce rungs' default rollout size
 
 
 class Rung(NamedTuple):
@@ -130,71 +166,6 @@ def ladder(args: Args) -> Rung:
         "a2c": Rung("GAE", batch_steps=0, actor_epochs=1, critic_epochs=k, clip=False),
         "ppo": Rung("GAE", batch_steps=0, actor_epochs=k, critic_epochs=k, clip=True),
     }[args.algo]
-
-
-@dataclass(frozen=True)
-class Derived:
-    """The sizes that the flags and the rung imply, computed once from Args."""
-
-    rung: Rung  # ladder(args)
-    batch_size: int  # transitions per rollout = num_envs × num_steps
-    num_minibatches: int  # gradient steps per epoch (a remainder smaller than a minibatch is dropped)
-    num_updates: int  # rollouts in the whole run
-    actor_steps: int  # Adam steps of the actor per rollout
-    critic_steps: int  # Adam steps of the critic per rollout
-
-
-def derived(args: Args) -> Derived:
-    rung, batch = ladder(args), args.num_envs * args.num_steps
-    minibatches = batch // args.minibatch_size
-    actor_steps = rung.batch_steps + rung.actor_epochs * minibatches
-    updates = max(1, args.total_timesteps // batch)
-    return Derived(rung, batch, minibatches, updates, actor_steps, rung.critic_epochs * minibatches)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Exactly what the compiled functions read: new_agent, jax_rollout, ppo_update / ladder_update and make_train.
-    train_config fixes it once, outside any trace; the traced code never sees Args nor recomputes the rung."""
-
-    hidden_size: int  # the networks (new_agent)
-    activation: str
-    sigma: str
-    log_std_init: float
-    actor_learning_rate: float  # their optimizers (make_optimizer)
-    critic_learning_rate: float
-    anneal_lr: bool
-    max_grad_norm: float
-    actor_grad_steps: int  # the actor's Adam steps in the whole run: the length of its learning-rate decay
-    critic_grad_steps: int  # the critic's (at least 1: REINFORCE's critic never steps)
-    num_envs: int  # the rollout (jax_rollout)
-    num_steps: int
-    reward_scale: float
-    bootstrap_truncated: bool
-    rung: Rung  # the update (ppo_update, ladder_update)
-    gamma: float
-    gae_lambda: float
-    update_epochs: int
-    num_minibatches: int
-    minibatch_size: int
-    clip_eps: float
-    ent_coef: float
-    norm_adv: bool
-    num_updates: int  # the run (make_train)
-
-
-def train_config(args: Args) -> TrainConfig:
-    """The flags the traces read, copied by name, and the rung and sizes that derived(args) computes from them."""
-    sizes = derived(args)
-    flags = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
-    return TrainConfig(
-        **flags,
-        actor_grad_steps=sizes.num_updates * sizes.actor_steps,
-        critic_grad_steps=max(1, sizes.num_updates * sizes.critic_steps),
-        rung=sizes.rung,
-        num_minibatches=sizes.num_minibatches,
-        num_updates=sizes.num_updates,
-    )
 
 
 # ---------------------------------------------------------------------------------------------- Environments
@@ -284,9 +255,7 @@ class Critic(nnx.Module):
         return self.out(nonlinearity(self.fc2(nonlinearity(self.fc1(obs)))))[..., 0]
 
 
-def make_optimizer(
-    model: nnx.Module, learning_rate: float, config: TrainConfig, total_grad_steps: int
-) -> nnx.Optimizer:
+def make_optimizer(model: nnx.Module, learning_rate: float, config: Args, total_grad_steps: int) -> nnx.Optimizer:
     """Adam after an optional global-norm clip, its rate decaying linearly if --anneal-lr; step: .update(model, g)"""
     schedule = optax.linear_schedule(learning_rate, 0.0, total_grad_steps) if config.anneal_lr else learning_rate
     clip = [optax.clip_by_global_norm(config.max_grad_norm)] if config.max_grad_norm > 0 else []
@@ -302,13 +271,15 @@ class Agent(NamedTuple):
     critic_opt: nnx.Optimizer
 
 
-def new_agent(config: TrainConfig, actor_key, critic_key) -> Agent:
-    """The Agent of one seed; each optimizer's schedule spans the run's Adam steps."""
-    c = config
+def new_agent(config: Args, actor_key, critic_key) -> Agent:
+    """The Agent of one seed; each optimizer's learning-rate decay spans that network's Adam steps in the whole run."""
+    c, rung = config, config.rung
+    actor_steps = c.num_updates * (rung.batch_steps + rung.actor_epochs * c.num_minibatches)
+    critic_steps = max(1, c.num_updates * rung.critic_epochs * c.num_minibatches)  # REINFORCE's critic never steps
     actor = Actor(3, 1, c.hidden_size, c.sigma, c.activation, c.log_std_init, rngs=nnx.Rngs(actor_key))
     critic = Critic(3, c.hidden_size, c.activation, rngs=nnx.Rngs(critic_key))
-    actor_opt = make_optimizer(actor, c.actor_learning_rate, c, c.actor_grad_steps)
-    return Agent(actor, critic, actor_opt, make_optimizer(critic, c.critic_learning_rate, c, c.critic_grad_steps))
+    actor_opt = make_optimizer(actor, c.actor_learning_rate, c, actor_steps)
+    return Agent(actor, critic, actor_opt, make_optimizer(critic, c.critic_learning_rate, c, critic_steps))
 
 
 # ---------------------------------------------------------------------------------------------- GAE(λ)
@@ -396,7 +367,7 @@ def value_loss_fn(critic: Critic, obs, returns):
 
 # ---------------------------------------------------------------------------------------------- The update
 # act and the updates take nnx.split's (graphdef, state) and nnx.merge inside the trace; the training loops bind
-# graphdef and the TrainConfig with functools.partial and compile each once with jax.jit.
+# graphdef and the Args with functools.partial and compile each once with jax.jit.
 def act(graphdef, state, obs, key):
     """a ~ π(·|s) for obs (N, obs_dim): the UNCLIPPED a (N, act_dim) (the env clips it), log π(a|s) (N,), next key."""
     key, k = jax.random.split(key)
@@ -415,7 +386,7 @@ class Batch(NamedTuple):
     returns: jax.Array  # (B,) the critic's targets
 
 
-def rollout_batch(graphdef, config: TrainConfig, state, rollout: Rollout):
+def rollout_batch(graphdef, config: Args, state, rollout: Rollout):
     """The rollout as a Batch, with the rung's Ψ and the critic's targets from the critic before the update; also
     V(s_t) and the targets, (T, N) each, for explained_var."""
     critic = nnx.merge(graphdef, state).critic
@@ -434,7 +405,7 @@ def rollout_batch(graphdef, config: TrainConfig, state, rollout: Rollout):
     return flat, values, targets
 
 
-def shuffled_minibatches(flat: Batch, key, config: TrainConfig) -> Batch:
+def shuffled_minibatches(flat: Batch, key, config: Args) -> Batch:
     """One epoch's minibatches: the B transitions in a random order, cut into (num_minibatches, minibatch_size, …)
     (a remainder smaller than a minibatch is dropped)."""
     perm = jax.random.permutation(key, flat.obs.shape[0])[: config.num_minibatches * config.minibatch_size]
@@ -442,7 +413,7 @@ def shuffled_minibatches(flat: Batch, key, config: TrainConfig) -> Batch:
     return jax.tree.map(lambda x: x[perm].reshape(*shape, *x.shape[1:]), flat)
 
 
-def actor_step(agent: Agent, mb: Batch, config: TrainConfig, norm_adv: bool) -> dict:
+def actor_step(agent: Agent, mb: Batch, config: Args, norm_adv: bool) -> dict:
     """One Adam step of agent.actor on mb: the clipped surrogate (the PPO rung) or −mean(log π · Ψ), Ψ normalised
     to mean 0, std 1 within mb if norm_adv. Returns the loss and actor_loss_fn's diagnostics."""
     adv = (mb.adv - mb.adv.mean()) / (mb.adv.std() + 1e-8) if norm_adv else mb.adv
@@ -465,7 +436,7 @@ def explained_variance(values, targets):
     return 1.0 - jnp.var(targets - values) / (jnp.var(targets) + 1e-8)
 
 
-def ppo_update(graphdef, config: TrainConfig, state, rollout: Rollout, key):
+def ppo_update(graphdef, config: Args, state, rollout: Rollout, key):
     """One PPO iteration in one XLA call: V → GAE(λ) advantages and targets → update_epochs epochs, each a fresh
     shuffle of the rollout into num_minibatches minibatches; every minibatch steps the actor on the clipped surrogate,
     then the critic. A lax.scan over epochs around a lax.scan over minibatches, as PureJaxRL's _update_epoch and
@@ -490,7 +461,7 @@ def ppo_update(graphdef, config: TrainConfig, state, rollout: Rollout, key):
     return state, dict(stats, explained_var=explained_variance(values, targets))
 
 
-def ladder_update(graphdef, config: TrainConfig, state, rollout: Rollout, key):
+def ladder_update(graphdef, config: Args, state, rollout: Rollout, key):
     """One iteration of a rung below PPO (config.rung), in one XLA call, from ppo_update's pieces, in three phases:
     rung.batch_steps actor steps on the whole rollout (REINFORCE: Ψ as it is, since normalising would subtract the
     batch mean, itself a baseline); rung.actor_epochs epochs of minibatches that step the actor, unclipped, and the
@@ -585,7 +556,7 @@ class Runner(NamedTuple):
     last_ret: jax.Array  # (N,) the return of each env's latest finished episode (NaN before the first)
 
 
-def jax_rollout(actor_def, config: TrainConfig, actor_state, runner: Runner) -> tuple[Runner, Rollout]:
+def jax_rollout(actor_def, config: Args, actor_state, runner: Runner) -> tuple[Runner, Rollout]:
     """num_steps steps of num_envs JAX pendulums under the current policy, as one lax.scan.
 
     Auto-reset inside the scan, like gymnasium's SAME_STEP mode: when an episode ends, the env and the
@@ -627,7 +598,7 @@ def jax_rollout(actor_def, config: TrainConfig, actor_state, runner: Runner) -> 
     return runner._replace(env=env, obs=obs, key=key, ep_ret=ep_ret, last_ret=last_ret), rollout
 
 
-def graph_defs(config: TrainConfig) -> tuple:
+def graph_defs(config: Args) -> tuple:
     """The graph definitions of the Agent and of its actor alone, the same for every seed; nnx.eval_shape builds
     the modules with shapes, not arrays."""
     agent = nnx.eval_shape(lambda: new_agent(config, jax.random.key(0), jax.random.key(0)))
@@ -645,7 +616,7 @@ class Train:
         return self.run(self.init(key))
 
 
-def make_train(config: TrainConfig, num_updates: int | None = None) -> Train:
+def make_train(config: Args, num_updates: int | None = None) -> Train:
     """Fix everything static once and return train(key). It runs num_updates iterations (default: the whole
     budget, config.num_updates; the learning-rate schedules always span the whole budget) of rollout → update."""
     graphdef, actor_def = graph_defs(config)
@@ -707,7 +678,6 @@ class TrainLog(NamedTuple):
     train_seconds: float
     first_update_seconds: float  # gymnasium: the first update, compilation included; jax: the compilation
     last_per_seed: dict | None  # the final update's statistics of every seed (--backend jax)
-    interrupted: bool = False  # --backend jax: a stop came during the compiled training, which ran to its end
 
 
 def print_progress(update: int, num_updates: int, env_steps: int, ret: float, stats: dict, sps: float) -> None:
@@ -721,39 +691,35 @@ def print_progress(update: int, num_updates: int, env_steps: int, ret: float, st
     )
 
 
-def train_gymnasium(args: Args, sizes: Derived) -> tuple[Agent, RunningMeanStd | None, TrainLog]:
+def train_gymnasium(args: Args) -> tuple[Agent, RunningMeanStd | None, TrainLog]:
     """NumPy envs stepped from a Python loop (collect_rollout), then one compiled update per rollout. Returns
     the trained Agent, the observation statistics (--norm-obs) and the log."""
-    config = train_config(args)  # what the compiled functions read, fixed before they are traced
     key, actor_key, critic_key = jax.random.split(jax.random.key(args.seed), 3)
-    agent = new_agent(config, actor_key, critic_key)
+    agent = new_agent(args, actor_key, critic_key)
     graphdef, state = nnx.split(agent)  # state["actor"] is the actor's part of the agent's state
     act_fn = jax.jit(partial(act, nnx.graphdef(agent.actor)))
-    update = jax.jit(partial(update_for(config.rung), graphdef, config))
+    update = jax.jit(partial(update_for(args.rung), graphdef, args))  # args: fixed before anything is traced
     rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
     envs = RecordEpisodeStatistics(make_envs(args.num_envs))  # info["episode"]["r"]: the return of an ended episode
     obs, _ = envs.reset(seed=[int(s) for s in np.random.default_rng(args.seed).integers(0, 2**31 - 1, args.num_envs)])
     log, steps, t_train = TrainLog([], [], [], 0.0, 0.0, None), 0, time.perf_counter()
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops the loop here; what it measured is kept
-        for update_index in range(1, sizes.num_updates + 1):
-            t0 = time.perf_counter()
-            rollout, raw_obs, obs, key, episodes = collect_rollout(
-                envs, act_fn, state["actor"], obs, key, rms, args, steps
-            )
-            log.ep_steps.extend(s for s, _ in episodes)
-            log.ep_returns.extend(r for _, r in episodes)
-            if rms is not None:  # the statistics are frozen within a rollout, so log π_old stays consistent
-                rms.update(raw_obs.reshape(-1, 3))
-            steps += sizes.batch_size
-            key, k = jax.random.split(key)
-            state, stats = update(state, rollout, k)
-            stats = {name: float(value) for name, value in stats.items()}
-            if update_index == 1:
-                log = log._replace(first_update_seconds=round(time.perf_counter() - t0, 2))  # includes compilation
-            ret = float(np.mean(log.ep_returns[-args.num_envs :])) if log.ep_returns else float("nan")
-            log.history.append(dict(step=steps, **stats))
-            sps = sizes.batch_size / (time.perf_counter() - t0)
-            print_progress(update_index, sizes.num_updates, steps, ret, stats, sps)
+    for update_index in range(1, args.num_updates + 1):
+        t0 = time.perf_counter()
+        rollout, raw_obs, obs, key, episodes = collect_rollout(envs, act_fn, state["actor"], obs, key, rms, args, steps)
+        log.ep_steps.extend(s for s, _ in episodes)
+        log.ep_returns.extend(r for _, r in episodes)
+        if rms is not None:  # the statistics are frozen within a rollout, so log π_old stays consistent
+            rms.update(raw_obs.reshape(-1, 3))
+        steps += args.batch_size
+        key, k = jax.random.split(key)
+        state, stats = update(state, rollout, k)
+        stats = {name: float(value) for name, value in stats.items()}
+        if update_index == 1:
+            log = log._replace(first_update_seconds=round(time.perf_counter() - t0, 2))  # includes compilation
+        ret = float(np.mean(log.ep_returns[-args.num_envs :])) if log.ep_returns else float("nan")
+        log.history.append(dict(step=steps, **stats))
+        sps = args.batch_size / (time.perf_counter() - t0)
+        print_progress(update_index, args.num_updates, steps, ret, stats, sps)
     envs.close()
     nnx.update(agent, state)
     return agent, rms, log._replace(train_seconds=time.perf_counter() - t_train)
@@ -778,8 +744,156 @@ def evaluate_seeds(actor_def, actor_states, rms: RunningMeanStd | None, episodes
     return total.reshape(n_seeds, episodes)
 
 
-# Plumbing ─ below: train_jax (seeds over devices), the command line, checks, checkpoints, GIF, plot, metrics, main
-# ---------------------------------------------------------------------------------------------- Seeds, devices
+# Plumbing ─ below: the run folder, command line and checks, train_jax (seeds over devices), checkpoints, plots, main
+
+
+class RunError(Exception):
+    """What ends a run early with one line on stderr and exit status 1: bad input, a full disk, a failed check."""
+
+
+class Run:
+    """This run's own folder, <--out>/<date>-<time>-seed<seed>. Each file is written under a temporary name, then moved
+    into place; metrics.json comes last and marks a complete run, which <--out>/latest then points at."""
+
+    def __init__(self, args):
+        stamp, Run.active, self.saved, self.complete = time.strftime("%Y%m%d-%H%M%S"), self, [], False
+        for n in range(1, 1000):  # a folder that exists is another run's: this one takes the next name
+            self.folder = os.path.join(args.out, f"{stamp}-seed{args.seed}" + f"-{n}" * (n > 1))
+            try:
+                return os.makedirs(self.folder)
+            except FileExistsError:
+                continue
+            except OSError as e:
+                raise RunError(f"--out {args.out!r} is not a writable folder ({e.strerror})") from None
+
+    def save(self, name: str, writer, *args) -> None:  # writer(path, *args) writes `name`: whole, or absent
+        partial = os.path.join(self.folder, "partial-" + name)  # the same ending: savefig and PIL read it
+        try:
+            writer(partial, *args)
+            os.replace(partial, os.path.join(self.folder, name))
+        except OSError as e:
+            raise RunError(f"{(e.strerror or type(e).__name__).lower()} while writing {name}") from None
+        finally:  # what a full disk or a stop left half-written goes, and gives its space back
+            shutil.rmtree(partial) if os.path.isdir(partial) else Path(partial).unlink(missing_ok=True)
+        self.saved.append(name)
+
+    def finish(self, metrics: dict) -> None:
+        if Run.stops:  # a stop that a library callback swallowed: the run ends here, not complete
+            raise KeyboardInterrupt
+        self.save("metrics.json", lambda path: Path(path).write_text(json.dumps(metrics, indent=2)))
+        self.complete, link = True, os.path.join(os.path.dirname(self.folder), f"partial-latest-{os.getpid()}")
+        os.symlink(os.path.basename(self.folder), link)  # then moved into place: `latest` is never missing
+        os.replace(link, os.path.join(os.path.dirname(self.folder), "latest"))
+
+    def left(self) -> str:  # the end of the one line: what this run's folder holds now
+        if self.complete:
+            return f" once the run was complete; {self.folder} holds all of it"
+        if not self.saved:
+            return shutil.rmtree(self.folder, ignore_errors=True) or "; nothing written"
+        return f"; kept in {self.folder}: {', '.join(self.saved)} (not complete: no metrics.json)"
+
+
+def stop(signum, frame):  # SIGINT and SIGTERM end a run the same way: a KeyboardInterrupt, reported by one_line
+    Run.stops.append(signum)
+    raise KeyboardInterrupt
+
+
+def one_line(main):
+    """main(args) that ends in one line on stderr whenever it does not finish: exit status 1 for a RunError, 130 for
+    SIGINT (Ctrl-C), 143 for SIGTERM. main() is the command line: it parses the flags, and exits once the run ends."""
+
+    @functools.wraps(main)
+    def run(args=None):
+        cli, code, signals, hook = args is None, 0, {signal.SIGINT, signal.SIGTERM}, sys.unraisablehook
+        handlers, Run.stops, Run.active = {s: signal.signal(s, stop) for s in signals}, [], None
+        sys.unraisablehook = lambda u: u.exc_type is KeyboardInterrupt or hook(u)  # finish() sees a swallowed stop
+        try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # one that came while the libraries loaded lands now
+            metrics = main(args or parse_args())
+            signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # done: a stop from here on waits for the exit
+        except (RunError, OSError, KeyboardInterrupt) as e:
+            signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # stopping already: one line, then the exit
+            rest = Run.active.left() if Run.active else "; nothing written"
+            print(f"interrupted{rest}" if isinstance(e, KeyboardInterrupt) else f"error: {e}{rest}", file=sys.stderr)
+            code = 128 + (Run.stops or [signal.SIGINT])[0] if isinstance(e, KeyboardInterrupt) else 1
+        finally:
+            if not cli:  # a test called main(args): its own handlers come back
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+                sys.unraisablehook, _ = hook, [signal.signal(s, h) for s, h in handlers.items()]
+        if cli:  # exit at once: the files are complete, and Python's shutdown would outlive the handlers
+            sys.stdout.flush(), sys.stderr.flush(), os._exit(code)
+        return sys.exit(code) if code else metrics
+
+    return run
+
+
+def parse_args(argv=None) -> Args:  # one flag per field of Args; a malformed one is one line (main checks bounds)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.error = lambda message: sys.exit(f"error: {message} (see --help)")  # one line, not the usage
+    for f in fields(Args):
+        kind = {"type": type(f.default), "choices": f.metadata["choices"]}
+        kind = {"action": argparse.BooleanOptionalAction} if isinstance(f.default, bool) else kind
+        p.add_argument("--" + f.name.replace("_", "-"), default=f.default, help=f.metadata["help"], **kind)
+    first, _ = p.parse_known_args(argv)
+    if first.preset == "untuned":  # a preset changes the defaults; explicit flags are parsed on top
+        p.set_defaults(**UNTUNED_PRESET)
+    if first.algo.startswith("reinforce"):  # G_t needs whole episodes: the reinforce rungs' own rollout size
+        p.set_defaults(**WHOLE_EPISODES)
+    return Args(**vars(p.parse_args(argv)))
+
+
+def check_flags(args) -> None:  # RunError, one line, for the first flag outside its flag()'s bounds
+    for f in fields(args):
+        v, m, name = getattr(args, f.name), f.metadata, "--" + f.name.replace("_", "-")  # choices: argparse checks
+        for bound, op, ok in ((m["gt"], ">", gt), (m["min"], ">=", ge), (m["max"], "<=", le)):
+            if bound is not None and not ok(v, bound):
+                raise RunError(f"{name} must be {op} {bound}, got {v}")
+
+
+def validate(args: Args) -> None:
+    """Raise RunError on a flag outside its bounds, or on flags that do not fit together (the bounds of each flag are
+    in its flag(); here are the relations between flags). load_params checks a --load checkpoint."""
+    check_flags(args)
+    batch = f"--num-envs × --num-steps = {args.batch_size}"
+    for wrong, message in (
+        (  # every device must get as many seeds, and only the JAX backend shards
+            args.host_devices > 0 and (args.backend != "jax" or args.num_seeds % args.host_devices),
+            f"--host-devices {args.host_devices} needs --backend jax and a --num-seeds that it divides "
+            f"(got --backend {args.backend} --num-seeds {args.num_seeds})",
+        ),
+        (  # one Python loop steps one seed's envs
+            args.backend == "gymnasium" and args.num_seeds > 1,
+            f"--num-seeds {args.num_seeds} needs --backend jax (the gymnasium backend trains one seed; for a sweep "
+            f"use tools/seeds.py)",
+        ),
+        (  # the running statistics live in NumPy, outside the compiled run
+            args.backend == "jax" and args.norm_obs,
+            "--norm-obs is implemented for --backend gymnasium only",
+        ),
+        (args.load and args.num_seeds > 1, "--load evaluates one saved policy; drop --num-seeds"),
+        (  # G_t needs each episode's end
+            args.algo.startswith("reinforce") and args.num_steps % EPISODE_STEPS,
+            f"--algo {args.algo} needs whole episodes in every rollout: --num-steps must be a multiple of "
+            f"{EPISODE_STEPS} (the time limit), got {args.num_steps}; leave out --num-steps to get --num-envs 10 "
+            f"--num-steps 200",
+        ),
+        (  # a minibatch is a slice of one rollout
+            args.minibatch_size > args.batch_size,
+            f"--minibatch-size ({args.minibatch_size}) is larger than the rollout ({batch})",
+        ),
+        (  # training is a whole number of rollouts, at least one
+            not args.load and args.total_timesteps < args.batch_size,
+            f"--total-timesteps ({args.total_timesteps}) is less than one rollout ({batch})",
+        ),
+        (  # the preset's values must be there, not only its name
+            args.preset == "untuned" and all(getattr(args, k) == getattr(Args(), k) for k in UNTUNED_PRESET),
+            "preset 'untuned' is applied by parse_args; from Python, use Args(preset='untuned', **UNTUNED_PRESET)",
+        ),
+    ):
+        if wrong:
+            raise RunError(message)
+
+
 def seed_devices(args: Args) -> list:
     """The devices that the seed axis of a --backend jax run is split across (data parallelism over seeds).
     Must run before the first JAX operation.
@@ -797,7 +911,7 @@ def seed_devices(args: Args) -> list:
             jax.config.update("jax_num_cpu_devices", want)
         except RuntimeError:  # JAX had already started (inside a test or a notebook): it keeps its devices
             if args.host_devices > 0 and len(jax.devices("cpu")) < want:
-                raise InputError(
+                raise RunError(
                     f"--host-devices {want} came too late: JAX had already started with "
                     f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line"
                 ) from None
@@ -820,14 +934,13 @@ def over_seeds(fn: Callable, seeds_per_device: int) -> Callable:
     return lambda seeds: jax.tree.map(lambda x: x[None], fn(jax.tree.map(lambda x: x[0], seeds)))
 
 
-def train_jax(args: Args, sizes: Derived, devices: list) -> tuple[Agent, nnx.State, TrainLog]:
-    """--backend jax: make_train(train_config(args)), its run vmapped over the seeds (over_seeds) and sharded across
-    `devices`: one compiled call for the whole training. The progress lines are printed when it returns, from
-    the statistics it stacked (sps there is the whole run's). Returns the first seed's trained Agent, every seed's
-    actor state (leading axis S) and the log."""
-    config = train_config(args)
-    graphdef, _ = graph_defs(config)
-    train = make_train(config)
+def train_jax(args: Args, devices: list) -> tuple[Agent, nnx.State, TrainLog]:
+    """--backend jax: make_train(args), its run vmapped over the seeds (over_seeds) and sharded across `devices`: one
+    compiled call for the whole training. The progress lines are printed when it returns, from the statistics it
+    stacked (sps there is the whole run's). Returns the first seed's trained Agent, every seed's actor state (leading
+    axis S) and the log."""
+    graphdef, _ = graph_defs(args)
+    train = make_train(args)
     # Each seed's init is compiled and run on its own; the runners are stacked on a leading seed axis S, and
     # device i gets seeds i·S/D … (i+1)·S/D − 1. run, over each device's seeds, then trains them without communication.
     init = jax.jit(train.init)
@@ -837,26 +950,19 @@ def train_jax(args: Args, sizes: Derived, devices: list) -> tuple[Agent, nnx.Sta
     mesh = jax.make_mesh((len(devices),), ("seed",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
     by_seed = jax.sharding.PartitionSpec("seed")
     runners = jax.device_put(runners, jax.sharding.NamedSharding(mesh, by_seed))
-    print(first_line(args, sizes, len(devices)), flush=True)
+    print(first_line(args, len(devices)), flush=True)
     t_train = time.perf_counter()
     seeds_of_a_device = over_seeds(train.run, args.num_seeds // len(devices))
     per_device = jax.shard_map(seeds_of_a_device, mesh=mesh, in_specs=by_seed, out_specs=by_seed)
     run = jax.jit(per_device).lower(runners).compile()
     compile_seconds = round(time.perf_counter() - t_train, 2)
-    interrupted = False  # a stop that came during the call, which ran every update: the run stops once it returns
-    try:
-        with Outputs.held():
-            out = run(runners)  # dispatched: XLA runs every update in this one call
-            jax.block_until_ready(out)
-    except KeyboardInterrupt:
-        interrupted = True
-    runners, stats = out
+    runners, stats = jax.block_until_ready(run(runners))  # dispatched: XLA runs every update in this one call
     stats = {name: np.asarray(value) for name, value in stats.items()}  # each (S, num_updates)
     train_seconds = time.perf_counter() - t_train
     log = TrainLog([], [], [], train_seconds, compile_seconds, None)
-    sps = sizes.batch_size * args.num_seeds * sizes.num_updates / (train_seconds - compile_seconds)
-    for u in range(sizes.num_updates):
-        steps = (u + 1) * sizes.batch_size
+    sps = args.batch_size * args.num_seeds * args.num_updates / (train_seconds - compile_seconds)
+    for u in range(args.num_updates):
+        steps = (u + 1) * args.batch_size
         rets = stats["ret"][:, u]  # (S,) latest finished training episode, mean over each seed's envs
         finite = rets[np.isfinite(rets)]
         log.ep_steps.extend([steps] * len(finite))
@@ -864,369 +970,30 @@ def train_jax(args: Args, sizes: Derived, devices: list) -> tuple[Agent, nnx.Sta
         row = {name: float(np.mean(np.ascontiguousarray(v[:, u]))) for name, v in stats.items() if name != "ret"}
         log.history.append(dict(step=steps, **row))
         ret = float(np.mean(finite)) if len(finite) else float("nan")
-        print_progress(u + 1, sizes.num_updates, steps, ret, log.history[-1], sps)
+        print_progress(u + 1, args.num_updates, steps, ret, log.history[-1], sps)
     last = {name: [float(x) for x in v[:, -1]] for name, v in stats.items() if name != "ret"}
     agent = nnx.merge(graphdef, jax.tree.map(lambda x: x[0], runners.state))
-    return agent, runners.state["actor"], log._replace(last_per_seed=last, interrupted=interrupted)
+    return agent, runners.state["actor"], log._replace(last_per_seed=last)
 
 
-# ---------------------------------------------------------------------------------------------- Logging
-def first_line(args: Args, sizes: Derived, devices: int = 0) -> str:
+def first_line(args: Args, devices: int = 0) -> str:
     """What the run is about to do, printed before it starts."""
-    name = "PPO" if args.algo == "ppo" else args.algo
-    steps = f"{sizes.actor_steps} actor / {sizes.critic_steps} critic Adam steps per update"
+    rung, k = args.rung, args.num_minibatches
+    steps = f"{rung.batch_steps + rung.actor_epochs * k} actor / {rung.critic_epochs * k} critic Adam steps per update"
     chosen = args.algo.startswith("reinforce") and (args.num_envs, args.num_steps) == tuple(WHOLE_EPISODES.values())
-    episodes = f", whole episodes (the {args.algo} default: 10 envs × 200 steps)" if chosen else ""
+    steps += f", whole episodes (the {args.algo} default: 10 envs × 200 steps)" if chosen else ""
+    rollouts = f"{args.num_updates} updates × {args.batch_size} steps ({args.num_envs} envs × {args.num_steps})"
     if args.backend == "jax":
-        split = (
+        how = (
             f" vmapped, split across {devices} device(s)" if args.num_seeds > devices else ", one per device (no vmap)"
         )
-        return (
-            f"{args.algo} on a JAX port of {ENV_ID}: {args.num_seeds} seed(s){split}, "
-            f"{sizes.num_updates} updates × {sizes.batch_size} steps ({args.num_envs} envs × "
-            f"{args.num_steps}) per seed, {steps}{episodes}"
-        )
+        return f"{args.algo} on a JAX port of {ENV_ID}: {args.num_seeds} seed(s){how}, {rollouts} per seed, {steps}"
     return (
-        f"{name} on {ENV_ID}: {sizes.num_updates} updates × {sizes.batch_size} steps ({args.num_envs} envs × "
-        f"{args.num_steps}), {args.update_epochs} epochs × {sizes.num_minibatches} minibatches of "
-        f"{args.minibatch_size}, preset={args.preset}{'' if args.algo == 'ppo' else ', ' + steps}{episodes}"
+        f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID}: {rollouts}, {args.update_epochs} epochs × "
+        f"{k} minibatches of {args.minibatch_size}, preset={args.preset}{'' if args.algo == 'ppo' else ', ' + steps}"
     )
 
 
-# ---------------------------------------------------------------------------------------------- Command line
-class InputError(Exception):
-    """Bad input: a flag value, a missing or corrupt file, an unwritable folder, a mesh that does not fit."""
-
-
-class WriteError(Exception):
-    """A file of the run could not be written (a full disk, a folder that turned read-only): what and why."""
-
-
-def reports_input_errors(main):
-    """Every early end of a run is one line on stderr. Bad input (InputError) or a file that cannot be written
-    (WriteError): exit status 1. SIGINT (Ctrl-C) or SIGTERM, at any moment: exit status 130 or 143. The run's
-    folder then holds its previous files or the set this run kept (Outputs.stop), never a mix; the line says which."""
-
-    @functools.wraps(main)
-    def run(args):
-        main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
-        handlers = {s: signal.signal(s, Outputs.on_signal) for s in (signal.SIGINT, signal.SIGTERM) if main_thread}
-        hook, sys.unraisablehook = sys.unraisablehook, functools.partial(Outputs.unraisable, then=sys.unraisablehook)
-        Outputs.signals, Outputs.holding, Outputs.again = [], False, None
-        try:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # one held back while the libraries loaded
-            return main(args)
-        except (InputError, WriteError) as e:
-            Outputs.holding = True  # from here on a signal is recorded, not raised
-            out = Outputs.active
-            tell = out is not None and not out.done and (isinstance(e, WriteError) or out.kept is not None)
-            sys.exit(f"error: {e}" + (out.stop(str(e)) if tell else ""))
-        except KeyboardInterrupt:
-            Outputs.holding = True
-            rest = Outputs.active.stop(None) if Outputs.active else f"; nothing written to {args.out}"
-            print(f"interrupted{rest}", file=sys.stderr)
-            sys.exit(128 + (Outputs.signals or [signal.SIGINT])[0])
-        finally:
-            Outputs.holding = True
-            if Outputs.again is not None:  # a signal being sent again lands while the handlers are still in place
-                Outputs.again.cancel()
-                Outputs.again.join()
-            if Outputs.active is not None:
-                Outputs.active.close()
-            for s, handler in handlers.items():
-                signal.signal(s, handler)
-            sys.unraisablehook, Outputs.holding = hook, False
-
-    return run
-
-
-class Outputs:
-    """The files of one run in one folder (--out; <out>/eval/ for --load), kept as one set.
-
-    write() puts each file into a staging folder inside it, under a temporary name until it is whole; commit()
-    writes metrics.json there too, then deletes this script's files that the new set lacks (an old episode.gif) and
-    moves the set into place, metrics.json last, with SIGINT and SIGTERM held back. Until then the folder keeps its
-    previous files. A run stopped early commits what keep() last named, marked `interrupted`. A lock file holding
-    the PID keeps a second run out of the folder.
-    """
-
-    active = None  # the Outputs of the run in progress (reports_input_errors stops and closes it)
-    signals: list = []  # SIGINT / SIGTERM received during the run, in order
-    holding = False  # True: a signal is recorded, and raised only when the hold ends (held)
-    again = None  # the timer that sends a swallowed signal again (unraisable)
-
-    def __init__(self, folder: str, files: dict[str, bool]):
-        """files: every file this script can write into such a folder besides metrics.json -> written by this run."""
-        self.folder, self.files, self.written, self.writing = folder, files, [], None
-        self.kept, self.done = None, False  # what a stop commits (keep); whether the set is in place (commit)
-        self.staging, self.lock = os.path.join(folder, ".staging"), os.path.join(folder, ".lock")
-        try:
-            os.makedirs(folder, exist_ok=True)
-            self.take_lock()
-            Outputs.active = self
-            shutil.rmtree(self.staging, ignore_errors=True)  # what a killed run left
-            os.mkdir(self.staging)
-        except OSError as e:
-            raise InputError(f"--out {folder!r} is not a writable folder ({e.strerror or type(e).__name__})") from None
-
-    def take_lock(self) -> None:
-        """Create the lock file, holding this PID. A lock whose process has ended is taken over; a live one refused."""
-        while True:
-            try:
-                with open(self.lock, "x") as f:  # "x": only if no such file exists
-                    f.write(str(os.getpid()))
-                return
-            except FileExistsError:
-                try:
-                    with open(self.lock) as f:
-                        text = f.read()
-                except FileNotFoundError:  # its run has just ended
-                    continue
-            pid = int(text) if text.strip().isdigit() else 0  # 0: none yet, its run is writing it right now
-            try:
-                os.kill(pid or os.getpid(), 0)  # signal 0 only asks whether that process exists
-            except ProcessLookupError:  # it has ended (killed, say): its lock is taken over
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(self.lock)
-                print(f"{self.lock}: PID {pid} has ended; its lock is taken over", flush=True)
-                continue
-            except PermissionError:  # it exists, and belongs to another user
-                pass
-            raise InputError(
-                f"--out {self.folder!r} is in use by the run of PID {pid or 'unknown'}; wait for it to end or pick "
-                f"another --out (its lock file: {self.lock})"
-            )
-
-    def write(self, name: str, writer, *args, **kwargs):
-        """writer(path, *args, **kwargs) writes the set's file `name` (into the staging folder, under a temporary
-        name until it is whole); returns what writer returns."""
-        partial = os.path.join(self.staging, "partial-" + name)  # the same ending: savez, savefig and PIL read it
-        self.writing = name
-        try:
-            result = writer(partial, *args, **kwargs)
-            os.replace(partial, os.path.join(self.staging, name))
-        except OSError as e:
-            raise WriteError(f"{(e.strerror or type(e).__name__).lower()} while writing {name}") from None
-        finally:  # a file that stopped half-way goes, and gives back its space
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(partial)
-        self.written, self.writing = [*(n for n in self.written if n != name), name], None
-        return result
-
-    def keep(self, metrics: dict, during: str, missing: list[str]) -> None:
-        """From here on a stop commits `metrics` (as it is then) with the files written by then, marked interrupted
-        `during` (say, 'the final evaluation'), with `missing` and every file not written listed as not done."""
-        self.kept = (metrics, during, missing)
-
-    def commit(self, metrics: dict) -> None:
-        """Write metrics.json, then put the set in place of the folder's previous one; signals wait until it is."""
-        if Outputs.signals and not Outputs.holding:  # one came, and no code stopped for it (a library swallowed it)
-            raise KeyboardInterrupt
-        with Outputs.held():
-
-            def dump(path: str) -> None:
-                with open(path, "w") as f:
-                    json.dump(metrics, f, indent=2)
-
-            self.write("metrics.json", dump)
-            for name in self.files:
-                if name not in self.written:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.remove(os.path.join(self.folder, name))
-            for name in sorted(self.written, key=lambda name: name == "metrics.json"):  # metrics.json last
-                os.replace(os.path.join(self.staging, name), os.path.join(self.folder, name))
-            self.done = True
-
-    def stop(self, error: str | None) -> str:
-        """After a signal (error None) or an error: commit the set keep() named, marked interrupted, and return the
-        rest of the one line: where the run stopped (after a signal) and what the folder holds."""
-        if self.done:
-            return f" once the run was saved; {self.folder} holds all of it"
-        if self.kept is None:
-            return f"; nothing written to {self.folder}"
-        metrics, during, missing = self.kept
-        missing = [*missing, *(name for name, wanted in self.files.items() if wanted and name not in self.written)]
-        during = f"writing {self.writing}" if self.writing else during
-        mark = {**metrics.get("interrupted", {}), "during": during, "missing": missing}
-        where = f"{'while' if self.writing else 'during'} {during}"
-        if mark.get("at", 0) < mark.get("of", 0):  # training itself stopped early
-            where = f"at {mark['unit']} {mark['at']} of {mark['of']}"
-        try:
-            self.commit({**metrics, "interrupted": mark | ({"error": error} if error else {})})
-        except WriteError:
-            return f"; nothing written to {self.folder}"
-        kept = f"kept in {self.folder}: {', '.join(sorted(self.written, key=lambda n: n != 'metrics.json'))}"
-        return ("" if error else f" {where}") + f"; {kept}" + (f" (not done: {', '.join(missing)})" if missing else "")
-
-    def close(self) -> None:
-        """Remove the staging folder (whatever it still holds was never committed) and the lock."""
-        shutil.rmtree(self.staging, ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(self.lock)
-        Outputs.active = None
-
-    @staticmethod
-    def on_signal(signum, frame) -> None:
-        """SIGINT and SIGTERM: recorded (the exit status says which), then raised as KeyboardInterrupt unless held."""
-        Outputs.signals.append(signum)
-        if not Outputs.holding:
-            raise KeyboardInterrupt
-
-    @staticmethod
-    def unraisable(info, then) -> None:
-        """A KeyboardInterrupt raised inside a library callback (JAX's garbage-collection hook), which cannot pass it
-        on, is not lost: the signal is sent again a moment later, to land in the run's own code. Any other exception
-        goes to `then`, the hook that was in place."""
-        if isinstance(info.exc_value, KeyboardInterrupt) and Outputs.signals:
-            Outputs.again = threading.Timer(0.01, os.kill, (os.getpid(), Outputs.signals[-1]))
-            Outputs.again.daemon = True
-            Outputs.again.start()
-        else:
-            then(info)
-
-    @staticmethod
-    @contextlib.contextmanager
-    def held():
-        """Inside, SIGINT and SIGTERM are recorded, not raised; one that came is raised on leaving."""
-        seen, was = len(Outputs.signals), Outputs.holding
-        Outputs.holding = True
-        try:
-            yield
-        finally:
-            Outputs.holding = was
-        if len(Outputs.signals) > seen and not was:
-            raise KeyboardInterrupt
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line, exit status 1, instead of dumping the usage."""
-
-    def error(self, message):
-        sys.exit(f"error: {message} (see --help)")
-
-
-def parse_args(argv=None) -> Args:
-    """Args from the command line: one flag per field, whose --help line shows its bounds and default."""
-    p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for f in fields(Args):
-        kind = {"type": type(f.default), "choices": f.metadata["choices"]}
-        if isinstance(f.default, bool):
-            kind = {"action": argparse.BooleanOptionalAction}
-        bounds = bounds_text(f.metadata)
-        text = f.metadata["help"] + (f"; must be {bounds}" if bounds else "")
-        p.add_argument("--" + f.name.replace("_", "-"), default=f.default, help=text, **kind)
-    first, _ = p.parse_known_args(argv)
-    if first.preset == "untuned":  # a preset changes the defaults; explicit flags are parsed on top
-        p.set_defaults(**UNTUNED_PRESET)
-    if first.algo.startswith("reinforce"):  # G_t needs whole episodes: the reinforce rungs' own rollout size
-        p.set_defaults(**WHOLE_EPISODES)
-    args = Args(**vars(p.parse_args(argv)))
-    try:
-        check_flags(args)
-    except InputError as e:
-        p.error(str(e))
-    return args
-
-
-def bounds_text(meta: dict) -> str:
-    """'in (0, 1]', '>= 1', '> 0' … from a flag's min / max / gt ('' if it has none)."""
-    low = ("(", meta["gt"]) if meta["gt"] is not None else ("[", meta["min"]) if meta["min"] is not None else None
-    high = meta["max"]
-    if low and high is not None:
-        return f"in {low[0]}{low[1]}, {high}]"
-    if low:
-        return f"{'>' if low[0] == '(' else '>='} {low[1]}"
-    return f"<= {high}" if high is not None else ""
-
-
-def check_flags(args) -> None:
-    """Raise InputError, one line, for the first flag outside the choices or bounds its flag() declares."""
-    for f in fields(args):
-        value, meta = getattr(args, f.name), f.metadata
-        name = "--" + f.name.replace("_", "-")
-        if meta.get("choices") is not None and value not in meta["choices"]:
-            raise InputError(f"{name} must be one of {', '.join(map(str, meta['choices']))}; got {value!r}")
-        low_ok = (meta.get("gt") is None or value > meta["gt"]) and (meta.get("min") is None or value >= meta["min"])
-        if not (low_ok and (meta.get("max") is None or value <= meta["max"])):
-            raise InputError(f"{name} must be {bounds_text(meta)}, got {value}")
-
-
-# A first, untuned PPO: one env with 2,048-step rollouts, minibatches of 64, Adam at 3e-4 without decay for the
-# actor, no gradient clipping, raw rewards, ReLU networks with a softplus σ(s) head, and the time limit treated as
-# a termination. (Not the (B,1)−(B,) value-loss broadcast: value_loss_fn refuses that shape.)
-UNTUNED_PRESET = dict(
-    num_envs=1,
-    num_steps=2048,
-    update_epochs=10,
-    minibatch_size=64,
-    gamma=0.99,
-    gae_lambda=0.95,
-    clip_eps=0.2,
-    actor_learning_rate=3e-4,
-    critic_learning_rate=1e-3,
-    anneal_lr=False,
-    ent_coef=0.0,
-    max_grad_norm=0.0,
-    norm_obs=False,
-    reward_scale=1.0,
-    bootstrap_truncated=False,
-    sigma="state",
-    activation="relu",
-    hidden_size=64,
-)
-WHOLE_EPISODES = dict(num_envs=10, num_steps=EPISODE_STEPS)  # the reinforce rungs' default rollout size
-
-
-def validate(args: Args) -> None:
-    """Raise InputError on a flag outside its bounds or flags that do not fit together (main then takes the output
-    folder: Outputs). The bounds of each flag are in its flag(); here are only the relations between flags."""
-    check_flags(args)
-    if args.host_devices > 0 and (args.backend != "jax" or args.num_seeds % args.host_devices):
-        raise InputError(  # every device must get as many seeds, and only the JAX backend shards
-            f"--host-devices {args.host_devices} needs --backend jax and a --num-seeds that it divides "
-            f"(got --backend {args.backend} --num-seeds {args.num_seeds})"
-        )
-    if args.backend == "gymnasium" and args.num_seeds > 1:  # one Python loop steps one seed's envs
-        raise InputError(
-            f"--num-seeds {args.num_seeds} needs --backend jax (the gymnasium backend trains one "
-            f"seed; for a sweep use tools/seeds.py)"
-        )
-    if args.backend == "jax" and args.norm_obs:  # the running statistics live in NumPy, outside the compiled run
-        raise InputError("--norm-obs is implemented for --backend gymnasium only")
-    if args.load and args.num_seeds > 1:  # a checkpoint holds one policy
-        raise InputError("--load evaluates one saved policy; drop --num-seeds")
-    if args.algo.startswith("reinforce") and args.num_steps % EPISODE_STEPS:  # G_t needs each episode's end
-        raise InputError(
-            f"--algo {args.algo} needs whole episodes in every rollout: --num-steps must be a multiple "
-            f"of {EPISODE_STEPS} (the time limit), got {args.num_steps}; leave out --num-steps to get "
-            f"--num-envs 10 --num-steps 200"
-        )
-    batch = args.num_envs * args.num_steps
-    if args.minibatch_size > batch:  # a minibatch is a slice of one rollout
-        raise InputError(
-            f"--minibatch-size ({args.minibatch_size}) is larger than the rollout (--num-envs × --num-steps = {batch})"
-        )
-    if not args.load and args.total_timesteps < batch:  # training is a whole number of rollouts, at least one
-        raise InputError(
-            f"--total-timesteps ({args.total_timesteps}) is less than one rollout (--num-envs × --num-steps = {batch})"
-        )
-    if args.load and not os.path.isfile(args.load):
-        raise InputError(f"--load: no such file: {args.load}")
-    defaults = Args()
-    if args.preset == "untuned" and all(  # the preset's values must be there, not only its name
-        getattr(args, k) == getattr(defaults, k) for k, v in UNTUNED_PRESET.items() if v != getattr(defaults, k)
-    ):
-        raise InputError(
-            "preset 'untuned' is applied by parse_args; from Python, use Args(preset='untuned', **UNTUNED_PRESET)"
-        )
-
-
-def output_folder(args: Args) -> str:
-    """Where this run writes: --out for training, <out>/eval/ for a --load run (a training run's files stay)."""
-    return os.path.join(args.out, "eval") if args.load else args.out
-
-
-# ---------------------------------------------------------------------------------------------- Outputs
 def seed_summary(x, bar: float = -200.0) -> dict:
     """Across seeds: mean, IQM (25 % trimmed mean) with a 95 % percentile-bootstrap CI (10,000 resamples
     of the seeds, fixed bootstrap seed 0; None for one seed, [x, x] when every seed scored x), min, max, std
@@ -1259,83 +1026,77 @@ def seed_summary(x, bar: float = -200.0) -> dict:
     return out
 
 
-def save_checkpoint(path: str, parts: dict) -> None:
-    """parts: name -> nnx.Module (its nnx.Param arrays) or array. One flat .npz, no pickle: a module's leaf at path
-    ('hidden1', 'kernel') is stored under 'name/hidden1/kernel' (checkpoint_key), an array under its name."""
-    arrays = {}
-    for name, part in parts.items():
-        if isinstance(part, nnx.Module):
-            pure = nnx.to_pure_dict(nnx.state(part, nnx.Param))  # nested dict: {'hidden1': {'kernel': …}, …}
-            for keys, leaf in jax.tree_util.tree_leaves_with_path(pure):
-                arrays[checkpoint_key(name, keys)] = np.asarray(leaf)
-        else:
-            arrays[name] = np.asarray(part)
-    np.savez(path, **arrays)
+def params_tree(actor: Actor, critic: Critic, rms: RunningMeanStd | None) -> dict:
+    """What a checkpoint holds: the networks' nnx.Param state, and with --norm-obs the observation statistics."""
+    tree = {"actor": nnx.state(actor, nnx.Param), "critic": nnx.state(critic, nnx.Param)}
+    return tree | ({"obs_norm": {"mean": rms.mean, "var": rms.var}} if rms is not None else {})
 
 
-def load_checkpoint(path: str, parts: dict, hint: str) -> dict:
-    """Fill every Module in `parts` in place from `path` (nnx.replace_by_pure_dict) and return the arrays stored
-    under the other names; their values in `parts` give the expected shapes and dtypes. A missing, corrupt or
-    mismatched file, or one that holds arrays this run has no place for, is an InputError of one line (a shape or a
-    name that does not fit ends with `hint`)."""
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = dict(f)
-    except Exception as e:  # missing, truncated, not an .npz, pickled objects …
-        raise InputError(f"--load {path}: not a readable .npz checkpoint ({type(e).__name__})") from None
-    used = set()
+def save_params(path: str, tree: dict) -> None:
+    """The checkpoint folder `path`, written by orbax (Flax's way to save NNX state); `with` waits for the write."""
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(os.path.abspath(path), jax.device_get(tree))  # host arrays: restored on any device
 
-    def stored(key: str, like) -> np.ndarray:  # the array saved under `key`, with the shape and dtype of `like`
-        if key not in arrays or arrays[key].shape != np.shape(like):
-            found = arrays[key].shape if key in arrays else "missing"
-            raise InputError(f"--load {path}: {key} should have shape {np.shape(like)}, found {found} ({hint})")
-        if arrays[key].dtype != like.dtype:  # loaded as it is: int32 weights would be a broken network
-            raise InputError(f"--load {path}: {key} should hold {like.dtype}, found {arrays[key].dtype}")
-        used.add(key)
-        return arrays[key]
 
-    filled = {}  # every array is checked before any module changes: a refused file changes nothing
-    for name, part in parts.items():
-        if isinstance(part, nnx.Module):
-            filled[name] = jax.tree_util.tree_map_with_path(
-                lambda keys, leaf, name=name: jnp.asarray(stored(checkpoint_key(name, keys), leaf)),
-                nnx.to_pure_dict(nnx.state(part, nnx.Param)),
+def arrays_in(tree) -> dict:
+    """'actor/fc1/kernel' -> 'float32(3, 64)': the name, dtype and shape of every array of a checkpoint's tree."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    name = lambda path: jax.tree_util.keystr(path, simple=True, separator="/").removesuffix("/value")  # noqa: E731
+    return {name(path): f"{np.dtype(x.dtype)}{tuple(x.shape)}" for path, x in leaves}
+
+
+LOAD_HINT = "saved by another script, or with another --hidden-size, --sigma or --norm-obs?"
+
+
+def load_params(args: Args) -> tuple[Actor, Critic, RunningMeanStd | None]:
+    """--load: the actor, critic and observation statistics of a checkpoint folder. Its names, dtypes and shapes,
+    read from its metadata, must be those of the networks these flags build before anything is restored; then a file
+    that cannot be read (truncated, damaged) ends the run too. Each is a RunError of one line."""
+    agent = nnx.eval_shape(lambda: new_agent(args, jax.random.key(0), jax.random.key(0)))
+    rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
+    abstract = params_tree(agent.actor, agent.critic, rms)  # shapes and dtypes: what to restore, and as what
+    path, where = os.path.abspath(args.load), f"--load {args.load}"
+    if not os.path.isfile(os.path.join(path, "_CHECKPOINT_METADATA")):
+        raise RunError(f"{where}: no checkpoint there (a training run's params folder: runs/pendulum/latest/params)")
+    logging.getLogger("absl").disabled = True  # orbax's warnings about a damaged file: the one line says it
+    checkpointer = ocp.StandardCheckpointer()  # closed after a restore, not after a failed one (see below)
+    saved = checkpointer.metadata(path).item_metadata
+    want, found = arrays_in(abstract), arrays_in(saved.tree if saved is not None else {})
+    for name in sorted(want.keys() | found.keys()) if saved is not None else ():
+        if want.get(name) != found.get(name):
+            raise RunError(
+                f"{where}: {name} is {found.get(name, 'missing')}, these flags need "
+                f"{want.get(name, 'none')} ({LOAD_HINT})"
             )
-        else:
-            filled[name] = stored(name, part)
-    if set(arrays) - used:
-        raise InputError(f"--load {path}: {min(set(arrays) - used)} has no place in this run ({hint})")
-    for name, part in parts.items():
-        if isinstance(part, nnx.Module):
-            state = nnx.state(part, nnx.Param)
-            nnx.replace_by_pure_dict(state, filled[name])
-            nnx.update(part, state)
-    return {name: value for name, value in filled.items() if not isinstance(parts[name], nnx.Module)}
+    try:
+        tree = checkpointer.restore(path, abstract)
+    except Exception as e:  # a damaged or truncated file under it
+        sys.unraisablehook = lambda unraisable: None  # its other reads, still in flight, fail once the run ends
+        raise RunError(f"{where}: a damaged checkpoint, not readable ({type(e).__name__})") from None
+    checkpointer.close()
+    if rms is not None:
+        rms.mean, rms.var = tree["obs_norm"]["mean"], tree["obs_norm"]["var"]
+    return (
+        nnx.merge(nnx.graphdef(agent.actor), tree["actor"]),
+        nnx.merge(nnx.graphdef(agent.critic), tree["critic"]),
+        rms,
+    )
 
 
-def checkpoint_key(name: str, keys) -> str:
-    """'q_network/hidden1/kernel': the .npz key of the leaf at path ('hidden1', 'kernel') of the part called name."""
-    return f"{name}/{jax.tree_util.keystr(keys, simple=True, separator='/')}"
-
-
-LOAD_HINT = "was it saved with another --hidden-size, --sigma or --norm-obs?"  # the flags that change the arrays
-
-
-def obs_norm_parts(rms: RunningMeanStd | None) -> dict:
-    """The checkpoint entries of the observation statistics (--norm-obs), none without them."""
-    return {} if rms is None else {"obs_norm/mean": rms.mean, "obs_norm/var": rms.var}
-
-
-def save_video(path: str, actor: Actor, rms: RunningMeanStd | None, seed: int) -> float:
-    """Render one deterministic episode into a GIF (every 2nd frame, 240×240); return its return."""
+def save_video(path: str, actor: Actor, rms: RunningMeanStd | None, args: Args, metrics: dict) -> None:
+    """One deterministic episode as a GIF (every 2nd frame, 240×240): of the evaluation episodes, the one that starts
+    closest to hanging down, a full swing-up. Its seed and return go into metrics."""
     from PIL import Image
 
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen; no display needed
+    probe = gym.make(ENV_ID)
+    starts = [probe.reset(seed=args.eval_seed + i)[0][0] for i in range(args.eval_episodes)]  # cos θ at t = 0
+    probe.close()
+    metrics["video_seed"] = args.eval_seed + int(np.argmin(starts))  # the smallest cos θ
     graphdef, state = nnx.split(actor)
     mean_action = jax.jit(lambda state, obs: nnx.merge(graphdef, state)(obs).loc)
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # frames as arrays need no window, nor a display
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: frames as arrays need no display
     env = gym.make(ENV_ID, render_mode="rgb_array")
-    obs, _ = env.reset(seed=seed)
+    obs, _ = env.reset(seed=metrics["video_seed"])
     frames, total, done, t = [], 0.0, False, 0
     while not done:
         if t % 2 == 0:
@@ -1344,32 +1105,29 @@ def save_video(path: str, actor: Actor, rms: RunningMeanStd | None, seed: int) -
         obs, r, term, trunc, _ = env.step(a)
         total, done, t = total + float(r), term or trunc, t + 1
     env.close()
-    frames[0].save(path, save_all=True, append_images=frames[1:], duration=66, loop=0, optimize=True)
-    return total
+    frames[0].save(path, format="GIF", save_all=True, append_images=frames[1:], duration=66, loop=0, optimize=True)
+    metrics["video_return"] = total
 
 
-def plot_curve(
-    path: str,
-    ep_steps,
-    ep_returns,
-    eval_mean: float | None,
-    title: str,
-    dot_label: str = "training episode (stochastic policy)",
-) -> None:
+def plot_curve(path: str, args: Args, log: TrainLog, eval_mean: float) -> None:
+    """Each training episode's return (a dot), their running mean (solid) and the final deterministic score (dashed)."""
+    who = f"seed {args.seed}" if args.num_seeds == 1 else f"seeds {args.seed}–{args.seed + args.num_seeds - 1}"
+    title = f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID} ({args.backend}), {who}, preset {args.preset}"
+    jax_dots = "one seed: mean of its envs' latest training episodes"
+    dots = jax_dots if args.backend == "jax" else "training episode (stochastic policy)"
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
-    if ep_returns:
-        x, y = np.asarray(ep_steps), np.asarray(ep_returns)
-        ax.scatter(x, y, s=6, alpha=0.35, label=dot_label)
+    if log.ep_returns:
+        x, y = np.asarray(log.ep_steps), np.asarray(log.ep_returns)
+        ax.scatter(x, y, s=6, alpha=0.35, label=dots)
         k = 16
         if len(y) >= k:
             ax.plot(x[k - 1 :], np.convolve(y, np.ones(k) / k, mode="valid"), lw=2, label=f"mean of last {k}")
-    if eval_mean is not None:
-        ax.axhline(eval_mean, color="C2", ls="--", label=f"final deterministic eval {eval_mean:.0f}")
+    ax.axhline(eval_mean, color="C2", ls="--", label=f"final deterministic eval {eval_mean:.0f}")
     ax.axhline(-200, color="gray", lw=0.8, ls=":", label="−200 (target)")
     ax.set(xlabel="environment steps", ylabel="episode return", title=title)
     ax.legend(loc="lower right", fontsize=8)
@@ -1378,57 +1136,71 @@ def plot_curve(
     plt.close(fig)
 
 
-def evaluate(actor: Actor, rms: RunningMeanStd | None, episodes: int, seed0: int) -> np.ndarray:
-    """Deterministic returns of one policy, `episodes` episodes with seeds seed0 … seed0+episodes−1."""
-    graphdef, state = nnx.split(actor)
-    return evaluate_seeds(graphdef, jax.tree.map(lambda x: x[None], state), rms, episodes, seed0)[0]
+def use_compile_cache(folder: str) -> None:
+    """Keep every compiled XLA program on disk, so the next run with the same shapes skips compilation.
+    Must run before the first compilation. The numbers do not change, only the start-up time."""
+    if folder:
+        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(folder))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # default: only programs > 1 s
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def evaluate_saved(args: Args, t_start: float, out: Outputs) -> dict:
-    """--load: evaluate (and with --video, watch) a saved policy; writes into <out>/eval/."""
-    agent = new_agent(train_config(args), *jax.random.split(jax.random.key(args.seed), 3)[1:])
-    actor, critic = agent.actor, agent.critic
-    rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
-    stats = load_checkpoint(args.load, {"actor": actor, "critic": critic, **obs_norm_parts(rms)}, LOAD_HINT)
-    if rms is not None:
-        rms.mean, rms.var = stats["obs_norm/mean"], stats["obs_norm/var"]
+def evaluate_saved(args: Args, t_start: float) -> dict:
+    """--load: score a checkpoint (with --video, watch it too) into <out>/eval/<run>/, so that <out>/latest stays the
+    training run. A checkpoint that does not fit these flags is refused before any work."""
+    actor, _, rms = load_params(args)
+    run = Run(replace(args, out=os.path.join(args.out, "eval")))
     print(f"loaded {args.load}", flush=True)
-    returns = evaluate(actor, rms, args.eval_episodes, args.eval_seed)
+    one = jax.tree.map(lambda x: x[None], nnx.state(actor))  # a stack of one policy, as evaluate_seeds takes
+    returns = evaluate_seeds(nnx.graphdef(actor), one, rms, args.eval_episodes, args.eval_seed)
+    metrics = run_metrics(args, returns, env_steps=0, train_seconds=0.0, loaded=args.load)
+    return finish(run, args, actor, rms, metrics, [], t_start)
+
+
+def run_metrics(args: Args, all_returns: np.ndarray, **more) -> dict:
+    """metrics.json's numbers, from the deterministic returns (S, episodes) of every seed's final policy, and `more`:
+    the training's numbers, or a --load's. main adds total_seconds, the flags and the per-update history."""
+    per_seed = all_returns.mean(1)
     metrics = dict(
-        eval_return_mean=float(returns.mean()),
-        eval_return_std=float(returns.std()),
+        eval_return_mean=float(all_returns.mean()),
+        eval_return_std=float(all_returns.std()),
         eval_episodes=args.eval_episodes,
-        eval_returns=[round(float(r), 2) for r in returns],
-        env_steps=0,
-        train_seconds=0.0,
+        eval_returns=[round(float(r), 2) for r in all_returns[0]],  # of the first seed, whose networks are saved
+        eval_return_per_seed=[round(float(r), 2) for r in per_seed],  # each seed's mean over its episodes
         seed=args.seed,
+        seeds=list(range(args.seed, args.seed + args.num_seeds)),
         preset=args.preset,
-        loaded=args.load,
         backend=args.backend,
         algo=args.algo,
-        seeds=[args.seed],
-        eval_return_per_seed=[round(float(returns.mean()), 2)],
+        **more,
     )
-    return write_results(args, metrics, actor, rms, [], t_start, out, {})
+    if args.num_seeds > 1:
+        metrics["across_seeds"] = seed_summary(per_seed)
+    return metrics
 
 
-def write_results(
-    args: Args, metrics: dict, actor: Actor, rms, history: list, t_start: float, out: Outputs, trained: dict
-) -> dict:
-    """The end of a complete run, training or --load alike: the video (optional), metrics.json (the set is
-    committed) and the summary lines. trained: where training stopped, for metrics.json if a stop comes here."""
-    if args.video:  # the evaluation episode that starts closest to hanging down: a full swing-up
-        kept = dict(metrics, **({"interrupted": trained} if trained else {}), args=asdict(args), history=history)
-        out.keep(kept, "drawing the GIF", [])
-        probe = gym.make(ENV_ID)
-        starts = [probe.reset(seed=args.eval_seed + i)[0][0] for i in range(args.eval_episodes)]  # cos θ at t=0
-        probe.close()
-        metrics["video_seed"] = args.eval_seed + int(np.argmin(starts))  # smallest cos θ
-        metrics["video_return"] = out.write("episode.gif", save_video, actor, rms, metrics["video_seed"])
-    metrics["total_seconds"] = round(time.perf_counter() - t_start, 2)
-    out.commit(dict(metrics, args=asdict(args), history=history))
+def trained(args: Args, log: TrainLog, devices: int) -> dict:
+    """What a training run adds to run_metrics."""
+    return dict(
+        env_steps=len(log.history) * args.batch_size,
+        train_seconds=round(log.train_seconds, 2),
+        first_update_seconds=log.first_update_seconds,
+        train_return_last10=float(np.mean(log.ep_returns[-10:])) if log.ep_returns else None,
+        loaded=None,
+        devices=devices,
+        last_update=log.history[-1],  # losses, KL, clip fractions of the final update
+        **({"last_update_per_seed": log.last_per_seed} if args.num_seeds > 1 else {}),
+    )
+
+
+def finish(run: Run, args: Args, actor: Actor, rms, metrics: dict, history: list, t_start: float) -> dict:
+    """The end of a complete run, training or --load alike: the GIF (--video), metrics.json, the summary lines."""
     if args.video:
-        print(f"video: {out.folder}/episode.gif (return {metrics['video_return']:.1f})", flush=True)
+        run.save("episode.gif", save_video, actor, rms, args, metrics)
+    metrics["total_seconds"] = round(time.perf_counter() - t_start, 2)
+    run.finish(dict(metrics, args=asdict(args), history=history))
+    if args.video:
+        print(f"video: {run.folder}/episode.gif (return {metrics['video_return']:.1f})", flush=True)
     seeds = f"seed {args.seed}" + ("" if args.num_seeds == 1 else f"–{args.seed + args.num_seeds - 1}")
     print(
         f"\n== {'PPO' if args.load or args.algo == 'ppo' else args.algo} {ENV_ID}, {args.backend}, {seeds}, "
@@ -1436,8 +1208,7 @@ def write_results(
         f"eval_return_mean={metrics['eval_return_mean']:.1f} eval_return_std={metrics['eval_return_std']:.1f} "
         f"over {args.eval_episodes} deterministic episodes\n"
         f"env_steps={metrics['env_steps']} train_seconds={metrics['train_seconds']:.1f} "
-        f"total_seconds={metrics['total_seconds']:.1f}\n"
-        f"outputs in {output_folder(args)}/",
+        f"total_seconds={metrics['total_seconds']:.1f}",
         flush=True,
     )
     if args.num_seeds > 1:
@@ -1450,100 +1221,34 @@ def write_results(
             f"solved(>=-200)={a['solved']}/{a['n']}",
             flush=True,
         )
+    print(f"outputs: {run.folder} ({', '.join(run.saved)})", flush=True)
     return metrics
 
 
-def use_compile_cache(folder: str) -> None:
-    """Keep every compiled XLA program on disk, so the next run with the same shapes skips compilation.
-    Must run before the first compilation. The numbers do not change, only the start-up time."""
-    if folder:
-        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(folder))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # default: only programs > 1 s
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
-def training_metrics(args: Args, sizes: Derived, log: TrainLog, all_returns: np.ndarray | None, n_devices: int) -> dict:
-    """metrics.json of a training run (without the whole process's time and the history, which write_results
-    adds). all_returns: (S, episodes) deterministic returns of every seed's final policy; None before they are
-    measured (a stop came during training or the final evaluation): `interrupted` then says where training stopped."""
-    metrics = dict(
-        env_steps=len(log.history) * sizes.batch_size,
-        train_seconds=round(log.train_seconds, 2),
-        first_update_seconds=log.first_update_seconds,
-        train_return_last10=float(np.mean(log.ep_returns[-10:])) if log.ep_returns else None,
-        seed=args.seed,
-        preset=args.preset,
-        loaded=None,
-        backend=args.backend,
-        algo=args.algo,
-        seeds=list(range(args.seed, args.seed + args.num_seeds)),
-        devices=n_devices,
-        last_update=log.history[-1],  # losses, KL, clip fractions of the final update
-    )
-    if all_returns is None:
-        return dict(interrupted=dict(unit="update", at=len(log.history), of=sizes.num_updates), **metrics)
-    per_seed = all_returns.mean(1)
-    metrics = dict(
-        eval_return_mean=float(all_returns.mean()),
-        eval_return_std=float(all_returns.std()),
-        eval_episodes=args.eval_episodes,
-        eval_returns=[round(float(r), 2) for r in all_returns[0]],
-        eval_return_per_seed=[round(float(r), 2) for r in per_seed],  # each seed's mean over its episodes
-        **metrics,
-    )
-    if args.num_seeds > 1:  # env_steps, eval_returns and params.npz are per seed / of the first seed
-        metrics["across_seeds"] = seed_summary(per_seed)
-        metrics["last_update_per_seed"] = log.last_per_seed
-    return metrics
-
-
-@reports_input_errors
+@one_line
 def main(args: Args) -> dict:
     validate(args)  # flag values, before any work
-    files = {} if args.load else {"params.npz": True, "learning_curve.png": True}
-    out = Outputs(output_folder(args), {**files, "episode.gif": args.video})  # a writable folder, this run's alone
     use_compile_cache(args.compile_cache)
-    devices = seed_devices(args) if args.backend == "jax" and not args.load else None  # before JAX starts
     t_start = time.perf_counter()
     if args.load:
-        return evaluate_saved(args, t_start, out)
-    sizes = derived(args)
+        return evaluate_saved(args, t_start)
+    devices = seed_devices(args) if args.backend == "jax" else [jax.devices()[0]]  # before JAX starts
+    run = Run(args)  # this run's own folder under --out
     if args.backend == "jax":  # every seed's actor (leading axis S); the first seed's networks are saved
-        agent, actor_states, log = train_jax(args, sizes, devices)
+        agent, actor_states, log = train_jax(args, devices)
         rms = None
     else:
-        print(first_line(args, sizes), flush=True)  # what the run is about to do (train_jax prints its own)
-        agent, rms, log = train_gymnasium(args, sizes)
+        print(first_line(args), flush=True)  # what the run is about to do (train_jax prints its own)
+        agent, rms, log = train_gymnasium(args)
         actor_states = jax.tree.map(lambda x: x[None], nnx.state(agent.actor))
-    early = len(log.history) < sizes.num_updates  # a stop (Ctrl-C, SIGTERM) ended training early
-    if early and not log.history:
-        raise KeyboardInterrupt  # before the first update was done: nothing measured, nothing to write
-    actor, critic = agent.actor, agent.critic
-    n_devices = len(devices) if devices else 1
-    who = f"seed {args.seed}" if args.num_seeds == 1 else f"seeds {args.seed}–{args.seed + args.num_seeds - 1}"
-    title = f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID} ({args.backend}), {who}, preset {args.preset}"
-    dots = ["one seed: mean of its envs' latest training episodes"] if args.backend == "jax" else []
-    # A stop from here on keeps the training: its metrics (`interrupted` says where), the checkpoint and the curve.
-    trained = training_metrics(args, sizes, log, None, n_devices)
-    stopped = early or bool(Outputs.signals)  # or came at its very end: nothing more is evaluated
-    during = "training" if stopped else "the final evaluation"
-    if log.interrupted:  # the stop came during the compiled call, which ran every update
-        during = "training, which the compiled call ran to its end"
-    missing = ["the rest of training"] * early + ["the final evaluation"]
-    out.keep(dict(trained, args=asdict(args), history=log.history), during, missing)
-    out.write("params.npz", save_checkpoint, {"actor": actor, "critic": critic, **obs_norm_parts(rms)})
-    out.write("learning_curve.png", plot_curve, log.ep_steps, log.ep_returns, None, title, *dots)
-    if stopped or log.interrupted:
-        raise KeyboardInterrupt  # nothing more is evaluated
+    run.save("params", save_params, params_tree(agent.actor, agent.critic, rms))  # a stop from here on keeps them
 
     # Every seed's final policy on gymnasium's Pendulum-v1, whichever backend trained it: (S, episodes).
-    all_returns = evaluate_seeds(nnx.graphdef(actor), actor_states, rms, args.eval_episodes, args.eval_seed)
-    metrics = training_metrics(args, sizes, log, all_returns, n_devices)
-    evaluated = dict(metrics, interrupted=trained["interrupted"], args=asdict(args), history=log.history)
-    out.keep(evaluated, "drawing", ["the evaluation's line on the curve"])
-    out.write("learning_curve.png", plot_curve, log.ep_steps, log.ep_returns, metrics["eval_return_mean"], title, *dots)
-    return write_results(args, metrics, actor, rms, log.history, t_start, out, trained["interrupted"])
+    returns = evaluate_seeds(nnx.graphdef(agent.actor), actor_states, rms, args.eval_episodes, args.eval_seed)
+    metrics = run_metrics(args, returns, **trained(args, log, len(devices)))
+    run.save("learning_curve.png", plot_curve, args, log, metrics["eval_return_mean"])
+    return finish(run, args, agent.actor, rms, metrics, log.history, t_start)
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    main()

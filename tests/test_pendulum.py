@@ -5,13 +5,14 @@ unit: GAE with a termination and a truncation, the true final observation at an 
 zero gradient, the clip fractions (clip_frac where the clip binds, outside_frac), the Normal against closed forms,
 the unclipped action and its log-prob in the rollout, the fresh actors' entropies that the README quotes, the
 value-loss shapes, the untuned preset (and its retired name) and the reinforce rungs' rollout size, the input checks
-(InputError), save_checkpoint / load_checkpoint and normalize_obs; train_config's flags and sizes; ppo_update on a
+(RunError), the orbax checkpoint's round trip and the five checkpoints --load refuses, normalize_obs; Args' sizes and
+the optimizers' schedule lengths; ppo_update on a
 fixed Rollout (GAE targets, KL and clip bands, the clip); the JAX port of Pendulum-v1 against gymnasium step for
 step, its in-scan autoreset, make_train's run with a seed inside the vmap against the same seed alone and
 train(key) = run(init(key)); Monte-Carlo returns, the REINFORCE loss, each rung's steps, tools/pg_variance.py's
 statistics, seed_summary against the saved 20-seed results and tools/seeds.py. smoke: the CLI with tiny flags, a
 --load round trip, a GIF, --norm-obs, --preset untuned, another seed another run, --backend jax with four seeds on
-two devices (and a --load of its params.npz reproducing seed 0's score), bad input. integration: the pg tools,
+two devices (and a --load of its params reproducing seed 0's score), bad input. integration: the pg tools,
 tools/ppo_compare.py and tools/ppo_value_map.py over two runs. learning: a short fixed-seed run reaches −300 and its
 critic's loss falls tenfold; four vmapped JAX seeds each reach −200.
 """
@@ -50,6 +51,20 @@ TINY = [
 @pytest.fixture(scope="module")
 def pen():
     return load_script(SCRIPT)
+
+
+def one_line_error(pen, argv: list[str], capsys) -> str:
+    """main(parse_args(argv)) in this process, which must end in one line: a malformed flag is parse_args' own
+    sys.exit("error: …"); anything main refuses is one line on stderr and exit status 1, with nothing printed on
+    stdout (no training, no evaluation). Returns the line."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        pen.main(pen.parse_args(argv))
+    out, err = capsys.readouterr()
+    message = e.value.code if isinstance(e.value.code, str) else err.rstrip("\n")
+    assert e.value.code == 1 or isinstance(e.value.code, str), e.value.code
+    assert message.startswith("error: ") and "\n" not in message and out == "", (message, out)
+    return message
 
 
 # ---------------------------------------------------------------------------------------------- unit
@@ -281,7 +296,7 @@ def test_untuned_preset_sets_defaults_and_explicit_flags_win(pen, tmp_path):
     assert c.gamma == 0.99 and c.sigma == "param" and c.total_timesteps == 100_000 and c.bootstrap_truncated
     pen.validate(dataclasses.replace(a, out=str(tmp_path)))  # the parsed preset is valid ...
     pen.validate(pen.Args(preset="untuned", out=str(tmp_path), **pen.UNTUNED_PRESET))  # ... and so is it in Python
-    with pytest.raises(pen.InputError, match="applied by parse_args"):  # but not a preset that was never applied
+    with pytest.raises(pen.RunError, match="applied by parse_args"):  # but not a preset that was never applied
         pen.validate(pen.Args(preset="untuned"))
 
 
@@ -303,10 +318,10 @@ def test_reinforce_rungs_pick_whole_episodes_unless_told_and_say_so(pen):
     for algo in ("reinforce", "reinforce-baseline"):
         a = pen.parse_args(["--algo", algo])
         assert (a.num_envs, a.num_steps) == (10, 200)
-        line = pen.first_line(a, pen.derived(a))
+        line = pen.first_line(a)
         assert line.startswith(algo) and "whole episodes" in line and "10 envs × 200" in line
     b = pen.parse_args(["--algo", "reinforce", "--num-envs", "4", "--num-steps", "400"])
-    assert (b.num_envs, b.num_steps) == (4, 400) and "whole episodes" not in pen.first_line(b, pen.derived(b))
+    assert (b.num_envs, b.num_steps) == (4, 400) and "whole episodes" not in pen.first_line(b)
     c = pen.parse_args(["--algo", "a2c"])
     assert (c.num_envs, c.num_steps) == (16, 125)
 
@@ -323,7 +338,6 @@ def test_reinforce_rungs_pick_whole_episodes_unless_told_and_say_so(pen):
         (["--hidden-size", "0"], "--hidden-size must be >= 1"),
         (["--ent-coef", "-1"], "--ent-coef"),
         (["--gamma", "nan"], "--gamma"),
-        (["--load", "/nonexistent/params.npz"], "no such file"),
         (["--num-seeds", "0"], "--num-seeds must be >= 1"),
         (["--num-seeds", "2"], "needs --backend jax"),
         (["--backend", "jax", "--norm-obs"], "--norm-obs is implemented for --backend gymnasium only"),
@@ -334,18 +348,10 @@ def test_reinforce_rungs_pick_whole_episodes_unless_told_and_say_so(pen):
         (["--host-devices", "2"], "needs --backend jax"),
     ],
 )
-def test_validate_rejects_bad_input(pen, argv, msg, tmp_path):
-    with pytest.raises(SystemExit) as e:
-        pen.main(pen.parse_args(argv + ["--out", str(tmp_path)]))
-    assert str(e.value).startswith("error: ") and msg in str(e.value)
-
-
-@pytest.mark.unit
-def test_load_rejects_a_corrupt_file(pen, tmp_path):
-    bad = tmp_path / "bad.npz"
-    bad.write_bytes(b"not an npz at all")
-    with pytest.raises(SystemExit, match="error: --load"):
-        pen.main(pen.parse_args(["--load", str(bad), "--out", str(tmp_path)]))
+def test_validate_rejects_bad_input(pen, argv, msg, tmp_path, capsys):
+    message = one_line_error(pen, argv + ["--out", str(tmp_path)], capsys)
+    assert msg in message and message.endswith("; nothing written"), message
+    assert list(tmp_path.iterdir()) == []  # refused before the run's folder was made
 
 
 # ---------------------------------------------------------------------------------------------- smoke
@@ -358,16 +364,17 @@ def test_cli_tiny_run_then_load_round_trip_and_video(tmp_path):
     assert len(lines) == 2  # 512 // (4 × 64)
     for key in ("step=", "return=", "loss=", "sps="):
         assert key in lines[-1]
-    m = json.loads((out / "metrics.json").read_text())
+    run = out / "latest"  # this run's own folder, <out>/<date>-<time>-seed0, which the run names on its last line
+    assert p.stdout.splitlines()[-1] == f"outputs: {out / run.readlink()} (params, learning_curve.png, metrics.json)"
+    m = json.loads((run / "metrics.json").read_text())
     for key in ("eval_return_mean", "eval_return_std", "eval_episodes", "env_steps", "train_seconds"):
         assert key in m
     assert m["env_steps"] == 512 and m["eval_episodes"] == 2
-    assert (out / "learning_curve.png").stat().st_size > 0
-    params = out / "params.npz"
-    assert "actor/log_std" in np.load(params, allow_pickle=False).files
+    assert (run / "learning_curve.png").stat().st_size > 0
+    params = run / "params"  # an orbax checkpoint folder
+    assert (params / "_CHECKPOINT_METADATA").is_file()
 
-    gif = out / "eval" / "episode.gif"  # a --load run writes into <out>/eval/
-    before = (out / "metrics.json").read_bytes()
+    before = (run / "metrics.json").read_bytes()
     q = run_script(
         SCRIPT,
         "--load",
@@ -383,8 +390,10 @@ def test_cli_tiny_run_then_load_round_trip_and_video(tmp_path):
     )
     assert q.returncode == 0, q.stderr
     assert "XDG_RUNTIME_DIR" not in q.stderr  # pygame draws off-screen (SDL's dummy video driver), without a word
-    assert (out / "metrics.json").read_bytes() == before  # a --load run writes into <out>/eval/, never over training
-    m2 = json.loads((out / "eval" / "metrics.json").read_text())
+    assert (out / "latest").readlink() == run.readlink()  # <out>/latest is still the training run ...
+    assert (run / "metrics.json").read_bytes() == before  # ... untouched: a --load run writes into <out>/eval/<run>/
+    gif = out / "eval" / "latest" / "episode.gif"
+    m2 = json.loads((out / "eval" / "latest" / "metrics.json").read_text())
     assert m2["env_steps"] == 0
     assert m2["eval_return_mean"] == pytest.approx(m["eval_return_mean"], abs=1e-3)  # same params, same seeds
     assert 0 < gif.stat().st_size < 1_500_000
@@ -395,81 +404,127 @@ def test_cli_tiny_run_then_load_round_trip_and_video(tmp_path):
     "argv",
     [
         ["--minibatch-size", "99999"],
-        ["--load", "missing.npz"],
+        ["--load", "missing"],
         ["--algo", "sarsa"],
         ["--backend", "jax", "--num-seeds", "0"],
         ["--num-seeds", "2"],
         ["--backend", "jax", "--algo", "reinforce", "--num-steps", "150"],
     ],
 )
-def test_cli_bad_input_is_one_line_error(pen, tmp_path, argv):
+def test_cli_bad_input_is_one_line_error(pen, tmp_path, argv, capsys):
     """The command line's path, in this process: parse_args, then main, whose first act is validate. Bad input
-    ends it with sys.exit("error: …"), one line on stderr and exit status 1, before any training or output.
-    Caught: a check that moved after the work (training would start), a traceback, a multi-line message."""
-    with pytest.raises(SystemExit) as exit_:
-        pen.main(pen.parse_args([*argv, "--out", str(tmp_path / "out")]))
-    message = exit_.value.code
-    assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message, message
-    assert not (tmp_path / "out" / "metrics.json").exists()
+    ends it with one line ("error: …") and exit status 1, before any training or output. Caught: a check that moved
+    after the work (training would start), a traceback, a multi-line message."""
+    one_line_error(pen, [*argv, "--out", str(tmp_path / "out")], capsys)
+    assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.unit
-def test_load_with_other_architecture_is_one_line_error(pen, tmp_path):
+# ---------------------------------------------------------------------------------------------- checkpoints
+def _save(pen, path, hidden_size=64, sigma="param", dtype=None, rms=None):
+    """A checkpoint as a training run saves one (params_tree, save_params), of fresh networks, optionally cast."""
     from flax import nnx
 
-    path = str(tmp_path / "params.npz")
-    pen.save_checkpoint(
-        path,
-        {
-            "actor": pen.Actor(3, 1, 64, "param", "tanh", 0.0, rngs=nnx.Rngs(0)),
-            "critic": pen.Critic(3, 64, "tanh", rngs=nnx.Rngs(1)),
-        },
-    )
-    with pytest.raises(SystemExit, match="error: --load .*actor/sigma_head/bias should .* found missing .*--sigma"):
-        pen.main(pen.parse_args(["--load", path, "--sigma", "state", "--out", str(tmp_path / "e")]))
-    with pytest.raises(
-        SystemExit, match=r"error: --load .*fc1/bias should have shape \(32,\), found \(64,\).*--hidden-"
-    ):
-        pen.main(pen.parse_args(["--load", path, "--hidden-size", "32", "--out", str(tmp_path / "e")]))
-    with pytest.raises(SystemExit, match="error: --load .*obs_norm/mean should .* found missing .*--norm-obs"):
-        pen.main(pen.parse_args(["--load", path, "--norm-obs", "--out", str(tmp_path / "e")]))
+    actor = pen.Actor(3, 1, hidden_size, sigma, "tanh", 0.0, rngs=nnx.Rngs(0))
+    tree = pen.params_tree(actor, pen.Critic(3, hidden_size, "tanh", rngs=nnx.Rngs(1)), rms)
+    pen.save_params(str(path), jax.tree.map(lambda x: x.astype(dtype), tree) if dtype else tree)
+    return actor
+
+
+def _refused(pen, capsys, path, *flags, out) -> str:
+    """--load path refused in one line (exit status 1), before any evaluation: nothing printed, no folder made."""
+    message = one_line_error(pen, ["--load", str(path), *flags, "--eval-episodes", "2", "--out", str(out)], capsys)
+    assert message.startswith(f"error: --load {path}: ") and message.endswith("; nothing written"), message
+    assert not (out / "eval").exists()
+    return message
 
 
 @pytest.mark.unit
-def test_checkpoint_round_trip_fills_modules_and_returns_the_arrays(pen, tmp_path):
-    """save_checkpoint / load_checkpoint: every nnx.Param back in place, the statistics back as arrays, and an
-    InputError (no exit) from the loader itself on a mismatch."""
+def test_load_refuses_a_path_without_a_checkpoint(pen, tmp_path, capsys):
+    """(a) A missing folder, an empty one, a run folder (the checkpoint is its params/ inside). Mutation caught:
+    orbax's own errors and warnings (several lines), or a missing checkpoint read as fresh networks."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.json").write_text("{}")
+    for path in (tmp_path / "missing", tmp_path / "empty", tmp_path / "run"):
+        assert "no checkpoint there" in _refused(pen, capsys, path, out=tmp_path)
+
+
+@pytest.mark.unit
+def test_load_refuses_another_modules_checkpoint(pen, tmp_path, capsys):
+    """(b) A checkpoint of other networks (a DQN-like q_network): names checked from the metadata. Mutation caught:
+    a restore that only compares the number of arrays, or that trusts the names."""
+    from flax import nnx
+
+    q_network = nnx.Linear(4, 2, rngs=nnx.Rngs(0))
+    pen.save_params(str(tmp_path / "q"), {"q_network": nnx.state(q_network, nnx.Param)})
+    message = _refused(pen, capsys, tmp_path / "q", out=tmp_path)
+    assert "actor/fc1/bias is missing, these flags need float32(64,)" in message, message
+
+
+@pytest.mark.unit
+def test_load_refuses_another_shape(pen, tmp_path, capsys):
+    """(c) Networks of another --hidden-size, another --sigma (a σ(s) head in place of log σ) or without the
+    --norm-obs statistics. Mutation caught: a shape check that is skipped (orbax then prints asyncio tracebacks)."""
+    _save(pen, tmp_path / "params", hidden_size=32)
+    message = _refused(pen, capsys, tmp_path / "params", out=tmp_path)
+    assert "actor/fc1/bias is float32(32,), these flags need float32(64,)" in message and "--hidden-size" in message
+    message = _refused(pen, capsys, tmp_path / "params", "--hidden-size", "32", "--sigma", "state", out=tmp_path)
+    assert "actor/log_std is float32(1,), these flags need none" in message, message
+    message = _refused(pen, capsys, tmp_path / "params", "--hidden-size", "32", "--norm-obs", out=tmp_path)
+    assert "obs_norm/mean is missing, these flags need float64(3,)" in message, message
+
+
+@pytest.mark.unit
+def test_load_refuses_another_dtype(pen, tmp_path, capsys):
+    """(d) The same names and shapes in float16. Mutation caught: a check of names and shapes only (the restore would
+    cast, and evaluate a network it never trained)."""
+    _save(pen, tmp_path / "params", dtype=jnp.float16)
+    assert "float16(64,), these flags need float32(64,)" in _refused(pen, capsys, tmp_path / "params", out=tmp_path)
+
+
+@pytest.mark.unit
+def test_load_refuses_a_garbled_checkpoint(pen, tmp_path, capsys):
+    """(e) _METADATA garbled: its metadata cannot be read, nor the checkpoint restored. Mutation caught: a restore
+    outside try (a JSONDecodeError traceback)."""
+    _save(pen, tmp_path / "params")
+    (tmp_path / "params" / "_METADATA").write_text("{not json")
+    assert "a damaged checkpoint, not readable" in _refused(pen, capsys, tmp_path / "params", out=tmp_path)
+
+
+@pytest.mark.integration  # a subprocess: its stderr is the whole of what a learner sees
+def test_load_refuses_a_truncated_checkpoint_in_one_line(pen, tmp_path):
+    """(e) The largest data file under the checkpoint cut to half, from the command line: stderr is the one line
+    only, exit status 1. Mutation caught: the errors of orbax's reads still in flight when the restore failed
+    (asyncio's 'Event loop is closed', through sys.unraisablehook) printed beside the line."""
+    _save(pen, tmp_path / "params")
+    data = max((tmp_path / "params").rglob("d/*"), key=lambda f: f.stat().st_size)
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    p = run_script(SCRIPT, "--load", str(tmp_path / "params"), "--out", str(tmp_path), cwd=tmp_path, timeout=120)
+    assert p.returncode == 1 and p.stdout == "", (p.returncode, p.stdout)
+    assert p.stderr.startswith(f"error: --load {tmp_path / 'params'}: a damaged checkpoint, not readable")
+    assert p.stderr.endswith("; nothing written\n") and p.stderr.count("\n") == 1, p.stderr
+
+
+@pytest.mark.unit
+def test_checkpoint_round_trip_restores_every_array(pen, tmp_path):
+    """save_params / load_params: every nnx.Param of actor and critic, and the --norm-obs statistics, back as they
+    were saved (float64 statistics stay float64). Mutation caught: a loader that returns fresh networks, or loses a
+    part of the tree."""
     from flax import nnx
     from gymnasium.wrappers.utils import RunningMeanStd
 
-    path = str(tmp_path / "params.npz")
-    actor = pen.Actor(3, 1, 16, "state", "relu", 0.0, rngs=nnx.Rngs(0))
-    critic = pen.Critic(3, 16, "relu", rngs=nnx.Rngs(1))
     rms = RunningMeanStd(shape=(3,))
     rms.update(np.random.default_rng(0).normal(size=(50, 3)))
-    pen.save_checkpoint(path, {"actor": actor, "critic": critic, **pen.obs_norm_parts(rms)})
-    assert sorted(np.load(path, allow_pickle=False).files) == sorted(
-        [f"actor/{m}/{p}" for m in ("fc1", "fc2", "mu", "sigma_head") for p in ("bias", "kernel")]
-        + [f"critic/{m}/{p}" for m in ("fc1", "fc2", "out") for p in ("bias", "kernel")]
-        + ["obs_norm/mean", "obs_norm/var"]
-    )
-    actor2 = pen.Actor(3, 1, 16, "state", "relu", 0.0, rngs=nnx.Rngs(5))
-    critic2 = pen.Critic(3, 16, "relu", rngs=nnx.Rngs(6))
-    fresh = RunningMeanStd(shape=(3,))
-    arrays = pen.load_checkpoint(path, {"actor": actor2, "critic": critic2, **pen.obs_norm_parts(fresh)}, "hint")
+    actor = _save(pen, tmp_path / "params", hidden_size=16, sigma="state", rms=rms)
+    args = pen.Args(hidden_size=16, sigma="state", norm_obs=True, load=str(tmp_path / "params"))
+    actor2, critic2, rms2 = pen.load_params(args)
+    critic = pen.Critic(3, 16, "tanh", rngs=nnx.Rngs(1))
     for a, b in ((actor, actor2), (critic, critic2)):
         for x, y in zip(jax.tree.leaves(nnx.state(a, nnx.Param)), jax.tree.leaves(nnx.state(b, nnx.Param))):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    np.testing.assert_array_equal(arrays["obs_norm/mean"], rms.mean)
-    np.testing.assert_array_equal(arrays["obs_norm/var"], rms.var)
-    with pytest.raises(pen.InputError, match="obs_norm/mean has no place in this run .*--norm-obs"):
-        pen.load_checkpoint(path, {"actor": actor2, "critic": critic2}, pen.LOAD_HINT)
-    with pytest.raises(pen.InputError, match="actor/log_std should .* found missing"):
-        pen.load_checkpoint(
-            path,
-            {"actor": pen.Actor(3, 1, 16, "param", "relu", 0.0, rngs=nnx.Rngs(0)), **pen.obs_norm_parts(fresh)},
-            pen.LOAD_HINT,
-        )
+    assert rms2.mean.dtype == np.float64
+    np.testing.assert_array_equal(rms2.mean, rms.mean)
+    np.testing.assert_array_equal(rms2.var, rms.var)
 
 
 @pytest.mark.unit
@@ -501,14 +556,15 @@ def test_same_seed_same_run(pen, tmp_path):
 @pytest.mark.smoke
 def test_norm_obs_run_saves_its_statistics_and_loads_back(pen, tmp_path):
     m = pen.main(pen.parse_args(TINY + ["--norm-obs", "--out", str(tmp_path / "run")]))
-    data = np.load(tmp_path / "run" / "params.npz", allow_pickle=False)
+    params = str(tmp_path / "run" / "latest" / "params")
+    _, _, rms = pen.load_params(pen.Args(norm_obs=True, load=params))
     # the running statistics were updated from the rollouts: θ̇'s variance is no longer the initial 1
-    assert data["obs_norm/mean"].shape == (3,) and not np.allclose(data["obs_norm/var"], 1.0)
+    assert rms.mean.shape == (3,) and not np.allclose(rms.var, 1.0)
     e = pen.main(
         pen.parse_args(
             [
                 "--load",
-                str(tmp_path / "run" / "params.npz"),
+                params,
                 "--norm-obs",
                 "--eval-episodes",
                 "2",
@@ -528,7 +584,11 @@ def test_untuned_preset_tiny_run(pen, tmp_path):
         )
     )
     assert m["env_steps"] == 2048 and m["preset"] == "untuned"  # one rollout of 1 env × 2,048 steps
-    assert "actor/sigma_head/kernel" in np.load(tmp_path / "params.npz", allow_pickle=False).files  # the σ(s) head
+    import orbax.checkpoint as ocp
+
+    with ocp.StandardCheckpointer() as checkpointer:  # what the checkpoint holds, from its metadata
+        checkpoint = pen.arrays_in(checkpointer.metadata(str(tmp_path / "latest" / "params")).item_metadata.tree)
+    assert "actor/sigma_head/kernel" in checkpoint and "actor/log_std" not in checkpoint  # the σ(s) head
     # 10 epochs × 32 minibatches moved the policy, by a KL in the usual PPO range (mutation caught: an actor that
     # never steps gives 0; a clip that does nothing, with its 320 steps, more than 0.05)
     last = m["last_update"]
@@ -563,25 +623,28 @@ def test_gymnasium_backend_runs_a_lower_rung(pen, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- ppo_update
 @pytest.mark.unit
-def test_train_config_holds_the_flags_and_the_sizes(pen):
-    """What the compiled functions read, fixed once from Args: every flag of the same name, the rung, and the sizes.
-    4 × 200 = 800 transitions in minibatches of 100 → 8 per epoch; 8,000 steps → 10 updates. Mutations caught: a
-    schedule that spans one update's Adam steps instead of the run's, or a REINFORCE critic schedule of 0 steps."""
+def test_args_sizes_and_the_optimizers_schedules(pen, monkeypatch):
+    """What the compiled functions read is Args itself: the flags, the rung and the sizes they imply. 4 × 200 = 800
+    transitions in minibatches of 100 → 8 per epoch; 8,000 steps → 10 updates. Each optimizer's learning-rate decay
+    spans that network's Adam steps in the whole run. Mutations caught: a schedule that spans one update's Adam steps
+    instead of the run's, or a REINFORCE critic schedule of 0 steps."""
     args = pen.Args(algo="a2c", num_envs=4, num_steps=200, minibatch_size=100, total_timesteps=8000, gamma=0.9)
-    config = pen.train_config(args)
-    flags = {f.name for f in dataclasses.fields(pen.Args)}
-    assert all(getattr(config, f.name) == getattr(args, f.name) for f in dataclasses.fields(config) if f.name in flags)
-    assert config.gamma == 0.9 and config.rung == pen.ladder(args) and not config.rung.clip
-    assert (config.num_minibatches, config.num_updates) == (8, 10)
-    assert (config.actor_grad_steps, config.critic_grad_steps) == (10 * 8, 10 * 80)  # A2C: 1 actor epoch, 10 critic
-    reinforce = pen.train_config(dataclasses.replace(args, algo="reinforce"))
-    assert (reinforce.actor_grad_steps, reinforce.critic_grad_steps) == (10, 1)  # one step per rollout; no critic
+    assert args.rung == pen.ladder(args) and not args.rung.clip
+    assert (args.batch_size, args.num_minibatches, args.num_updates) == (800, 8, 10)
+    spans = []
+    make_optimizer = pen.make_optimizer
+    monkeypatch.setattr(pen, "make_optimizer", lambda *a: spans.append(a[-1]) or make_optimizer(*a))
+    pen.new_agent(args, jax.random.key(0), jax.random.key(1))
+    assert spans == [10 * 8, 10 * 80]  # A2C: 1 actor epoch, 10 critic epochs, of 8 minibatches, in each of 10 updates
+    spans.clear()
+    pen.new_agent(dataclasses.replace(args, algo="reinforce"), jax.random.key(0), jax.random.key(1))
+    assert spans == [10, 1]  # one actor step per rollout; no critic step, a schedule of 1
 
 
 def _jax_batch(pen, seed=3, **kw):
     """A fixed rollout of 4 JAX pendulums × 200 steps (every episode ends in a truncation), the state it came from,
     and the rung's update (ppo_update or ladder_update) compiled as the training loops compile it."""
-    config = pen.train_config(pen.Args(backend="jax", num_envs=4, num_steps=200, minibatch_size=100, **kw))
+    config = pen.Args(backend="jax", num_envs=4, num_steps=200, minibatch_size=100, **kw)
     graphdef, actor_def = pen.graph_defs(config)
     runner = pen.make_train(config).init(jax.random.key(seed))
     _, rollout = jax.jit(partial(pen.jax_rollout, actor_def, config))(runner.state["actor"], runner)
@@ -701,7 +764,7 @@ def test_jax_env_matches_gymnasium_step_for_step(pen):
 def test_jax_rollout_autoresets_and_keeps_the_true_final_obs(pen):
     """Inside the scan: next_obs is s_{t+1} of the same episode, also at the truncation, while the obs
     carried on is a fresh reset (as gymnasium's SAME_STEP autoreset and true_next_obs)."""
-    config = pen.train_config(pen.Args(backend="jax", num_envs=3, num_steps=400, minibatch_size=100))
+    config = pen.Args(backend="jax", num_envs=3, num_steps=400, minibatch_size=100)
     _, actor_def = pen.graph_defs(config)
     runner = pen.make_train(config).init(jax.random.key(0))
     new_runner, rollout = jax.jit(partial(pen.jax_rollout, actor_def, config))(runner.state["actor"], runner)
@@ -726,7 +789,7 @@ def test_a_seed_in_the_vmap_is_the_same_as_that_seed_alone(pen):
     args = pen.Args(
         backend="jax", num_envs=4, num_steps=64, minibatch_size=64, update_epochs=2, total_timesteps=3 * 256
     )
-    train = pen.make_train(pen.train_config(args))
+    train = pen.make_train(args)
     run = jax.jit(jax.vmap(train.run))
     stack = lambda rs: jax.tree.map(lambda *x: jnp.stack(x), *rs)  # noqa: E731
     inits = {s: train.init(jax.random.key(s)) for s in (5, 6, 7)}
@@ -749,8 +812,8 @@ def test_a_device_with_one_seed_runs_it_unbatched(pen, capsys):
     axis of size 1 would change the program XLA compiles, and with it the rounding. Mutation caught: vmap for one
     seed."""
     args = pen.Args(backend="jax", num_envs=4, num_steps=64, total_timesteps=3 * 256, seed=6)
-    _, actor_states, _ = pen.train_jax(args, pen.derived(args), jax.devices()[:1])
-    alone, _ = jax.jit(pen.make_train(pen.train_config(args)))(jax.random.key(6))
+    _, actor_states, _ = pen.train_jax(args, jax.devices()[:1])
+    alone, _ = jax.jit(pen.make_train(args))(jax.random.key(6))
     one = [np.asarray(x)[0] for x in jax.tree.leaves(actor_states)]
     assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(one, jax.tree.leaves(alone.state["actor"])))
     assert "1 seed(s), one per device (no vmap)," in capsys.readouterr().out
@@ -781,15 +844,17 @@ def test_jax_backend_cli_many_seeds_metrics(tmp_path):
     assert "4 seed(s) vmapped, split across 2 device(s)" in p.stdout
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("update=")]
     assert len(lines) == 2 and all(k in lines[-1] for k in ("return=", "kl=", "explained_var=", "sps="))
-    m = json.loads((out / "metrics.json").read_text())
+    m = json.loads((out / "latest" / "metrics.json").read_text())
     assert m["seeds"] == [4, 5, 6, 7] and len(m["eval_return_per_seed"]) == 4 and m["backend"] == "jax"
     assert m["devices"] == 2 and m["across_seeds"]["n"] == 4
     # four different runs (mutation caught: every seed given the same key)
     assert len(set(m["eval_return_per_seed"])) == 4 and len(set(m["last_update_per_seed"]["approx_kl"])) == 4
-    # params.npz holds the first seed: loading it reproduces that seed's score (mutation caught: saving another
+    # params holds the first seed: loading it reproduces that seed's score (mutation caught: saving another
     # seed's networks, or a load that misses a parameter)
     loaded = load_script(SCRIPT).main(
-        load_script(SCRIPT).parse_args(["--load", str(out / "params.npz"), "--eval-episodes", "2", "--out", str(out)])
+        load_script(SCRIPT).parse_args(
+            ["--load", str(out / "latest" / "params"), "--eval-episodes", "2", "--out", str(out)]
+        )
     )
     assert loaded["eval_return_mean"] == pytest.approx(m["eval_return_per_seed"][0], abs=0.01)
     q = run_script(
@@ -797,7 +862,7 @@ def test_jax_backend_cli_many_seeds_metrics(tmp_path):
     )
     assert q.returncode == 0, q.stderr
     assert "1 seed(s), one per device (no vmap)," in q.stdout
-    alone = json.loads((tmp_path / "alone" / "metrics.json").read_text())
+    alone = json.loads((tmp_path / "alone" / "latest" / "metrics.json").read_text())
     assert alone["devices"] == 1
     assert alone["eval_return_mean"] == pytest.approx(m["eval_return_per_seed"][2], abs=0.05)  # seed 6 alone
 
@@ -830,11 +895,11 @@ def test_pg_tools_write_their_tables_and_figures(tmp_path):
     assert all(row["psi_sq_mean"] >= row["psi_mean"] ** 2 for row in res["rows"].values())
     assert (tmp_path / "var" / "pg_variance.png").stat().st_size > 0
     for algo, scores in (("reinforce", [-1100.0, -900.0]), ("ppo", [-150.0, -170.0])):  # two 2-seed runs' files
-        (tmp_path / algo).mkdir()
+        (tmp_path / algo / "latest").mkdir(parents=True)
         across = dict(n=2, iqm=float(np.mean(scores)), iqm_ci=[min(scores), max(scores)], mean=float(np.mean(scores)))
         across.update(min=min(scores), max=max(scores), solved=sum(x >= -200 for x in scores))
         metrics = dict(algo=algo, env_steps=400, eval_return_per_seed=scores, across_seeds=across)
-        (tmp_path / algo / "metrics.json").write_text(json.dumps(metrics))
+        (tmp_path / algo / "latest" / "metrics.json").write_text(json.dumps(metrics))
     r = run_script(
         "tools/pg_ladder.py",
         str(tmp_path / "ppo"),
@@ -865,7 +930,7 @@ def test_compare_and_value_map_tools_read_each_run(tmp_path):
     rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| `")]
     assert len(rows) == 2 and "--sigma state" in rows[1] and "--sigma state" not in rows[0], rows
     for i, row in enumerate(rows):
-        m = json.loads((tmp_path / "cmp" / f"run_{i}" / "metrics.json").read_text())
+        m = json.loads((tmp_path / "cmp" / f"run_{i}" / "latest" / "metrics.json").read_text())
         first, last = m["history"][0]["entropy"], m["history"][-1]["entropy"]
         assert f"| {m['eval_return_mean']:.1f} | {first:.2f} → {last:.2f} |" in row, (row, first, last)
     assert (tmp_path / "cmp" / "entropy.png").stat().st_size > 0
@@ -985,7 +1050,7 @@ def test_short_run_learns(pen, tmp_path):
     assert m["eval_return_mean"] > -300, m["eval_return_mean"]
     last = m["last_update"]  # the final PPO update still changes the policy
     assert 1e-5 < last["approx_kl"] < 0.1, last
-    history = json.loads((tmp_path / "metrics.json").read_text())["history"]
+    history = json.loads((tmp_path / "latest" / "metrics.json").read_text())["history"]
     # the critic explains the returns (the median of the last five updates: one rollout's value is noisy)
     assert np.median([h["explained_var"] for h in history[-5:]]) > 0.5, history[-5:]
     # the critic learns: its loss falls by far between the first and the last update (mutation caught: a critic

@@ -1,7 +1,7 @@
 """Table and figure of the policy-gradient ladder from many-seed runs of 3_Pendulum/pendulum.py --backend jax.
 
-Each run folder holds the metrics.json of one `--num-seeds N` run (its per-seed returns and their IQM with a
-95 % bootstrap CI, computed by the script). This tool only collects them:
+Each folder is the --out of a `--num-seeds N` run, whose <folder>/latest/metrics.json holds its per-seed returns and
+their IQM with a 95 % bootstrap CI, computed by the script. This tool only collects them:
 
     for steps in 100000 500000; do for algo in reinforce reinforce-baseline a2c ppo; do
       python 3_Pendulum/pendulum.py --backend jax --num-seeds 16 --algo $algo --num-envs 10 --num-steps 200 \\
@@ -27,7 +27,7 @@ ORDER = ("reinforce", "reinforce-baseline", "a2c", "ppo")
 def load(folders):
     runs = []
     for f in folders:
-        path = Path(f) / "metrics.json"
+        path = Path(f) / "latest" / "metrics.json"  # the --out folder's newest complete run
         try:
             m = json.loads(path.read_text())
         except (OSError, ValueError) as e:
@@ -88,7 +88,7 @@ def plot(path, runs):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("runs", nargs="+", help="run folders, each with the metrics.json of a --num-seeds run")
+    p.add_argument("runs", nargs="+", help="--out folders of --num-seeds runs (each read at latest/metrics.json)")
     p.add_argument("--out", default="runs/ladder", help="folder for ladder.md and ladder.png")
     a = p.parse_args(argv)
     runs = load(a.runs)

@@ -81,26 +81,25 @@ def gradient_estimator(pen, args, graphdef, actor_def, batches):
     from flax import nnx
 
     rungs = [pen.ladder(dataclasses.replace(args, algo=algo)) for algo in ALGOS]
-    config = pen.train_config(args)  # what the script's compiled functions read
 
     def one_batch(k, state):
         k_env, k_roll = jax.random.split(k)
-        env = jax.vmap(pen.pendulum_reset)(jax.random.split(k_env, config.num_envs))
+        env = jax.vmap(pen.pendulum_reset)(jax.random.split(k_env, args.num_envs))
         runner = pen.Runner(
             state=state,
             env=env,
             obs=pen.pendulum_obs(env),
             key=k_roll,
-            ep_ret=jnp.zeros(config.num_envs),
-            last_ret=jnp.zeros(config.num_envs),
+            ep_ret=jnp.zeros(args.num_envs),
+            last_ret=jnp.zeros(args.num_envs),
         )
-        _, rollout = pen.jax_rollout(actor_def, config, state["actor"], runner)  # (200, N): whole episodes
+        _, rollout = pen.jax_rollout(actor_def, args, state["actor"], runner)  # (200, N): whole episodes
         agent = nnx.merge(graphdef, state)
         values, next_values = agent.critic(rollout.obs), agent.critic(rollout.next_obs)
         obs, act = rollout.obs.reshape(-1, 3), rollout.actions.reshape(-1, 1)
         out, moments = [], []
         for rung in rungs:
-            psi, _ = pen.signal_and_targets(rung, rollout, values, next_values, config.gamma, config.gae_lambda)
+            psi, _ = pen.signal_and_targets(rung, rollout, values, next_values, args.gamma, args.gae_lambda)
             grads = nnx.grad(lambda a, psi=psi: pen.reinforce_loss(a(obs).log_prob(act).sum(-1), psi.reshape(-1)))(
                 agent.actor
             )
@@ -219,17 +218,16 @@ def main(argv=None):
         minibatch_size=250,
         total_timesteps=max(max(a.checkpoint_steps), a.num_envs * 200),
     )
-    sizes, config = pen.derived(args), pen.train_config(args)
-    graphdef, actor_def = pen.graph_defs(config)
+    graphdef, actor_def = pen.graph_defs(args)
     estimates = gradient_estimator(pen, args, graphdef, actor_def, a.batches)
     results = []
     keys = {seed: jax.random.key(10_000 + seed) for seed in a.seed_list}  # each seed's batches: one key stream
     for target in a.checkpoint_steps:
         # θ after the first whole rollout at or past `target`, from runs whose schedules span the last checkpoint
-        updates = -(-target // sizes.batch_size)
-        train = pen.make_train(config, num_updates=updates)
+        updates = -(-target // args.batch_size)
+        train = pen.make_train(args, num_updates=updates)
         init, run = jax.jit(train.init), jax.jit(train.run)
-        done_steps = updates * sizes.batch_size
+        done_steps = updates * args.batch_size
         per_seed = []
         for seed in a.seed_list:
             runner, _ = run(init(jax.random.key(seed)))

@@ -56,14 +56,14 @@ def parse(argv=None):
 
 
 def run(flags: str, seed: int, out: Path) -> dict:
-    """One training run in its own process; its metrics.json."""
+    """One training run in its own process; its metrics.json (<out>/latest: the run's own folder)."""
     out = out.resolve()  # the run's process starts in the repository root
     argv = [sys.executable, str(SCRIPT), "--seed", str(seed), "--out", str(out), *shlex.split(flags)]
     proc = subprocess.run(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or [""])[-1]
         sys.exit(f"error: pendulum.py {shlex.join(argv[2:])} exited {proc.returncode}: {last}")
-    return json.loads((out / "metrics.json").read_text())
+    return json.loads((out / "latest" / "metrics.json").read_text())
 
 
 def row(flags: str, m: dict) -> str:

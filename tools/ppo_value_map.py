@@ -1,7 +1,7 @@
 """What a trained PPO agent learned, drawn over Pendulum's state plane (θ, θ̇).
 
-Loads the actor and critic of one run of 3_Pendulum/pendulum.py (its params.npz, and the flags it was trained
-with from the metrics.json beside it), evaluates both networks on a grid of states
+Loads the actor and critic of one run of 3_Pendulum/pendulum.py (its checkpoint folder params/, and the flags it was
+trained with from the metrics.json beside it), evaluates both networks on a grid of states
 
     θ ∈ [−π, π]  (0 = upright, ±π = hanging down),   θ̇ ∈ [−8, 8]   →   obs = (cos θ, sin θ, θ̇),
 
@@ -38,19 +38,26 @@ from course import load_script, unwritable  # noqa: E402
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("runs", nargs="+", help="training runs' folders: params.npz and metrics.json (pendulum.py --out)")
+    p.add_argument("runs", nargs="+", help="training runs: a pendulum.py --out folder (its latest run) or a run folder")
     p.add_argument("--grid", type=int, default=201, help="grid points along each axis")
     p.add_argument("--out", default="runs/value_map", help="folder for value_map.png")
     a = p.parse_args(argv)
-    for run in map(Path, a.runs):
-        for name in ("params.npz", "metrics.json"):
-            if not (run / name).is_file():
-                p.exit(1, f"error: {run / name}: no such file (give the --out folder of a pendulum.py training run)\n")
+    for run in map(run_folder, a.runs):
+        if not (run / "metrics.json").is_file():
+            p.exit(
+                1,
+                f"error: {run / 'metrics.json'}: no such file (give the --out folder of a pendulum.py training run)\n",
+            )
     if a.grid < 2:
         p.exit(1, f"error: --grid must be >= 2, got {a.grid}\n")
     if why := unwritable(a.out):
         p.exit(1, f"error: --out {a.out!r}: cannot write there ({why})\n")
     return a
+
+
+def run_folder(run: str) -> Path:
+    """A run's own folder: <run>/latest for a pendulum.py --out folder, else <run> itself."""
+    return Path(run) / "latest" if (Path(run) / "latest").is_dir() else Path(run)
 
 
 def state_grid(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -65,18 +72,8 @@ def state_grid(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def load_agent(pendulum, run: Path):
     """The run's actor and critic, its flags (metrics.json's args) and its observation statistics (a RunningMeanStd
     with --norm-obs, else None), loaded as pendulum.py --load loads them."""
-    from flax import nnx
-
     saved = json.loads((run / "metrics.json").read_text())["args"]
-    actor = pendulum.Actor(
-        3, 1, saved["hidden_size"], saved["sigma"], saved["activation"], saved["log_std_init"], rngs=nnx.Rngs(0)
-    )
-    critic = pendulum.Critic(3, saved["hidden_size"], saved["activation"], rngs=nnx.Rngs(1))
-    rms = pendulum.RunningMeanStd(shape=(3,)) if saved.get("norm_obs") else None
-    parts = {"actor": actor, "critic": critic, **pendulum.obs_norm_parts(rms)}
-    stats = pendulum.load_checkpoint(str(run / "params.npz"), parts, pendulum.LOAD_HINT)
-    if rms is not None:
-        rms.mean, rms.var = stats["obs_norm/mean"], stats["obs_norm/var"]
+    actor, critic, rms = pendulum.load_params(pendulum.Args(**dict(saved, load=str(run / "params"))))
     return actor, critic, saved, rms
 
 
@@ -144,14 +141,14 @@ def plot(path: str, th, thdot, rows: list[dict]) -> None:
 def read_run(pendulum, run: Path, grid: int, th, thdot, obs) -> dict:
     """The critic's value and the actor's mean torque over the grid, the swing-up path and the summary of one run."""
     try:
-        actor, critic, saved, rms = load_agent(pendulum, run)
-    except pendulum.InputError as e:
+        actor, critic, saved, rms = load_agent(pendulum, run_folder(run))
+    except pendulum.RunError as e:
         sys.exit(f"error: {e}")
     x = pendulum.normalize_obs(obs.reshape(-1, 3), rms)
     value = np.asarray(critic(x)).reshape(grid, grid) / saved["reward_scale"]
     torque = np.asarray(actor(x).loc)[:, 0].reshape(grid, grid)
     traj = swing_up_path(pendulum, actor, rms, saved["eval_seed"], saved["eval_episodes"])
-    metrics = json.loads((run / "metrics.json").read_text())
+    metrics = json.loads((run_folder(run) / "metrics.json").read_text())
     title = (
         f"{saved['algo'].upper() if saved['algo'] == 'ppo' else saved['algo']} on Pendulum-v1, seed {saved['seed']}, "
         f"{metrics['env_steps']:,} steps: test return {metrics['eval_return_mean']:.1f}"
