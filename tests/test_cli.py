@@ -206,7 +206,8 @@ def test_main_reports_stops_and_errors_and_nothing_else_exits(script):
     assert exits <= {"one_line", "run", "parse_args"}, (script, exits)
     main = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"][0]
     assert [ast.unparse(d) for d in main.decorator_list] == ["one_line"], script
-    assert source.endswith('if __name__ == "__main__":\n    main()\n'), script
+    last = tree.body[-1]  # if __name__ == "__main__": ... main()
+    assert ast.unparse(last.test) == "__name__ == '__main__'" and ast.unparse(last.body[-1]) == "main()", script
 
 
 def test_one_over_seeds_in_dqn_and_ppo():
