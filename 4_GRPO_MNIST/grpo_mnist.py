@@ -776,17 +776,15 @@ def split_test_digits(x: np.ndarray, y: np.ndarray, n_train: int) -> tuple[np.nd
     """The t10k digits (bundled: the 10,000 official test digits), shuffled once, become n_train training digits and
     a held-out test set (the rest). Returns (x_train, y_train, x_test, y_test)."""
     order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
-    train, held = order[:n_train], order[n_train:]
-    return x[train], y[train], x[held], y[held]
+    return x[order[:n_train]], y[order[:n_train]], x[order[n_train:]], y[order[n_train:]]
 
 
 def carve_validation(x: np.ndarray, y: np.ndarray, val_size: float) -> tuple[np.ndarray, ...]:
     """Split the training images into (x_train, y_train, x_val, y_val) with a fixed shuffle; val gets
     round(val_size · N) images, at least one, and training keeps at least one."""
     n_val = min(max(1, round(val_size * len(y))), len(y) - 1)
-    order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
-    train, val = order[n_val:], order[:n_val]
-    return x[train], y[train], x[val], y[val]
+    x_val, y_val, x_train, y_train = split_test_digits(x, y, n_val)  # the same fixed shuffle, its first n_val
+    return x_train, y_train, x_val, y_val
 
 
 # ---- Reading MNIST: the IDX .gz files from 4_GRPO_MNIST/data/ or --data-dir
@@ -811,16 +809,10 @@ def read_idx(path: str) -> np.ndarray:
         raise RunError(f"{path} is not a complete gzip file ({e})") from None
     if len(raw) < 4 or raw[:3] != b"\x00\x00\x08":
         raise RunError(f"{path} is not an IDX file of unsigned bytes (bad magic number)")
-    ndim = raw[3]
-    header = 4 + 4 * ndim
-    if len(raw) < header:
-        raise RunError(f"{path} is truncated inside its IDX header")
-    shape = struct.unpack(f">{ndim}I", raw[4:header])
-    expected = math.prod(shape)
-    if len(raw) - header != expected:
-        raise RunError(
-            f"{path}: shape {shape} needs {expected} data bytes, found {len(raw) - header} (truncated or corrupt)"
-        )
+    header = 4 + 4 * raw[3]  # raw[3]: the number of sizes
+    shape = struct.unpack(f">{raw[3]}I", raw[4:header]) if len(raw) >= header else None
+    if shape is None or len(raw) - header != math.prod(shape):
+        raise RunError(f"{path} is truncated or corrupt (IDX sizes {shape}, {len(raw) - header} data bytes)")
     return np.frombuffer(raw, np.uint8, offset=header).reshape(shape)
 
 
@@ -900,21 +892,6 @@ def make_mesh(args: Args, devices: list) -> jax.sharding.Mesh:
 
 
 # ---- The parameter table: what dropping the critic saves
-def critic_layers(n_slots: int, hidden_size: int, decoder_size: int, *, rngs: nnx.Rngs) -> nnx.Dict:
-    """The layers of PPO's value network V(x) = out(relu(trunk(relu(encoder(images)) · slots))) (P,), the policy's
-    widths with one output. GRPO has no critic: these are never called or trained, only counted (param_table) and
-    laid out on a mesh (tools/grpo_mesh.py measures what each device holds)."""
-    return nnx.Dict(
-        encoder=nnx.Linear(784, hidden_size, **named(("pixels", "features")), rngs=rngs),
-        trunk=nnx.Linear(n_slots * hidden_size, decoder_size, **named(("inputs", "hidden")), rngs=rngs),
-        out=nnx.Linear(decoder_size, 1, **named(("hidden", "value")), rngs=rngs),
-    )
-
-
-def count_params(model: nnx.Module) -> int:
-    return sum(int(p.size) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
-
-
 # Mixed-precision Adam, per trained parameter: a bfloat16 weight and gradient, and float32 master weight, m and v
 BYTES_PER_PARAM = 2 + 2 + 4 + 4 + 4
 MEMORY_RULE = "bf16 weight 2 + bf16 gradient 2 + fp32 master weight 4 + Adam's fp32 m 4 and v 4 = 16 B"
@@ -922,19 +899,19 @@ LLM_ACTOR_PARAMS = 8e9  # the policy size the table scales to, a common language
 
 
 def param_table(args: Args) -> tuple[str, dict]:
-    """Policy only (GRPO) vs policy + critic (PPO), counted from the models and scaled to an 8B policy."""
-    sizes = (slots_for(args), args.hidden_size, args.decoder_size)
-    actor = count_params(Policy(*sizes, rngs=nnx.Rngs(0)))
-    critic = count_params(critic_layers(*sizes, rngs=nnx.Rngs(0)))
+    """Policy only (GRPO) vs policy + critic (PPO), scaled to an 8B policy. PPO's value network has the policy's
+    widths and one output, V(x) = out(relu(trunk(relu(encoder(images)) · slots))): an encoder 784·H + H, a trunk
+    N·H·D + D and a head D + 1 (tools/grpo_mesh.py builds it, to measure what each device would hold)."""
+    n, h, d = slots_for(args), args.hidden_size, args.decoder_size
+    actor = sum(int(p.size) for p in jax.tree.leaves(nnx.state(Policy(n, h, d, rngs=nnx.Rngs(0)), nnx.Param)))
+    critic = (784 * h + h) + (n * h * d + d) + (d + 1)
     scale = LLM_ACTOR_PARAMS / actor  # an 8B policy; its critic shares the encoder and width, with a 1-unit head
-    rows = [
-        ("policy only (GRPO)", actor),
-        ("critic V(x) (PPO only)", critic),
-        ("policy + critic (PPO)", actor + critic),
+    lines = [
+        f"memory per trained parameter, mixed-precision Adam: {MEMORY_RULE}",
+        f"{'model':<24}{'params here':>13}{'scaled to 8B policy':>21}{'train state, 16 B/param':>25}",
     ]
-    lines = [f"memory per trained parameter, mixed-precision Adam: {MEMORY_RULE}"]
-    lines.append(f"{'model':<24}{'params here':>13}{'scaled to 8B policy':>21}{'train state, 16 B/param':>25}")
-    for name, count in rows:
+    rows = {"policy only (GRPO)": actor, "critic V(x) (PPO only)": critic, "policy + critic (PPO)": actor + critic}
+    for name, count in rows.items():
         lines.append(
             f"{name:<24}{count:>13,}{count * scale / 1e9:>20.2f}B{count * scale * BYTES_PER_PARAM / 1e9:>22.1f} GB"
         )
@@ -1070,47 +1047,38 @@ def run_label(args: Args) -> str:
 
 
 def print_header(args: Args, data: Data, label: str, mesh: jax.sharding.Mesh) -> dict:
-    """Print the data, the run, the mesh and the parameter table (GRPO vs PPO); return the counts for metrics.json."""
-    print(f"data: {data.source}", flush=True)
-    kind = mesh.devices.flat[0].platform
-    print(
-        f"mesh: data {mesh.shape['data']} × model {mesh.shape['model']} over {mesh.size} {kind} device(s), "
-        f"rules {args.rules}: {RULE_SETS[args.rules]}",
-        flush=True,
-    )
-    print(
-        f"run: {label}, batch {args.batch_size} prompts, learning rate {args.learning_rate}, "
-        f"{args.iterations} iterations, seed {args.seed}",
-        flush=True,
-    )
+    """Print the data, the mesh, the run and the parameter table (GRPO vs PPO); return the counts for metrics.json."""
     table, param_counts = param_table(args)
-    print(table, flush=True)
+    print(
+        f"data: {data.source}\nmesh: data {mesh.shape['data']} × model {mesh.shape['model']} over {mesh.size} "
+        f"{mesh.devices.flat[0].platform} device(s), rules {args.rules}: {RULE_SETS[args.rules]}\n"
+        f"run: {label}, batch {args.batch_size} prompts, learning rate {args.learning_rate}, "
+        f"{args.iterations} iterations, seed {args.seed}\n{table}",
+        flush=True,
+    )
     return param_counts
 
 
-def score_test_set(args: Args, policy: Policy, reference: Policy, data: Data) -> dict:
-    """evaluate() on the held-out test prompts, called once, after training: test_pass1, test_pass{k}, ..."""
-    strips = fixed_strips(data.x_test, data.y_test, slots_for(args))
-    key = run_keys(args.seed).test
-    evaluate_test = jax.jit(partial(evaluate, nnx.graphdef(policy)), static_argnums=4)
-    raw = evaluate_test(nnx.state(policy), nnx.state(reference), strips, key, args.eval_samples)
-    return scores(raw, args.eval_samples, args.pass_k, "test_")
+def score_split(args: Args, policy: Policy, reference: Policy, data: Data, split: str) -> dict:
+    """evaluate() on the fixed prompts of one split with that split's key from --seed: "test", the held-out test set,
+    scored once, after training; "val", a saved policy's validation scores: train()'s own, with the same key."""
+    x, y = (data.x_test, data.y_test) if split == "test" else (data.x_val, data.y_val)
+    evaluate_split = jax.jit(partial(evaluate, nnx.graphdef(policy)), static_argnums=4)
+    strips, key = fixed_strips(x, y, slots_for(args)), getattr(run_keys(args.seed), split)
+    raw = evaluate_split(nnx.state(policy), nnx.state(reference), strips, key, args.eval_samples)
+    return {**scores(raw, args.eval_samples, args.pass_k, split + "_"), f"{split}_prompts": len(y)}
 
 
 def evaluate_saved(args: Args, data: Data, policy: Policy, run: Run) -> dict:
-    """--load: score a saved policy as a training run scores its final policy (validation with train()'s
-    evaluation key, the test set with score_test_set's, both drawn from --seed), so the run's flags reproduce its
-    final scores; writes the eval run's metrics.json. The checkpoint holds no π_ref, so no KL to it is reported."""
+    """--load: score a saved policy as a training run scores its final policy, with the keys of --seed, so the run's
+    flags reproduce its final scores; writes the eval run's metrics.json. The checkpoint holds no π_ref: the policy
+    stands in for it, and that KL (0) is dropped."""
     print(f"data: {data.source}\nloaded {args.load}", flush=True)
-    score = jax.jit(partial(evaluate, nnx.graphdef(policy)), static_argnums=4)
-    val = fixed_strips(data.x_val, data.y_val, slots_for(args))
-    state = nnx.state(policy)  # also π_ref's stand-in, here and on test: that KL (0) is dropped below
-    raw = score(state, state, val, run_keys(args.seed).val, args.eval_samples)  # train()'s validation key
-    results = scores(raw, args.eval_samples, args.pass_k, "val_")
-    if args.score_test:
-        results.update(**score_test_set(args, policy, policy, data), test_prompts=len(data.y_test))
+    results = {}
+    for split in ("val", "test") if args.score_test else ("val",):
+        results.update(score_split(args, policy, policy, data, split))
     results = {k: v for k, v in results.items() if not k.endswith("_kl_ref")}
-    results.update(loaded=args.load, val_prompts=len(data.y_val), data=data.source, args=asdict(args))
+    results.update(loaded=args.load, data=data.source, args=asdict(args))
     run.finish(results)
     print_summary(args, results, f"policy loaded from {args.load}, scored with the keys of seed {args.seed}", run)
     return results
@@ -1121,9 +1089,8 @@ def collect_metrics(args: Args, data: Data, history: list[dict], test: dict, tim
     times, every scored row (history) and the flags."""
     last = history[-1]
     return {
-        **{k: v for k, v in last.items() if k.startswith("val_")},
+        **{k: v for k, v in last.items() if k.startswith("val_") or k in PROGRESS},
         **test,
-        **{k: last[k] for k in PROGRESS if k in last},
         "iterations": args.iterations,
         "sft_steps": sft_steps_for(args),
         "labelled_images": labelled_count(args, len(data.y_train)),
@@ -1192,7 +1159,7 @@ def main(args: Args) -> dict:
         run.save("policy", save_policy, nnx.state(policy))  # right after training: a stop later keeps it
         test = {}
         if args.score_test:  # the test set is scored once, here, after every choice on validation
-            test = {**score_test_set(args, policy, reference, data), "test_prompts": len(data.y_test)}
+            test = score_split(args, policy, reference, data, "test")
     title = f"{label} | train {len(data.y_train)} / validation {len(data.y_val)} images"
     run.save("learning_curve.png", plot_curve, history, args.pass_k, test, title)
     results = collect_metrics(args, data, history, test, timings, counts)
