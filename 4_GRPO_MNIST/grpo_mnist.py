@@ -1069,28 +1069,11 @@ def score_split(args: Args, policy: Policy, reference: Policy, data: Data, split
     return {**scores(raw, args.eval_samples, args.pass_k, split + "_"), f"{split}_prompts": len(y)}
 
 
-def evaluate_saved(args: Args, data: Data, policy: Policy, run: Run) -> dict:
-    """--load: score a saved policy as a training run scores its final policy, with the keys of --seed, so the run's
-    flags reproduce its final scores; writes the eval run's metrics.json. The checkpoint holds no π_ref: the policy
-    stands in for it, and that KL (0) is dropped."""
-    print(f"data: {data.source}\nloaded {args.load}", flush=True)
-    results = {}
-    for split in ("val", "test") if args.score_test else ("val",):
-        results.update(score_split(args, policy, policy, data, split))
-    results = {k: v for k, v in results.items() if not k.endswith("_kl_ref")}
-    results.update(loaded=args.load, data=data.source, args=asdict(args))
-    run.finish(results)
-    print_summary(args, results, f"policy loaded from {args.load}, scored with the keys of seed {args.seed}", run)
-    return results
-
-
-def collect_metrics(args: Args, data: Data, history: list[dict], test: dict, timings: dict, counts: dict) -> dict:
-    """metrics.json: the final validation and test scores, the last block's training means, the run's sizes and
-    times, every scored row (history) and the flags."""
-    last = history[-1]
+def collect_metrics(args: Args, data: Data, history: list[dict], timings: dict, counts: dict) -> dict:
+    """metrics.json of a training run: the final validation scores, the last block's training means, the run's sizes
+    and times and every scored row (history); main adds the test scores and the flags."""
     return {
-        **{k: v for k, v in last.items() if k.startswith("val_") or k in PROGRESS},
-        **test,
+        **{k: v for k, v in history[-1].items() if k.startswith("val_") or k in PROGRESS},
         "iterations": args.iterations,
         "sft_steps": sft_steps_for(args),
         "labelled_images": labelled_count(args, len(data.y_train)),
@@ -1100,7 +1083,6 @@ def collect_metrics(args: Args, data: Data, history: list[dict], test: dict, tim
         "data": data.source,
         **counts,
         "history": history,
-        "args": asdict(args),
     }
 
 
@@ -1151,18 +1133,23 @@ def main(args: Args) -> dict:
     if not args.score_test:  # the test images are dropped before training: nothing below can read them
         data = data._replace(x_test=None, y_test=None)
     with jax.set_mesh(mesh):  # every placement and sharding constraint below refers to this mesh
-        if loaded is not None:  # score a saved policy, no training
-            return evaluate_saved(args, data, loaded, run)
-        label = run_label(args)
-        counts = print_header(args, data, label, mesh)
-        policy, reference, history, timings = train(args, data)
-        run.save("policy", save_policy, nnx.state(policy))  # right after training: a stop later keeps it
-        test = {}
+        if loaded is None:
+            label = run_label(args)
+            counts = print_header(args, data, label, mesh)
+            policy, reference, history, timings = train(args, data)
+            run.save("policy", save_policy, nnx.state(policy))  # right after training: a stop later keeps it
+            results = collect_metrics(args, data, history, timings, counts)
+        else:  # score a saved policy as train() scores its final one, with the keys of --seed: no training
+            label = f"policy loaded from {args.load}, scored with the keys of seed {args.seed}"
+            print(f"data: {data.source}\nloaded {args.load}", flush=True)
+            policy = reference = loaded  # the checkpoint holds no π_ref: the policy stands in, and that KL (0) goes
+            results = {**score_split(args, policy, reference, data, "val"), "loaded": args.load, "data": data.source}
         if args.score_test:  # the test set is scored once, here, after every choice on validation
-            test = score_split(args, policy, reference, data, "test")
-    title = f"{label} | train {len(data.y_train)} / validation {len(data.y_val)} images"
-    run.save("learning_curve.png", plot_curve, history, args.pass_k, test, title)
-    results = collect_metrics(args, data, history, test, timings, counts)
+            results.update(score_split(args, policy, reference, data, "test"))
+    if loaded is None:
+        title = f"{label} | train {len(data.y_train)} / validation {len(data.y_val)} images"
+        run.save("learning_curve.png", plot_curve, history, args.pass_k, results, title)
+    results = {k: v for k, v in results.items() if loaded is None or not k.endswith("_kl_ref")} | {"args": asdict(args)}
     run.finish(results)
     print_summary(args, results, label, run)
     return results
