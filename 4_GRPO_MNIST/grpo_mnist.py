@@ -14,9 +14,9 @@ then learns from the verifier alone. `--objective supervised` trains with cross-
 
 Order: Args → prompts (strips) → the policy → sampling → the verifier → group advantages → per-token ratio,
 clip and KL → loss aggregation → the GRPO and SFT losses → the compiled updates → evaluation (pass@1, pass@k,
-greedy) → the training loop. Below the `# Plumbing` banner: the command line and this run's folder, checks, the data
-splits, reading MNIST, the device mesh, the critic GRPO does without (only counted), the orbax checkpoint and
-`--load`, the figure, metrics.json and main.
+greedy) → the training loop → the test set, scored once. Below the `# Plumbing` banner: the command line and this
+run's folder, checks, the data splits, reading MNIST, the device mesh, the parameter table (the critic GRPO does
+without), the orbax checkpoint and `--load`, the figure, metrics.json and main.
 """
 
 from __future__ import annotations
@@ -659,6 +659,15 @@ def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
     return policy, nnx.merge(policy_def, ref_state), history, {"train_seconds": time.perf_counter() - t0}
 
 
+def score_split(args: Args, policy: Policy, reference: Policy, data: Data, split: str) -> dict:
+    """evaluate() on the fixed prompts of "val" or "test" with that split's key: the test set once, after training."""
+    strips = fixed_strips(getattr(data, f"x_{split}"), getattr(data, f"y_{split}"), slots_for(args))
+    evaluate_split = jax.jit(partial(evaluate, nnx.graphdef(policy)), static_argnums=4)
+    key = getattr(run_keys(args.seed), split)  # "val": train()'s own, so a saved policy scores as it did there
+    raw = evaluate_split(nnx.state(policy), nnx.state(reference), strips, key, args.eval_samples)
+    return {**scores(raw, args.eval_samples, args.pass_k, f"{split}_"), f"{split}_prompts": len(strips.target)}
+
+
 # Plumbing: the command line, checks, reading MNIST, the mesh, the parameter table, checkpoints, the figure, main -----
 class RunError(Exception):
     """What ends a run early with one line on stderr and exit status 1: bad input, a full disk, a failed check."""
@@ -996,13 +1005,11 @@ def plot_curve(path: str, history: list[dict], k: int, test: dict, title: str) -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rl = [h for h in history if h["phase"] == "rl"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
-    score_axis, share_axis, length_axis = axes
+    rl, trained = [h for h in history if h["phase"] == "rl"], [i for i, h in enumerate(history) if "reward" in h]
+    fig, (score_axis, share_axis, length_axis) = plt.subplots(1, 3, figsize=(15, 3.8))
     steps = plot_scores(score_axis, history, k)
-    trained = [h for h in history if "reward" in h]
     score_axis.plot(
-        [steps[history.index(h)] for h in trained], [100 * h["reward"] for h in trained], "x--", label="train reward"
+        [steps[i] for i in trained], [100 * history[i]["reward"] for i in trained], "x--", label="train reward"
     )
     for key, text in (("test_pass1", "pass@1"), ("test_greedy", "greedy")):
         if key in test:
@@ -1023,7 +1030,7 @@ def plot_curve(path: str, history: list[dict], k: int, test: dict, title: str) -
         kl_x, kl_y = steps, [h["val_kl_ref"] for h in history]
     length_axis.plot(kl_x, kl_y, "^-", label="KL(π ‖ π_ref) per answer (nats)")
     length_axis.set(xlabel="iteration", title="lengths and KL to π_ref")
-    for ax in axes:
+    for ax in fig.axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
@@ -1059,16 +1066,6 @@ def print_header(args: Args, data: Data, label: str, mesh: jax.sharding.Mesh) ->
     return param_counts
 
 
-def score_split(args: Args, policy: Policy, reference: Policy, data: Data, split: str) -> dict:
-    """evaluate() on the fixed prompts of one split with that split's key from --seed: "test", the held-out test set,
-    scored once, after training; "val", a saved policy's validation scores: train()'s own, with the same key."""
-    x, y = (data.x_test, data.y_test) if split == "test" else (data.x_val, data.y_val)
-    evaluate_split = jax.jit(partial(evaluate, nnx.graphdef(policy)), static_argnums=4)
-    strips, key = fixed_strips(x, y, slots_for(args)), getattr(run_keys(args.seed), split)
-    raw = evaluate_split(nnx.state(policy), nnx.state(reference), strips, key, args.eval_samples)
-    return {**scores(raw, args.eval_samples, args.pass_k, split + "_"), f"{split}_prompts": len(y)}
-
-
 def collect_metrics(args: Args, data: Data, history: list[dict], timings: dict, counts: dict) -> dict:
     """metrics.json of a training run: the final validation scores, the last block's training means, the run's sizes
     and times and every scored row (history); main adds the test scores and the flags."""
@@ -1088,9 +1085,7 @@ def collect_metrics(args: Args, data: Data, history: list[dict], timings: dict, 
 
 def print_summary(args: Args, results: dict, label: str, run: Run) -> None:
     k = args.pass_k
-    print("---- summary ----")
-    print(f"data:            {results['data']}")
-    print(f"run:             {label}")
+    print(f"---- summary ----\ndata:            {results['data']}\nrun:             {label}")
     for split in ("val", "test"):
         if f"{split}_pass1" not in results:
             print("test:            not scored (--no-score-test)")
