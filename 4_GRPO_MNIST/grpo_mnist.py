@@ -914,7 +914,7 @@ def param_table(args: Args) -> tuple[str, dict]:
     n, h, d = slots_for(args), args.hidden_size, args.decoder_size
     actor = sum(int(p.size) for p in jax.tree.leaves(nnx.state(Policy(n, h, d, rngs=nnx.Rngs(0)), nnx.Param)))
     critic = (784 * h + h) + (n * h * d + d) + (d + 1)
-    scale = LLM_ACTOR_PARAMS / actor  # an 8B policy; its critic shares the encoder and width, with a 1-unit head
+    scale = LLM_ACTOR_PARAMS / actor  # an 8B policy; its critic has the same widths, with a 1-unit head
     lines = [
         f"memory per trained parameter, mixed-precision Adam: {MEMORY_RULE}",
         f"{'model':<24}{'params here':>13}{'scaled to 8B policy':>21}{'train state, 16 B/param':>25}",
