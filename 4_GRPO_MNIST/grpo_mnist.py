@@ -14,9 +14,9 @@ then learns from the verifier alone. `--objective supervised` trains with cross-
 
 Order: Args → prompts (strips) → the policy → sampling → the verifier → group advantages → per-token ratio,
 clip and KL → loss aggregation → the GRPO and SFT losses → the compiled updates → evaluation (pass@1, pass@k,
-greedy) → the training loop. Below the `# Plumbing` banner: the command line and this run's folder, checks, the data
-splits, reading MNIST, the device mesh, the critic GRPO does without (only counted), the orbax checkpoint and
-`--load`, the figure, metrics.json and main.
+greedy) → the training loop → the test set, scored once. Below the `# Plumbing` banner: the command line and this
+run's folder, checks, the data splits, reading MNIST, the device mesh, the parameter table (the critic GRPO does
+without), the orbax checkpoint and `--load`, the figure, metrics.json and main.
 """
 
 from __future__ import annotations
@@ -659,6 +659,15 @@ def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
     return policy, nnx.merge(policy_def, ref_state), history, {"train_seconds": time.perf_counter() - t0}
 
 
+def score_split(args: Args, policy: Policy, reference: Policy, data: Data, split: str) -> dict:
+    """evaluate() on the fixed prompts of "val" or "test" with that split's key: the test set once, after training."""
+    strips = fixed_strips(getattr(data, f"x_{split}"), getattr(data, f"y_{split}"), slots_for(args))
+    evaluate_split = jax.jit(partial(evaluate, nnx.graphdef(policy)), static_argnums=4)
+    key = getattr(run_keys(args.seed), split)  # "val": train()'s own, so a saved policy scores as it did there
+    raw = evaluate_split(nnx.state(policy), nnx.state(reference), strips, key, args.eval_samples)
+    return {**scores(raw, args.eval_samples, args.pass_k, f"{split}_"), f"{split}_prompts": len(strips.target)}
+
+
 # Plumbing: the command line, checks, reading MNIST, the mesh, the parameter table, checkpoints, the figure, main -----
 class RunError(Exception):
     """What ends a run early with one line on stderr and exit status 1: bad input, a full disk, a failed check."""
@@ -776,17 +785,15 @@ def split_test_digits(x: np.ndarray, y: np.ndarray, n_train: int) -> tuple[np.nd
     """The t10k digits (bundled: the 10,000 official test digits), shuffled once, become n_train training digits and
     a held-out test set (the rest). Returns (x_train, y_train, x_test, y_test)."""
     order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
-    train, held = order[:n_train], order[n_train:]
-    return x[train], y[train], x[held], y[held]
+    return x[order[:n_train]], y[order[:n_train]], x[order[n_train:]], y[order[n_train:]]
 
 
 def carve_validation(x: np.ndarray, y: np.ndarray, val_size: float) -> tuple[np.ndarray, ...]:
     """Split the training images into (x_train, y_train, x_val, y_val) with a fixed shuffle; val gets
     round(val_size · N) images, at least one, and training keeps at least one."""
     n_val = min(max(1, round(val_size * len(y))), len(y) - 1)
-    order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
-    train, val = order[n_val:], order[:n_val]
-    return x[train], y[train], x[val], y[val]
+    x_val, y_val, x_train, y_train = split_test_digits(x, y, n_val)  # the same fixed shuffle, its first n_val
+    return x_train, y_train, x_val, y_val
 
 
 # ---- Reading MNIST: the IDX .gz files from 4_GRPO_MNIST/data/ or --data-dir
@@ -811,16 +818,10 @@ def read_idx(path: str) -> np.ndarray:
         raise RunError(f"{path} is not a complete gzip file ({e})") from None
     if len(raw) < 4 or raw[:3] != b"\x00\x00\x08":
         raise RunError(f"{path} is not an IDX file of unsigned bytes (bad magic number)")
-    ndim = raw[3]
-    header = 4 + 4 * ndim
-    if len(raw) < header:
-        raise RunError(f"{path} is truncated inside its IDX header")
-    shape = struct.unpack(f">{ndim}I", raw[4:header])
-    expected = math.prod(shape)
-    if len(raw) - header != expected:
-        raise RunError(
-            f"{path}: shape {shape} needs {expected} data bytes, found {len(raw) - header} (truncated or corrupt)"
-        )
+    header = 4 + 4 * raw[3]  # raw[3]: the number of sizes
+    shape = struct.unpack(f">{raw[3]}I", raw[4:header]) if len(raw) >= header else None
+    if shape is None or len(raw) - header != math.prod(shape):
+        raise RunError(f"{path} is truncated or corrupt (IDX sizes {shape}, {len(raw) - header} data bytes)")
     return np.frombuffer(raw, np.uint8, offset=header).reshape(shape)
 
 
@@ -900,21 +901,6 @@ def make_mesh(args: Args, devices: list) -> jax.sharding.Mesh:
 
 
 # ---- The parameter table: what dropping the critic saves
-def critic_layers(n_slots: int, hidden_size: int, decoder_size: int, *, rngs: nnx.Rngs) -> nnx.Dict:
-    """The layers of PPO's value network V(x) = out(relu(trunk(relu(encoder(images)) · slots))) (P,), the policy's
-    widths with one output. GRPO has no critic: these are never called or trained, only counted (param_table) and
-    laid out on a mesh (tools/grpo_mesh.py measures what each device holds)."""
-    return nnx.Dict(
-        encoder=nnx.Linear(784, hidden_size, **named(("pixels", "features")), rngs=rngs),
-        trunk=nnx.Linear(n_slots * hidden_size, decoder_size, **named(("inputs", "hidden")), rngs=rngs),
-        out=nnx.Linear(decoder_size, 1, **named(("hidden", "value")), rngs=rngs),
-    )
-
-
-def count_params(model: nnx.Module) -> int:
-    return sum(int(p.size) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
-
-
 # Mixed-precision Adam, per trained parameter: a bfloat16 weight and gradient, and float32 master weight, m and v
 BYTES_PER_PARAM = 2 + 2 + 4 + 4 + 4
 MEMORY_RULE = "bf16 weight 2 + bf16 gradient 2 + fp32 master weight 4 + Adam's fp32 m 4 and v 4 = 16 B"
@@ -922,19 +908,19 @@ LLM_ACTOR_PARAMS = 8e9  # the policy size the table scales to, a common language
 
 
 def param_table(args: Args) -> tuple[str, dict]:
-    """Policy only (GRPO) vs policy + critic (PPO), counted from the models and scaled to an 8B policy."""
-    sizes = (slots_for(args), args.hidden_size, args.decoder_size)
-    actor = count_params(Policy(*sizes, rngs=nnx.Rngs(0)))
-    critic = count_params(critic_layers(*sizes, rngs=nnx.Rngs(0)))
-    scale = LLM_ACTOR_PARAMS / actor  # an 8B policy; its critic shares the encoder and width, with a 1-unit head
-    rows = [
-        ("policy only (GRPO)", actor),
-        ("critic V(x) (PPO only)", critic),
-        ("policy + critic (PPO)", actor + critic),
+    """Policy only (GRPO) vs policy + critic (PPO), scaled to an 8B policy. PPO's value network has the policy's
+    widths and one output, V(x) = out(relu(trunk(relu(encoder(images)) · slots))): an encoder 784·H + H, a trunk
+    N·H·D + D and a head D + 1 (tools/grpo_mesh.py builds it, to measure what each device would hold)."""
+    n, h, d = slots_for(args), args.hidden_size, args.decoder_size
+    actor = sum(int(p.size) for p in jax.tree.leaves(nnx.state(Policy(n, h, d, rngs=nnx.Rngs(0)), nnx.Param)))
+    critic = (784 * h + h) + (n * h * d + d) + (d + 1)
+    scale = LLM_ACTOR_PARAMS / actor  # an 8B policy; its critic has the same widths, with a 1-unit head
+    lines = [
+        f"memory per trained parameter, mixed-precision Adam: {MEMORY_RULE}",
+        f"{'model':<24}{'params here':>13}{'scaled to 8B policy':>21}{'train state, 16 B/param':>25}",
     ]
-    lines = [f"memory per trained parameter, mixed-precision Adam: {MEMORY_RULE}"]
-    lines.append(f"{'model':<24}{'params here':>13}{'scaled to 8B policy':>21}{'train state, 16 B/param':>25}")
-    for name, count in rows:
+    rows = {"policy only (GRPO)": actor, "critic V(x) (PPO only)": critic, "policy + critic (PPO)": actor + critic}
+    for name, count in rows.items():
         lines.append(
             f"{name:<24}{count:>13,}{count * scale / 1e9:>20.2f}B{count * scale * BYTES_PER_PARAM / 1e9:>22.1f} GB"
         )
@@ -1019,13 +1005,11 @@ def plot_curve(path: str, history: list[dict], k: int, test: dict, title: str) -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rl = [h for h in history if h["phase"] == "rl"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
-    score_axis, share_axis, length_axis = axes
+    rl, trained = [h for h in history if h["phase"] == "rl"], [i for i, h in enumerate(history) if "reward" in h]
+    fig, (score_axis, share_axis, length_axis) = plt.subplots(1, 3, figsize=(15, 3.8))
     steps = plot_scores(score_axis, history, k)
-    trained = [h for h in history if "reward" in h]
     score_axis.plot(
-        [steps[history.index(h)] for h in trained], [100 * h["reward"] for h in trained], "x--", label="train reward"
+        [steps[i] for i in trained], [100 * history[i]["reward"] for i in trained], "x--", label="train reward"
     )
     for key, text in (("test_pass1", "pass@1"), ("test_greedy", "greedy")):
         if key in test:
@@ -1046,7 +1030,7 @@ def plot_curve(path: str, history: list[dict], k: int, test: dict, title: str) -
         kl_x, kl_y = steps, [h["val_kl_ref"] for h in history]
     length_axis.plot(kl_x, kl_y, "^-", label="KL(π ‖ π_ref) per answer (nats)")
     length_axis.set(xlabel="iteration", title="lengths and KL to π_ref")
-    for ax in axes:
+    for ax in fig.axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
@@ -1070,60 +1054,23 @@ def run_label(args: Args) -> str:
 
 
 def print_header(args: Args, data: Data, label: str, mesh: jax.sharding.Mesh) -> dict:
-    """Print the data, the run, the mesh and the parameter table (GRPO vs PPO); return the counts for metrics.json."""
-    print(f"data: {data.source}", flush=True)
-    kind = mesh.devices.flat[0].platform
-    print(
-        f"mesh: data {mesh.shape['data']} × model {mesh.shape['model']} over {mesh.size} {kind} device(s), "
-        f"rules {args.rules}: {RULE_SETS[args.rules]}",
-        flush=True,
-    )
-    print(
-        f"run: {label}, batch {args.batch_size} prompts, learning rate {args.learning_rate}, "
-        f"{args.iterations} iterations, seed {args.seed}",
-        flush=True,
-    )
+    """Print the data, the mesh, the run and the parameter table (GRPO vs PPO); return the counts for metrics.json."""
     table, param_counts = param_table(args)
-    print(table, flush=True)
+    print(
+        f"data: {data.source}\nmesh: data {mesh.shape['data']} × model {mesh.shape['model']} over {mesh.size} "
+        f"{mesh.devices.flat[0].platform} device(s), rules {args.rules}: {RULE_SETS[args.rules]}\n"
+        f"run: {label}, batch {args.batch_size} prompts, learning rate {args.learning_rate}, "
+        f"{args.iterations} iterations, seed {args.seed}\n{table}",
+        flush=True,
+    )
     return param_counts
 
 
-def score_test_set(args: Args, policy: Policy, reference: Policy, data: Data) -> dict:
-    """evaluate() on the held-out test prompts, called once, after training: test_pass1, test_pass{k}, ..."""
-    strips = fixed_strips(data.x_test, data.y_test, slots_for(args))
-    key = run_keys(args.seed).test
-    evaluate_test = jax.jit(partial(evaluate, nnx.graphdef(policy)), static_argnums=4)
-    raw = evaluate_test(nnx.state(policy), nnx.state(reference), strips, key, args.eval_samples)
-    return scores(raw, args.eval_samples, args.pass_k, "test_")
-
-
-def evaluate_saved(args: Args, data: Data, policy: Policy, run: Run) -> dict:
-    """--load: score a saved policy as a training run scores its final policy (validation with train()'s
-    evaluation key, the test set with score_test_set's, both drawn from --seed), so the run's flags reproduce its
-    final scores; writes the eval run's metrics.json. The checkpoint holds no π_ref, so no KL to it is reported."""
-    print(f"data: {data.source}\nloaded {args.load}", flush=True)
-    score = jax.jit(partial(evaluate, nnx.graphdef(policy)), static_argnums=4)
-    val = fixed_strips(data.x_val, data.y_val, slots_for(args))
-    state = nnx.state(policy)  # also π_ref's stand-in, here and on test: that KL (0) is dropped below
-    raw = score(state, state, val, run_keys(args.seed).val, args.eval_samples)  # train()'s validation key
-    results = scores(raw, args.eval_samples, args.pass_k, "val_")
-    if args.score_test:
-        results.update(**score_test_set(args, policy, policy, data), test_prompts=len(data.y_test))
-    results = {k: v for k, v in results.items() if not k.endswith("_kl_ref")}
-    results.update(loaded=args.load, val_prompts=len(data.y_val), data=data.source, args=asdict(args))
-    run.finish(results)
-    print_summary(args, results, f"policy loaded from {args.load}, scored with the keys of seed {args.seed}", run)
-    return results
-
-
-def collect_metrics(args: Args, data: Data, history: list[dict], test: dict, timings: dict, counts: dict) -> dict:
-    """metrics.json: the final validation and test scores, the last block's training means, the run's sizes and
-    times, every scored row (history) and the flags."""
-    last = history[-1]
+def collect_metrics(args: Args, data: Data, history: list[dict], timings: dict, counts: dict) -> dict:
+    """metrics.json of a training run: the final validation scores, the last block's training means, the run's sizes
+    and times and every scored row (history); main adds the test scores and the flags."""
     return {
-        **{k: v for k, v in last.items() if k.startswith("val_")},
-        **test,
-        **{k: last[k] for k in PROGRESS if k in last},
+        **{k: v for k, v in history[-1].items() if k.startswith("val_") or k in PROGRESS},
         "iterations": args.iterations,
         "sft_steps": sft_steps_for(args),
         "labelled_images": labelled_count(args, len(data.y_train)),
@@ -1133,15 +1080,12 @@ def collect_metrics(args: Args, data: Data, history: list[dict], test: dict, tim
         "data": data.source,
         **counts,
         "history": history,
-        "args": asdict(args),
     }
 
 
 def print_summary(args: Args, results: dict, label: str, run: Run) -> None:
     k = args.pass_k
-    print("---- summary ----")
-    print(f"data:            {results['data']}")
-    print(f"run:             {label}")
+    print(f"---- summary ----\ndata:            {results['data']}\nrun:             {label}")
     for split in ("val", "test"):
         if f"{split}_pass1" not in results:
             print("test:            not scored (--no-score-test)")
@@ -1184,18 +1128,23 @@ def main(args: Args) -> dict:
     if not args.score_test:  # the test images are dropped before training: nothing below can read them
         data = data._replace(x_test=None, y_test=None)
     with jax.set_mesh(mesh):  # every placement and sharding constraint below refers to this mesh
-        if loaded is not None:  # score a saved policy, no training
-            return evaluate_saved(args, data, loaded, run)
-        label = run_label(args)
-        counts = print_header(args, data, label, mesh)
-        policy, reference, history, timings = train(args, data)
-        run.save("policy", save_policy, nnx.state(policy))  # right after training: a stop later keeps it
-        test = {}
+        if loaded is None:
+            label = run_label(args)
+            counts = print_header(args, data, label, mesh)
+            policy, reference, history, timings = train(args, data)
+            run.save("policy", save_policy, nnx.state(policy))  # right after training: a stop later keeps it
+            results = collect_metrics(args, data, history, timings, counts)
+        else:  # score a saved policy as train() scores its final one, with the keys of --seed: no training
+            label = f"policy loaded from {args.load}, scored with the keys of seed {args.seed}"
+            print(f"data: {data.source}\nloaded {args.load}", flush=True)
+            policy = reference = loaded  # the checkpoint holds no π_ref: the policy stands in, and that KL (0) goes
+            results = {**score_split(args, policy, reference, data, "val"), "loaded": args.load, "data": data.source}
         if args.score_test:  # the test set is scored once, here, after every choice on validation
-            test = {**score_test_set(args, policy, reference, data), "test_prompts": len(data.y_test)}
-    title = f"{label} | train {len(data.y_train)} / validation {len(data.y_val)} images"
-    run.save("learning_curve.png", plot_curve, history, args.pass_k, test, title)
-    results = collect_metrics(args, data, history, test, timings, counts)
+            results.update(score_split(args, policy, reference, data, "test"))
+    if loaded is None:
+        title = f"{label} | train {len(data.y_train)} / validation {len(data.y_val)} images"
+        run.save("learning_curve.png", plot_curve, history, args.pass_k, results, title)
+    results = {k: v for k, v in results.items() if loaded is None or not k.endswith("_kl_ref")} | {"args": asdict(args)}
     run.finish(results)
     print_summary(args, results, label, run)
     return results

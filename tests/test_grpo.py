@@ -1082,7 +1082,7 @@ def test_no_score_test_leaves_the_test_set_unread(tmp_path, monkeypatch):
     test_* key, or passing the test images on to training."""
 
     def no_test_scoring(*a, **k):
-        raise AssertionError("score_test_set called with --no-score-test")
+        raise AssertionError("score_split called with --no-score-test")
 
     real_train = g.train
 
@@ -1090,7 +1090,7 @@ def test_no_score_test_leaves_the_test_set_unread(tmp_path, monkeypatch):
         assert data.x_test is None and data.y_test is None
         return real_train(args, data)
 
-    monkeypatch.setattr(g, "score_test_set", no_test_scoring)
+    monkeypatch.setattr(g, "score_split", no_test_scoring)  # a training run scores no other split with it
     monkeypatch.setattr(g, "train", train_without_test_images)
     args = tiny_args(tmp_path, score_test=False)
     result = g.main(args)
@@ -1373,9 +1373,9 @@ def test_load_refuses_a_path_without_a_checkpoint(tmp_path, capfd, monkeypatch, 
 
 @pytest.mark.unit
 def test_load_refuses_another_models_checkpoint(tmp_path, capfd, monkeypatch):
-    """(b) A checkpoint of another model (here PPO's critic, other names): one line naming what it holds.
+    """(b) A checkpoint of another model (here a critic's trunk, other names): one line naming what it holds.
     Catches: names left unchecked (orbax would fail inside its restore, with tracebacks on stderr)."""
-    g.save_policy(str(tmp_path / "critic"), nnx.state(g.critic_layers(3, 16, 32, rngs=nnx.Rngs(0))))
+    g.save_policy(str(tmp_path / "critic"), nnx.state(nnx.Dict(trunk=nnx.Linear(48, 32, rngs=nnx.Rngs(0)))))
     assert "trunk/kernel/value" in refused(tmp_path, capfd, monkeypatch, tmp_path / "critic")
 
 

@@ -52,6 +52,17 @@ def bytes_on(tree, device) -> int:
     )
 
 
+def critic_layers(g, n_slots: int, hidden_size: int, decoder_size: int, *, rngs: nnx.Rngs) -> nnx.Dict:
+    """The layers of PPO's value network V(x) = out(relu(trunk(relu(encoder(images)) · slots))) (P,), the policy's
+    widths with one output, tagged as the policy's are (g: the script). GRPO has no critic: this one is never called
+    or trained, only laid out on the mesh; the script's param_table counts the same layers."""
+    return nnx.Dict(
+        encoder=nnx.Linear(784, hidden_size, **g.named(("pixels", "features")), rngs=rngs),
+        trunk=nnx.Linear(n_slots * hidden_size, decoder_size, **g.named(("inputs", "hidden")), rngs=rngs),
+        out=nnx.Linear(decoder_size, 1, **g.named(("hidden", "value")), rngs=rngs),
+    )
+
+
 def mesh_memory(g, args, data, mesh) -> dict:
     """On the first device of the mesh (g: the script): the bytes of the policy + Adam state, of π_ref (parameters
     only: it is never trained, so it has no gradient and no optimizer state) and of the critic + Adam that GRPO does
@@ -65,7 +76,7 @@ def mesh_memory(g, args, data, mesh) -> dict:
     policy = g.Policy(*sizes, rngs=nnx.Rngs(g.run_keys(args.seed).init))
     graphdef, state = nnx.split(g.TrainState(policy, adam(policy)))
     state = g.place(state, args.rules)  # as train() places it
-    critic = g.critic_layers(*sizes, rngs=nnx.Rngs(args.seed))
+    critic = critic_layers(g, *sizes, rngs=nnx.Rngs(args.seed))
     critic_state = g.place(nnx.state((critic, adam(critic))), args.rules)  # the critic and its Adam, never trained
     block = partial(g.train_block, graphdef, nnx.graphdef(policy), g.GRPOConfig.from_args(args), sizes[0])
     keys = jax.random.split(jax.random.key(0), args.eval_every)
