@@ -802,46 +802,28 @@ def validate(args: Args) -> None:
     """Raise RunError (one line) before any work: a flag outside its bounds (check_flags), or two that do not fit."""
     check_flags(args)
 
-    def need(ok: bool, msg: str):
-        if not ok:
-            raise RunError(msg)
+    def need(name: str, op, other: str, when: bool = True) -> None:  # e.g. need("batch_size", le, "buffer_size")
+        value, bound, dash = getattr(args, name), getattr(args, other), lambda n: "--" + n.replace("_", "-")
+        if when and not op(value, bound):
+            raise RunError(f"{dash(name)} ({value}) must be {'<=' if op is le else '>='} {dash(other)} ({bound})")
 
-    # a minibatch is drawn from the buffer, so it cannot be larger than the buffer
-    need(
-        args.batch_size <= args.buffer_size,
-        f"--batch-size ({args.batch_size}) must be <= --buffer-size ({args.buffer_size})",
-    )
-    # one loop step adds up to num_envs transitions, and runs at most one training call, sync or evaluation
+    need("batch_size", le, "buffer_size")  # a minibatch is drawn from the buffer, so it cannot be larger
     for name in ("train_frequency", "target_network_frequency", "eval_frequency"):
-        value = getattr(args, name)
-        need(value >= args.num_envs, f"--{name.replace('_', '-')} ({value}) must be >= --num-envs ({args.num_envs})")
-    # ε falls along the schedule's line; it never rises
-    need(args.eps_end <= args.eps_start, f"--eps-end ({args.eps_end}) must be <= --eps-start ({args.eps_start})")
-    # many seeds: only the compiled loop runs them side by side, and a checkpoint holds one Q-network
-    need(
-        args.backend == "jax" or args.num_seeds == 1,
-        f"--num-seeds {args.num_seeds} needs --backend jax (the gymnasium backend trains one seed; "
-        f"for a sweep use tools/seeds.py)",
-    )
-    need(not (args.load and args.num_seeds > 1), "--load evaluates one saved Q-network; drop --num-seeds")
-    # every device gets as many seeds, and only the JAX backend shards
-    need(
-        args.host_devices <= 0 or (args.backend == "jax" and args.num_seeds % args.host_devices == 0),
-        f"--host-devices {args.host_devices} needs --backend jax and a --num-seeds that it divides "
-        f"(got --backend {args.backend} --num-seeds {args.num_seeds})",
-    )
-    if args.backend == "jax" and not args.load:
-        # a step of the compiled loop stores one transition per env, so the budget is whole steps of all the envs
-        need(
-            args.total_timesteps % args.num_envs == 0,
-            f"--backend jax steps all envs together: --total-timesteps ({args.total_timesteps}) must be a "
-            f"multiple of --num-envs ({args.num_envs})",
+        need(name, ge, "num_envs")  # one loop step adds up to num_envs transitions, and runs at most one of each job
+    need("eps_end", le, "eps_start")  # ε falls along the schedule's line; it never rises
+    jax_training = args.backend == "jax" and not args.load
+    need("buffer_size", ge, "num_envs", jax_training)  # one step of the compiled loop writes num_envs distinct rows
+    if args.num_seeds > 1 and args.backend != "jax":  # only the compiled loop runs seeds side by side
+        raise RunError(f"--num-seeds {args.num_seeds} needs --backend jax (for a gymnasium sweep use tools/seeds.py)")
+    if args.num_seeds > 1 and args.load:  # a checkpoint holds one Q-network
+        raise RunError("--load evaluates one saved Q-network; drop --num-seeds")
+    if args.host_devices > 0 and (args.backend != "jax" or args.num_seeds % args.host_devices):  # as many per device
+        raise RunError(
+            f"--host-devices {args.host_devices} needs --backend jax and a --num-seeds that it divides "
+            f"(got --backend {args.backend} --num-seeds {args.num_seeds})"
         )
-        # one step writes num_envs distinct rows of the buffer
-        need(
-            args.buffer_size >= args.num_envs,
-            f"--backend jax: --buffer-size ({args.buffer_size}) must be >= --num-envs ({args.num_envs})",
-        )
+    if jax_training and args.total_timesteps % args.num_envs:  # a step of the compiled loop steps every env
+        raise RunError(f"--total-timesteps ({args.total_timesteps}) must be a multiple of --num-envs ({args.num_envs})")
 
 
 # ----------------------------------------------------------------------------- --backend jax: seeds and devices
