@@ -955,49 +955,6 @@ def seed_summary(x, bar: float) -> dict:
     return out
 
 
-def seeds_metrics(args: Args, act, runs: list, first: Evaluation) -> dict:
-    """What metrics.json adds for --backend jax: the seeds, every seed's final greedy evaluation on the test episodes
-    (the first seed's is `first`, already made), how many solved it and, for several seeds, their summary."""
-    finals = [first] + [
-        evaluate(act, log["best"]["params"] if args.final_agent == "best" else last, args.eval_episodes, args.eval_seed)
-        for last, log in runs[1:]
-    ]
-    seeds, returns = list(range(args.seed, args.seed + args.num_seeds)), [float(f.returns.mean()) for f in finals]
-    per_seed = [
-        dict(
-            seed=seed,
-            **evaluation_metrics(final),
-            best_step=log["best"]["step"],
-            best_periodic_return=log["best"]["eval_return"],
-            solved_step=log["solved_step"],
-            validation_returns=[row["eval_return"] for row in log["curve"]],
-        )
-        for seed, final, (_, log) in zip(seeds, finals, runs)
-    ]
-    metrics = dict(
-        backend="jax", seeds=seeds, devices=runs[0][1]["devices"], compile_seconds=runs[0][1]["compile_seconds"]
-    )
-    metrics.update(
-        eval_return_per_seed=returns, solved=sum(r >= args.solve_threshold for r in returns), per_seed=per_seed
-    )
-    if len(returns) > 1:  # one seed has no spread to summarise (and does not pay for importing scipy)
-        metrics["across_seeds"] = seed_summary(returns, args.solve_threshold)
-    return metrics
-
-
-def print_seeds(args: Args, metrics: dict) -> None:
-    """The many-seed summary: each seed's final greedy evaluation and how many reach --solve-threshold."""
-    a = metrics["across_seeds"]
-    print(
-        f"per seed (final greedy evaluation, mean over {args.eval_episodes} test episodes): "
-        + " ".join(f"{seed}:{r:.1f}" for seed, r in zip(metrics["seeds"], metrics["eval_return_per_seed"]))
-        + f"\nacross {a['n']} seeds: mean={a['mean']:.1f} IQM={a['iqm']:.1f}"
-        + (f" [95% CI {a['iqm_ci'][0]:.1f}, {a['iqm_ci'][1]:.1f}]" if a["iqm_ci"] else "")
-        + f" min={a['min']:.1f} max={a['max']:.1f} solved(>={args.solve_threshold:g})={metrics['solved']}/{a['n']}",
-        flush=True,
-    )
-
-
 # ----------------------------------------------------------------------------- checkpoints, the GIF, the plot
 
 
@@ -1099,8 +1056,9 @@ def plot_curve(path: str, curve: list[dict], threshold: float, title: str, chose
 # ----------------------------------------------------------------------------- metrics.json, the summary, main
 
 
-def evaluation_metrics(evaluation: Evaluation) -> dict:
-    returns, ends = evaluation
+def evaluation_metrics(args: Args, act, params: nnx.State) -> dict:
+    """The final greedy evaluation of `params`: --eval-episodes test episodes, their initial states from --eval-seed."""
+    returns, ends = evaluate(act, params, args.eval_episodes, args.eval_seed)
     return dict(
         eval_return_mean=float(returns.mean()),
         eval_return_std=float(returns.std()),
@@ -1113,55 +1071,83 @@ def evaluation_metrics(evaluation: Evaluation) -> dict:
 def evaluate_saved(args: Args, act, params: nnx.State) -> dict:
     """--load: evaluate (and with --video, watch) the saved θ, in a run folder of its own under <out>/eval/."""
     run = Run(replace(args, out=os.path.join(args.out, "eval")))  # <out>/latest stays the training run's
-    final = evaluate(act, params, args.eval_episodes, args.eval_seed)
-    metrics = dict(**evaluation_metrics(final), env_steps=0, train_seconds=0.0, loaded_from=args.load)
+    metrics = dict(**evaluation_metrics(args, act, params), env_steps=0, train_seconds=0.0, loaded_from=args.load)
     if args.video:
         metrics["video_return"] = write_video(run, act, params, args.eval_seed)
     run.finish({**metrics, "args": asdict(args)})
-    print(
-        f"loaded {args.load}: eval_return_mean={metrics['eval_return_mean']:.1f} "
-        f"eval_return_std={metrics['eval_return_std']:.1f} over {metrics['eval_episodes']} episodes",
-        flush=True,
-    )
-    print_outputs(run, metrics)
+    print_summary(args, run, metrics)
     return metrics
 
 
-def training_metrics(args: Args, final: Evaluation, last: Evaluation, log: dict, t_start: float) -> dict:
-    """metrics.json of a training run: the final evaluation of the saved parameters, then how training went."""
-    as_logged = ("env_steps", "gradient_steps_total", "solved_step", "solved_seconds", "train_episodes", "curve")
-    return dict(
-        **evaluation_metrics(final),
+def training_metrics(args: Args, act, runs: list, t_start: float) -> dict:
+    """metrics.json of a training run: the final evaluation of each seed's saved parameters (--final-agent) and how
+    its training went; the first seed's at the top, and for --backend jax every seed's and, for several, a summary."""
+    per_seed = [
+        dict(
+            seed=args.seed + i,
+            **evaluation_metrics(args, act, log["best"]["params"] if args.final_agent == "best" else last),
+            best_step=log["best"]["step"],
+            best_periodic_return=log["best"]["eval_return"],
+            solved_step=log["solved_step"],
+            validation_returns=[row["eval_return"] for row in log["curve"]],
+        )
+        for i, (last, log) in enumerate(runs)
+    ]
+    (last, log), first = runs[0], per_seed[0]
+    last = evaluation_metrics(args, act, last) if args.final_agent == "best" else first
+    as_logged = ("env_steps", "gradient_steps_total", "solved_seconds", "train_episodes", "curve")
+    metrics = dict(
+        {key: value for key, value in first.items() if key not in ("seed", "validation_returns")},
         final_agent=args.final_agent,
-        best_step=log["best"]["step"],
-        best_periodic_return=log["best"]["eval_return"],
-        last_eval_return_mean=float(last.returns.mean()),
+        last_eval_return_mean=last["eval_return_mean"],
         train_seconds=round(log["train_seconds"], 2),
         **{key: log[key] for key in as_logged},
         total_seconds=round(time.perf_counter() - t_start, 2),
     )
+    if args.backend == "jax":
+        returns = [row["eval_return_mean"] for row in per_seed]
+        metrics.update(backend="jax", seeds=[row["seed"] for row in per_seed], eval_return_per_seed=returns)
+        metrics.update(devices=log["devices"], compile_seconds=log["compile_seconds"], per_seed=per_seed)
+        metrics["solved"] = sum(r >= args.solve_threshold for r in returns)
+        if len(returns) > 1:  # one seed has no spread to summarise (and does not pay for importing scipy)
+            metrics["across_seeds"] = seed_summary(returns, args.solve_threshold)
+    return metrics
 
 
-def print_summary(args: Args, metrics: dict) -> None:
-    saved_step = metrics["best_step"] if args.final_agent == "best" else metrics["env_steps"]
-    print(
-        f"\nfinal greedy evaluation of the {args.final_agent} parameters (step {saved_step}) over "
-        f"{metrics['eval_episodes']} test episodes (--eval-seed {args.eval_seed}): "
-        f"eval_return_mean={metrics['eval_return_mean']:.1f} eval_return_std={metrics['eval_return_std']:.1f} "
-        f"min={metrics['eval_return_min']:.0f}"
-    )
-    print("episodes ended: " + " ".join(f"{k}={v}" for k, v in metrics["eval_ends"].items()))
-    print(
-        f"env_steps={args.total_timesteps} train_seconds={metrics['train_seconds']:.1f} "
-        f"gradient_steps={metrics['gradient_steps_total']} solved_step={metrics['solved_step']} "
-        f"total_seconds={metrics['total_seconds']}"
-    )
-
-
-def print_outputs(run: Run, metrics: dict) -> None:
+def print_summary(args: Args, run: Run, metrics: dict) -> None:
+    """The last lines: the final greedy evaluation (with --num-seeds, each seed's and their summary), the files."""
+    if args.load:
+        print(
+            f"loaded {args.load}: eval_return_mean={metrics['eval_return_mean']:.1f} "
+            f"eval_return_std={metrics['eval_return_std']:.1f} over {metrics['eval_episodes']} episodes"
+        )
+    else:
+        saved_step = metrics["best_step"] if args.final_agent == "best" else metrics["env_steps"]
+        print(
+            f"\nfinal greedy evaluation of the {args.final_agent} parameters (step {saved_step}) over "
+            f"{metrics['eval_episodes']} test episodes (--eval-seed {args.eval_seed}): "
+            f"eval_return_mean={metrics['eval_return_mean']:.1f} eval_return_std={metrics['eval_return_std']:.1f} "
+            f"min={metrics['eval_return_min']:.0f}"
+        )
+        print("episodes ended: " + " ".join(f"{k}={v}" for k, v in metrics["eval_ends"].items()))
+        print(
+            f"env_steps={args.total_timesteps} train_seconds={metrics['train_seconds']:.1f} "
+            f"gradient_steps={metrics['gradient_steps_total']} solved_step={metrics['solved_step']} "
+            f"total_seconds={metrics['total_seconds']}"
+        )
     if "video_return" in metrics:
         print(f"video: episode.gif, one greedy episode of return {metrics['video_return']:.0f}")
-    print(f"outputs: {run.folder} ({', '.join(run.saved)})", flush=True)
+    print(f"outputs: {run.folder} ({', '.join(run.saved)})")
+    if args.num_seeds > 1:
+        a = metrics["across_seeds"]
+        print(
+            f"per seed (final greedy evaluation, mean over {args.eval_episodes} test episodes): "
+            + " ".join(f"{seed}:{r:.1f}" for seed, r in zip(metrics["seeds"], metrics["eval_return_per_seed"]))
+            + f"\nacross {a['n']} seeds: mean={a['mean']:.1f} IQM={a['iqm']:.1f}"
+            + (f" [95% CI {a['iqm_ci'][0]:.1f}, {a['iqm_ci'][1]:.1f}]" if a["iqm_ci"] else "")
+            + f" min={a['min']:.1f} max={a['max']:.1f} solved(>={args.solve_threshold:g})={metrics['solved']}/{a['n']}"
+        )
+    sys.stdout.flush()
 
 
 def use_compile_cache(folder: str) -> None:
@@ -1207,18 +1193,11 @@ def main(args: Args) -> dict:
     run.save("learning_curve.png", plot_curve, log["curve"], args.solve_threshold, title, saved_step)
 
     # Final greedy evaluation with a fixed seed, other than the periodic evaluations' seed used to pick `best`.
-    last = evaluate(act, last_params, args.eval_episodes, args.eval_seed)
-    final = evaluate(act, params, args.eval_episodes, args.eval_seed) if best else last
-    metrics = training_metrics(args, final, last, log, t_start)
-    if args.backend == "jax":
-        metrics.update(seeds_metrics(args, act, runs, final))
+    metrics = training_metrics(args, act, runs, t_start)
     if args.video:
         metrics["video_return"] = write_video(run, act, params, args.eval_seed)
     run.finish({**metrics, "args": asdict(args)})
-    print_summary(args, metrics)
-    print_outputs(run, metrics)
-    if args.num_seeds > 1:
-        print_seeds(args, metrics)
+    print_summary(args, run, metrics)
     return metrics
 
 
