@@ -838,9 +838,7 @@ def seed_devices(args: Args) -> list:
     along them gives every core its own seeds (the mesh of 5_Sharding_Mesh, with one axis). The count must
     divide --num-seeds: --host-devices -1 takes the largest such count up to the number of cores.
     """
-    want = args.host_devices
-    if want < 0:
-        want = most_devices(args.num_seeds, os.cpu_count() or 1)
+    want = most_devices(args.num_seeds, os.cpu_count() or 1) if args.host_devices < 0 else args.host_devices
     if want > 0:
         try:
             jax.config.update("jax_num_cpu_devices", want)
@@ -1068,17 +1066,6 @@ def evaluation_metrics(args: Args, act, params: nnx.State) -> dict:
     )
 
 
-def evaluate_saved(args: Args, act, params: nnx.State) -> dict:
-    """--load: evaluate (and with --video, watch) the saved θ, in a run folder of its own under <out>/eval/."""
-    run = Run(replace(args, out=os.path.join(args.out, "eval")))  # <out>/latest stays the training run's
-    metrics = dict(**evaluation_metrics(args, act, params), env_steps=0, train_seconds=0.0, loaded_from=args.load)
-    if args.video:
-        metrics["video_return"] = write_video(run, act, params, args.eval_seed)
-    run.finish({**metrics, "args": asdict(args)})
-    print_summary(args, run, metrics)
-    return metrics
-
-
 def training_metrics(args: Args, act, runs: list, t_start: float) -> dict:
     """metrics.json of a training run: the final evaluation of each seed's saved parameters (--final-agent) and how
     its training went; the first seed's at the top, and for --backend jax every seed's and, for several, a summary."""
@@ -1179,21 +1166,21 @@ def main(args: Args) -> dict:
     agent = nnx.jit(lambda: build_agent(args, nnx.Rngs(args.seed)))()  # built in one compiled call (one program)
     graphdef, state = nnx.split(agent)  # the hot loop calls compiled functions of `state`
     act, update = make_step_fns(args, graphdef, nnx.graphdef(agent.q_network))
-    if args.load:
-        return evaluate_saved(args, act, loaded)
-    run = Run(args)  # this run's own folder under --out
-
-    # one (last parameters, log) per seed; the first seed's parameters are saved and its curve is plotted
-    runs = train_seeds(args, devices) if args.backend == "jax" else [train(args, act, update, state)]
-    last_params, log = runs[0]
-    best = args.final_agent == "best"
-    params, saved_step = (log["best"]["params"], log["best"]["step"]) if best else (last_params, log["env_steps"])
-    run.save("q_network", save_checkpoint, params)  # right after training: a stop from here on keeps it
-    title = f"DQN on {ENV_ID}, seed {args.seed}" + (f" ({args.backend})" if args.backend == "jax" else "")
-    run.save("learning_curve.png", plot_curve, log["curve"], args.solve_threshold, title, saved_step)
-
-    # Final greedy evaluation with a fixed seed, other than the periodic evaluations' seed used to pick `best`.
-    metrics = training_metrics(args, act, runs, t_start)
+    if args.load:  # evaluate (with --video, watch) the saved θ, in a run folder under <out>/eval/: latest stays
+        run, params = Run(replace(args, out=os.path.join(args.out, "eval"))), loaded
+        metrics = dict(**evaluation_metrics(args, act, params), env_steps=0, train_seconds=0.0, loaded_from=args.load)
+    else:
+        run = Run(args)  # this run's own folder under --out
+        # one (last parameters, log) per seed; the first seed's parameters are saved and its curve is plotted
+        runs = train_seeds(args, devices) if args.backend == "jax" else [train(args, act, update, state)]
+        last_params, log = runs[0]
+        best = args.final_agent == "best"
+        params, saved_step = (log["best"]["params"], log["best"]["step"]) if best else (last_params, log["env_steps"])
+        run.save("q_network", save_checkpoint, params)  # right after training: a stop from here on keeps it
+        title = f"DQN on {ENV_ID}, seed {args.seed}" + (f" ({args.backend})" if args.backend == "jax" else "")
+        run.save("learning_curve.png", plot_curve, log["curve"], args.solve_threshold, title, saved_step)
+        # Final greedy evaluation with a fixed seed, other than the periodic evaluations' seed used to pick `best`.
+        metrics = training_metrics(args, act, runs, t_start)
     if args.video:
         metrics["video_return"] = write_video(run, act, params, args.eval_seed)
     run.finish({**metrics, "args": asdict(args)})
