@@ -826,9 +826,6 @@ def validate(args: Args) -> None:
         raise RunError(f"--total-timesteps ({args.total_timesteps}) must be a multiple of --num-envs ({args.num_envs})")
 
 
-# ----------------------------------------------------------------------------- --backend jax: seeds and devices
-
-
 def seed_devices(args: Args) -> list:
     """The devices that the seed axis of a --backend jax run is split across (data parallelism over seeds).
     Must run before the first JAX operation.
@@ -838,7 +835,11 @@ def seed_devices(args: Args) -> list:
     along them gives every core its own seeds (the mesh of 5_Sharding_Mesh, with one axis). The count must
     divide --num-seeds: --host-devices -1 takes the largest such count up to the number of cores.
     """
-    want = most_devices(args.num_seeds, os.cpu_count() or 1) if args.host_devices < 0 else args.host_devices
+
+    def most_devices(at_most: int) -> int:  # the largest count ≤ at_most that divides --num-seeds: as many seeds each
+        return max(k for k in range(1, at_most + 1) if args.num_seeds % k == 0)
+
+    want = most_devices(os.cpu_count() or 1) if args.host_devices < 0 else args.host_devices
     if want > 0:
         try:
             jax.config.update("jax_num_cpu_devices", want)
@@ -849,12 +850,7 @@ def seed_devices(args: Args) -> list:
                     f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line"
                 ) from None
     devices = jax.devices()  # on a GPU or TPU host, the accelerators (the flag only shapes the CPU backend)
-    return devices[: most_devices(args.num_seeds, min(len(devices), want) if want > 0 else len(devices))]
-
-
-def most_devices(num_seeds: int, at_most: int) -> int:
-    """The largest device count ≤ at_most that divides num_seeds, so that every device gets as many seeds."""
-    return max(k for k in range(1, at_most + 1) if num_seeds % k == 0)
+    return devices[: most_devices(min(len(devices), want) if want > 0 else len(devices))]
 
 
 def over_seeds(fn: Callable, seeds_per_device: int) -> Callable:
@@ -953,9 +949,6 @@ def seed_summary(x, bar: float) -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------- checkpoints, the GIF, the plot
-
-
 def quiet_orbax() -> None:
     """orbax reports a failed read or write in log records, and its other reads and writes, still in flight, in
     tracebacks from their threads into its closed event loop: the one line of the RunError or OSError says it."""
@@ -1049,9 +1042,6 @@ def plot_curve(path: str, curve: list[dict], threshold: float, title: str, chose
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-# ----------------------------------------------------------------------------- metrics.json, the summary, main
 
 
 def evaluation_metrics(args: Args, act, params: nnx.State) -> dict:
@@ -1156,6 +1146,10 @@ def use_sequential_xla_scheduler() -> None:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_enable_concurrency_optimized_scheduler=false".strip()
 
 
+if __name__ == "__main__":  # the command line's, before JAX starts (a tool or test that loads the script calls it)
+    use_sequential_xla_scheduler()
+
+
 @one_line
 def main(args: Args) -> dict:
     validate(args)  # flag values, before any work
@@ -1189,5 +1183,4 @@ def main(args: Args) -> dict:
 
 
 if __name__ == "__main__":
-    use_sequential_xla_scheduler()
     main()

@@ -1200,9 +1200,9 @@ def test_sequential_xla_scheduler_is_set_by_the_command_line_and_a_users_setting
     assert os.environ["XLA_FLAGS"] == f"{flag}=true"
     # the command line sets it before main(), i.e. before JAX starts its backend
     tree = ast.parse(open(dqn.__file__).read())
-    guard = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)][-1]  # the last
-    calls = [ast.unparse(stmt) for stmt in guard.body]
-    assert calls == ["use_sequential_xla_scheduler()", "main()"]
+    guards = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+    calls = [ast.unparse(stmt) for guard in guards for stmt in guard.body]
+    assert calls[-2:] == ["use_sequential_xla_scheduler()", "main()"]
 
 
 @pytest.mark.unit
