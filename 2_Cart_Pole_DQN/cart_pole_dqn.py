@@ -73,7 +73,6 @@ class Args:
     anneal_lr: bool = flag(True, "decay the learning rate linearly to 0 over the run's gradient steps")
     max_grad_norm: float = flag(10.0, "clip the global gradient norm to this value (0 turns clipping off)", min=0)
     hidden_size: int = flag(128, "width of each of the two hidden layers of the Q-network", gt=0)
-    layer_norm: bool = flag(False, "LayerNorm after each hidden Linear layer (before the ReLU)")
     buffer_size: int = flag(100_000, "replay buffer capacity (transitions)", gt=0)
     batch_size: int = flag(64, "transitions per gradient step", gt=0)
     gamma: float = flag(0.999, "discount γ; 0.999 looks ~1,000 steps ahead, past the 500-step episode", min=0, max=1)
@@ -236,18 +235,14 @@ def due(args: Args, before: int, after: int) -> Due:
 class QNetwork(nnx.Module):
     """Q_θ(s, ·): an MLP from the 4 state numbers to one Q-value per action."""
 
-    def __init__(self, obs_dim: int, n_actions: int, hidden_size: int, layer_norm=False, *, rngs):
+    def __init__(self, obs_dim: int, n_actions: int, hidden_size: int, *, rngs):
         self.hidden1 = nnx.Linear(obs_dim, hidden_size, rngs=rngs)
         self.hidden2 = nnx.Linear(hidden_size, hidden_size, rngs=rngs)
         self.head = nnx.Linear(hidden_size, n_actions, rngs=rngs)
-        self.norm1 = nnx.LayerNorm(hidden_size, rngs=rngs) if layer_norm else None
-        self.norm2 = nnx.LayerNorm(hidden_size, rngs=rngs) if layer_norm else None
 
     def __call__(self, obs: jax.Array) -> jax.Array:  # (..., obs_dim) -> (..., n_actions)
-        x = self.hidden1(obs)
-        x = nnx.relu(self.norm1(x) if self.norm1 is not None else x)
-        x = self.hidden2(x)
-        x = nnx.relu(self.norm2(x) if self.norm2 is not None else x)
+        x = nnx.relu(self.hidden1(obs))
+        x = nnx.relu(self.hidden2(x))
         return self.head(x)
 
 
@@ -271,7 +266,7 @@ class Agent(NamedTuple):
 
 def build_agent(args: Args, rngs: nnx.Rngs) -> Agent:
     """The Q-network, initialised from `rngs`, and its optimizer: the one place they are wired together."""
-    q_network = QNetwork(OBS_DIM, N_ACTIONS, args.hidden_size, args.layer_norm, rngs=rngs)
+    q_network = QNetwork(OBS_DIM, N_ACTIONS, args.hidden_size, rngs=rngs)
     return Agent(q_network, nnx.Optimizer(q_network, make_tx(args), wrt=nnx.Param))
 
 
@@ -975,7 +970,7 @@ def load_checkpoint(path: str, args: Args) -> nnx.State:
     """θ from a folder save_checkpoint wrote. Before anything is read, the name, shape and dtype of every array in
     the checkpoint's metadata must be those of this run's Q-network (nnx.eval_shape: shapes, no arrays); a folder
     without a checkpoint, any mismatch, or a file that cannot be read is a RunError of one line."""
-    network = nnx.eval_shape(lambda: QNetwork(OBS_DIM, N_ACTIONS, args.hidden_size, args.layer_norm, rngs=nnx.Rngs(0)))
+    network = nnx.eval_shape(lambda: QNetwork(OBS_DIM, N_ACTIONS, args.hidden_size, rngs=nnx.Rngs(0)))
     abstract = nnx.state(network)
     if not os.path.isfile(os.path.join(path, "_METADATA")):
         raise RunError(f"--load {path}: no checkpoint there (a training run keeps it in its folder's q_network/)")
@@ -996,7 +991,7 @@ def load_checkpoint(path: str, args: Args) -> nnx.State:
     name = min(key for key in wanted.keys() | found.keys() if wanted.get(key) != found.get(key))
     raise RunError(
         f"--load {path}: {name} should be {wanted.get(name, 'absent')}, found {found.get(name, 'none')} "
-        "(another module's checkpoint, or another --hidden-size or --layer-norm?)"
+        "(another module's checkpoint, or another --hidden-size?)"
     )
 
 
