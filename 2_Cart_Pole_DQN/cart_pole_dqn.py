@@ -970,8 +970,7 @@ def load_checkpoint(path: str, args: Args) -> nnx.State:
     """θ from a folder save_checkpoint wrote. Before anything is read, the name, shape and dtype of every array in
     the checkpoint's metadata must be those of this run's Q-network (nnx.eval_shape: shapes, no arrays); a folder
     without a checkpoint, any mismatch, or a file that cannot be read is a RunError of one line."""
-    network = nnx.eval_shape(lambda: QNetwork(OBS_DIM, N_ACTIONS, args.hidden_size, rngs=nnx.Rngs(0)))
-    abstract = nnx.state(network)
+    abstract = nnx.state(nnx.eval_shape(lambda: QNetwork(OBS_DIM, N_ACTIONS, args.hidden_size, rngs=nnx.Rngs(0))))
     if not os.path.isfile(os.path.join(path, "_METADATA")):
         raise RunError(f"--load {path}: no checkpoint there (a training run keeps it in its folder's q_network/)")
     quiet_orbax()
