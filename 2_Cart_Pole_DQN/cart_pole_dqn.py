@@ -73,7 +73,6 @@ class Args:
     anneal_lr: bool = flag(True, "decay the learning rate linearly to 0 over the run's gradient steps")
     max_grad_norm: float = flag(10.0, "clip the global gradient norm to this value (0 turns clipping off)", min=0)
     hidden_size: int = flag(128, "width of each of the two hidden layers of the Q-network", gt=0)
-    layer_norm: bool = flag(False, "LayerNorm after each hidden Linear layer (before the ReLU)")
     buffer_size: int = flag(100_000, "replay buffer capacity (transitions)", gt=0)
     batch_size: int = flag(64, "transitions per gradient step", gt=0)
     gamma: float = flag(0.999, "discount γ; 0.999 looks ~1,000 steps ahead, past the 500-step episode", min=0, max=1)
@@ -236,18 +235,14 @@ def due(args: Args, before: int, after: int) -> Due:
 class QNetwork(nnx.Module):
     """Q_θ(s, ·): an MLP from the 4 state numbers to one Q-value per action."""
 
-    def __init__(self, obs_dim: int, n_actions: int, hidden_size: int, layer_norm=False, *, rngs):
+    def __init__(self, obs_dim: int, n_actions: int, hidden_size: int, *, rngs):
         self.hidden1 = nnx.Linear(obs_dim, hidden_size, rngs=rngs)
         self.hidden2 = nnx.Linear(hidden_size, hidden_size, rngs=rngs)
         self.head = nnx.Linear(hidden_size, n_actions, rngs=rngs)
-        self.norm1 = nnx.LayerNorm(hidden_size, rngs=rngs) if layer_norm else None
-        self.norm2 = nnx.LayerNorm(hidden_size, rngs=rngs) if layer_norm else None
 
     def __call__(self, obs: jax.Array) -> jax.Array:  # (..., obs_dim) -> (..., n_actions)
-        x = self.hidden1(obs)
-        x = nnx.relu(self.norm1(x) if self.norm1 is not None else x)
-        x = self.hidden2(x)
-        x = nnx.relu(self.norm2(x) if self.norm2 is not None else x)
+        x = nnx.relu(self.hidden1(obs))
+        x = nnx.relu(self.hidden2(x))
         return self.head(x)
 
 
@@ -271,7 +266,7 @@ class Agent(NamedTuple):
 
 def build_agent(args: Args, rngs: nnx.Rngs) -> Agent:
     """The Q-network, initialised from `rngs`, and its optimizer: the one place they are wired together."""
-    q_network = QNetwork(OBS_DIM, N_ACTIONS, args.hidden_size, args.layer_norm, rngs=rngs)
+    q_network = QNetwork(OBS_DIM, N_ACTIONS, args.hidden_size, rngs=rngs)
     return Agent(q_network, nnx.Optimizer(q_network, make_tx(args), wrt=nnx.Param))
 
 
@@ -802,49 +797,28 @@ def validate(args: Args) -> None:
     """Raise RunError (one line) before any work: a flag outside its bounds (check_flags), or two that do not fit."""
     check_flags(args)
 
-    def need(ok: bool, msg: str):
-        if not ok:
-            raise RunError(msg)
+    def need(name: str, op, other: str, when: bool = True) -> None:  # e.g. need("batch_size", le, "buffer_size")
+        value, bound, dash = getattr(args, name), getattr(args, other), lambda n: "--" + n.replace("_", "-")
+        if when and not op(value, bound):
+            raise RunError(f"{dash(name)} ({value}) must be {'<=' if op is le else '>='} {dash(other)} ({bound})")
 
-    # a minibatch is drawn from the buffer, so it cannot be larger than the buffer
-    need(
-        args.batch_size <= args.buffer_size,
-        f"--batch-size ({args.batch_size}) must be <= --buffer-size ({args.buffer_size})",
-    )
-    # one loop step adds up to num_envs transitions, and runs at most one training call, sync or evaluation
+    need("batch_size", le, "buffer_size")  # a minibatch is drawn from the buffer, so it cannot be larger
     for name in ("train_frequency", "target_network_frequency", "eval_frequency"):
-        value = getattr(args, name)
-        need(value >= args.num_envs, f"--{name.replace('_', '-')} ({value}) must be >= --num-envs ({args.num_envs})")
-    # ε falls along the schedule's line; it never rises
-    need(args.eps_end <= args.eps_start, f"--eps-end ({args.eps_end}) must be <= --eps-start ({args.eps_start})")
-    # many seeds: only the compiled loop runs them side by side, and a checkpoint holds one Q-network
-    need(
-        args.backend == "jax" or args.num_seeds == 1,
-        f"--num-seeds {args.num_seeds} needs --backend jax (the gymnasium backend trains one seed; "
-        f"for a sweep use tools/seeds.py)",
-    )
-    need(not (args.load and args.num_seeds > 1), "--load evaluates one saved Q-network; drop --num-seeds")
-    # every device gets as many seeds, and only the JAX backend shards
-    need(
-        args.host_devices <= 0 or (args.backend == "jax" and args.num_seeds % args.host_devices == 0),
-        f"--host-devices {args.host_devices} needs --backend jax and a --num-seeds that it divides "
-        f"(got --backend {args.backend} --num-seeds {args.num_seeds})",
-    )
-    if args.backend == "jax" and not args.load:
-        # a step of the compiled loop stores one transition per env, so the budget is whole steps of all the envs
-        need(
-            args.total_timesteps % args.num_envs == 0,
-            f"--backend jax steps all envs together: --total-timesteps ({args.total_timesteps}) must be a "
-            f"multiple of --num-envs ({args.num_envs})",
+        need(name, ge, "num_envs")  # one loop step adds up to num_envs transitions, and runs at most one of each job
+    need("eps_end", le, "eps_start")  # ε falls along the schedule's line; it never rises
+    jax_training = args.backend == "jax" and not args.load
+    need("buffer_size", ge, "num_envs", jax_training)  # one step of the compiled loop writes num_envs distinct rows
+    if args.num_seeds > 1 and args.backend != "jax":  # only the compiled loop runs seeds side by side
+        raise RunError(f"--num-seeds {args.num_seeds} needs --backend jax (for a gymnasium sweep use tools/seeds.py)")
+    if args.num_seeds > 1 and args.load:  # a checkpoint holds one Q-network
+        raise RunError("--load evaluates one saved Q-network; drop --num-seeds")
+    if args.host_devices > 0 and (args.backend != "jax" or args.num_seeds % args.host_devices):  # as many per device
+        raise RunError(
+            f"--host-devices {args.host_devices} needs --backend jax and a --num-seeds that it divides "
+            f"(got --backend {args.backend} --num-seeds {args.num_seeds})"
         )
-        # one step writes num_envs distinct rows of the buffer
-        need(
-            args.buffer_size >= args.num_envs,
-            f"--backend jax: --buffer-size ({args.buffer_size}) must be >= --num-envs ({args.num_envs})",
-        )
-
-
-# ----------------------------------------------------------------------------- --backend jax: seeds and devices
+    if jax_training and args.total_timesteps % args.num_envs:  # a step of the compiled loop steps every env
+        raise RunError(f"--total-timesteps ({args.total_timesteps}) must be a multiple of --num-envs ({args.num_envs})")
 
 
 def seed_devices(args: Args) -> list:
@@ -856,9 +830,11 @@ def seed_devices(args: Args) -> list:
     along them gives every core its own seeds (the mesh of 5_Sharding_Mesh, with one axis). The count must
     divide --num-seeds: --host-devices -1 takes the largest such count up to the number of cores.
     """
-    want = args.host_devices
-    if want < 0:
-        want = most_devices(args.num_seeds, os.cpu_count() or 1)
+
+    def most_devices(at_most: int) -> int:  # the largest count ≤ at_most that divides --num-seeds: as many seeds each
+        return max(k for k in range(1, at_most + 1) if args.num_seeds % k == 0)
+
+    want = most_devices(os.cpu_count() or 1) if args.host_devices < 0 else args.host_devices
     if want > 0:
         try:
             jax.config.update("jax_num_cpu_devices", want)
@@ -869,12 +845,7 @@ def seed_devices(args: Args) -> list:
                     f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line"
                 ) from None
     devices = jax.devices()  # on a GPU or TPU host, the accelerators (the flag only shapes the CPU backend)
-    return devices[: most_devices(args.num_seeds, min(len(devices), want) if want > 0 else len(devices))]
-
-
-def most_devices(num_seeds: int, at_most: int) -> int:
-    """The largest device count ≤ at_most that divides num_seeds, so that every device gets as many seeds."""
-    return max(k for k in range(1, at_most + 1) if num_seeds % k == 0)
+    return devices[: most_devices(min(len(devices), want) if want > 0 else len(devices))]
 
 
 def over_seeds(fn: Callable, seeds_per_device: int) -> Callable:
@@ -973,52 +944,6 @@ def seed_summary(x, bar: float) -> dict:
     return out
 
 
-def seeds_metrics(args: Args, act, runs: list, first: Evaluation) -> dict:
-    """What metrics.json adds for --backend jax: the seeds, every seed's final greedy evaluation on the test episodes
-    (the first seed's is `first`, already made), how many solved it and, for several seeds, their summary."""
-    finals = [first] + [
-        evaluate(act, log["best"]["params"] if args.final_agent == "best" else last, args.eval_episodes, args.eval_seed)
-        for last, log in runs[1:]
-    ]
-    seeds, returns = list(range(args.seed, args.seed + args.num_seeds)), [float(f.returns.mean()) for f in finals]
-    per_seed = [
-        dict(
-            seed=seed,
-            **evaluation_metrics(final),
-            best_step=log["best"]["step"],
-            best_periodic_return=log["best"]["eval_return"],
-            solved_step=log["solved_step"],
-            validation_returns=[row["eval_return"] for row in log["curve"]],
-        )
-        for seed, final, (_, log) in zip(seeds, finals, runs)
-    ]
-    metrics = dict(
-        backend="jax", seeds=seeds, devices=runs[0][1]["devices"], compile_seconds=runs[0][1]["compile_seconds"]
-    )
-    metrics.update(
-        eval_return_per_seed=returns, solved=sum(r >= args.solve_threshold for r in returns), per_seed=per_seed
-    )
-    if len(returns) > 1:  # one seed has no spread to summarise (and does not pay for importing scipy)
-        metrics["across_seeds"] = seed_summary(returns, args.solve_threshold)
-    return metrics
-
-
-def print_seeds(args: Args, metrics: dict) -> None:
-    """The many-seed summary: each seed's final greedy evaluation and how many reach --solve-threshold."""
-    a = metrics["across_seeds"]
-    print(
-        f"per seed (final greedy evaluation, mean over {args.eval_episodes} test episodes): "
-        + " ".join(f"{seed}:{r:.1f}" for seed, r in zip(metrics["seeds"], metrics["eval_return_per_seed"]))
-        + f"\nacross {a['n']} seeds: mean={a['mean']:.1f} IQM={a['iqm']:.1f}"
-        + (f" [95% CI {a['iqm_ci'][0]:.1f}, {a['iqm_ci'][1]:.1f}]" if a["iqm_ci"] else "")
-        + f" min={a['min']:.1f} max={a['max']:.1f} solved(>={args.solve_threshold:g})={metrics['solved']}/{a['n']}",
-        flush=True,
-    )
-
-
-# ----------------------------------------------------------------------------- checkpoints, the GIF, the plot
-
-
 def quiet_orbax() -> None:
     """orbax reports a failed read or write in log records, and its other reads and writes, still in flight, in
     tracebacks from their threads into its closed event loop: the one line of the RunError or OSError says it."""
@@ -1045,8 +970,7 @@ def load_checkpoint(path: str, args: Args) -> nnx.State:
     """θ from a folder save_checkpoint wrote. Before anything is read, the name, shape and dtype of every array in
     the checkpoint's metadata must be those of this run's Q-network (nnx.eval_shape: shapes, no arrays); a folder
     without a checkpoint, any mismatch, or a file that cannot be read is a RunError of one line."""
-    network = nnx.eval_shape(lambda: QNetwork(OBS_DIM, N_ACTIONS, args.hidden_size, args.layer_norm, rngs=nnx.Rngs(0)))
-    abstract = nnx.state(network)
+    abstract = nnx.state(nnx.eval_shape(lambda: QNetwork(OBS_DIM, N_ACTIONS, args.hidden_size, rngs=nnx.Rngs(0))))
     if not os.path.isfile(os.path.join(path, "_METADATA")):
         raise RunError(f"--load {path}: no checkpoint there (a training run keeps it in its folder's q_network/)")
     quiet_orbax()
@@ -1066,7 +990,7 @@ def load_checkpoint(path: str, args: Args) -> nnx.State:
     name = min(key for key in wanted.keys() | found.keys() if wanted.get(key) != found.get(key))
     raise RunError(
         f"--load {path}: {name} should be {wanted.get(name, 'absent')}, found {found.get(name, 'none')} "
-        "(another module's checkpoint, or another --hidden-size or --layer-norm?)"
+        "(another module's checkpoint, or another --hidden-size?)"
     )
 
 
@@ -1114,11 +1038,9 @@ def plot_curve(path: str, curve: list[dict], threshold: float, title: str, chose
     plt.close(fig)
 
 
-# ----------------------------------------------------------------------------- metrics.json, the summary, main
-
-
-def evaluation_metrics(evaluation: Evaluation) -> dict:
-    returns, ends = evaluation
+def evaluation_metrics(args: Args, act, params: nnx.State) -> dict:
+    """The final greedy evaluation of `params`: --eval-episodes test episodes, their initial states from --eval-seed."""
+    returns, ends = evaluate(act, params, args.eval_episodes, args.eval_seed)
     return dict(
         eval_return_mean=float(returns.mean()),
         eval_return_std=float(returns.std()),
@@ -1128,58 +1050,75 @@ def evaluation_metrics(evaluation: Evaluation) -> dict:
     )
 
 
-def evaluate_saved(args: Args, act, params: nnx.State) -> dict:
-    """--load: evaluate (and with --video, watch) the saved θ, in a run folder of its own under <out>/eval/."""
-    run = Run(replace(args, out=os.path.join(args.out, "eval")))  # <out>/latest stays the training run's
-    final = evaluate(act, params, args.eval_episodes, args.eval_seed)
-    metrics = dict(**evaluation_metrics(final), env_steps=0, train_seconds=0.0, loaded_from=args.load)
-    if args.video:
-        metrics["video_return"] = write_video(run, act, params, args.eval_seed)
-    run.finish({**metrics, "args": asdict(args)})
-    print(
-        f"loaded {args.load}: eval_return_mean={metrics['eval_return_mean']:.1f} "
-        f"eval_return_std={metrics['eval_return_std']:.1f} over {metrics['eval_episodes']} episodes",
-        flush=True,
-    )
-    print_outputs(run, metrics)
-    return metrics
-
-
-def training_metrics(args: Args, final: Evaluation, last: Evaluation, log: dict, t_start: float) -> dict:
-    """metrics.json of a training run: the final evaluation of the saved parameters, then how training went."""
-    as_logged = ("env_steps", "gradient_steps_total", "solved_step", "solved_seconds", "train_episodes", "curve")
-    return dict(
-        **evaluation_metrics(final),
+def training_metrics(args: Args, act, runs: list, t_start: float) -> dict:
+    """metrics.json of a training run: the final evaluation of each seed's saved parameters (--final-agent) and how
+    its training went; the first seed's at the top, and for --backend jax every seed's and, for several, a summary."""
+    per_seed = [
+        dict(
+            seed=args.seed + i,
+            **evaluation_metrics(args, act, log["best"]["params"] if args.final_agent == "best" else last),
+            best_step=log["best"]["step"],
+            best_periodic_return=log["best"]["eval_return"],
+            solved_step=log["solved_step"],
+            validation_returns=[row["eval_return"] for row in log["curve"]],
+        )
+        for i, (last, log) in enumerate(runs)
+    ]
+    (last, log), first = runs[0], per_seed[0]
+    last = evaluation_metrics(args, act, last) if args.final_agent == "best" else first
+    as_logged = ("env_steps", "gradient_steps_total", "solved_seconds", "train_episodes", "curve")
+    metrics = dict(
+        {key: value for key, value in first.items() if key not in ("seed", "validation_returns")},
         final_agent=args.final_agent,
-        best_step=log["best"]["step"],
-        best_periodic_return=log["best"]["eval_return"],
-        last_eval_return_mean=float(last.returns.mean()),
+        last_eval_return_mean=last["eval_return_mean"],
         train_seconds=round(log["train_seconds"], 2),
         **{key: log[key] for key in as_logged},
         total_seconds=round(time.perf_counter() - t_start, 2),
     )
+    if args.backend == "jax":
+        returns = [row["eval_return_mean"] for row in per_seed]
+        metrics.update(backend="jax", seeds=[row["seed"] for row in per_seed], eval_return_per_seed=returns)
+        metrics.update(devices=log["devices"], compile_seconds=log["compile_seconds"], per_seed=per_seed)
+        metrics["solved"] = sum(r >= args.solve_threshold for r in returns)
+        if len(returns) > 1:  # one seed has no spread to summarise (and does not pay for importing scipy)
+            metrics["across_seeds"] = seed_summary(returns, args.solve_threshold)
+    return metrics
 
 
-def print_summary(args: Args, metrics: dict) -> None:
-    saved_step = metrics["best_step"] if args.final_agent == "best" else metrics["env_steps"]
-    print(
-        f"\nfinal greedy evaluation of the {args.final_agent} parameters (step {saved_step}) over "
-        f"{metrics['eval_episodes']} test episodes (--eval-seed {args.eval_seed}): "
-        f"eval_return_mean={metrics['eval_return_mean']:.1f} eval_return_std={metrics['eval_return_std']:.1f} "
-        f"min={metrics['eval_return_min']:.0f}"
-    )
-    print("episodes ended: " + " ".join(f"{k}={v}" for k, v in metrics["eval_ends"].items()))
-    print(
-        f"env_steps={args.total_timesteps} train_seconds={metrics['train_seconds']:.1f} "
-        f"gradient_steps={metrics['gradient_steps_total']} solved_step={metrics['solved_step']} "
-        f"total_seconds={metrics['total_seconds']}"
-    )
-
-
-def print_outputs(run: Run, metrics: dict) -> None:
+def print_summary(args: Args, run: Run, metrics: dict) -> None:
+    """The last lines: the final greedy evaluation (with --num-seeds, each seed's and their summary), the files."""
+    if args.load:
+        print(
+            f"loaded {args.load}: eval_return_mean={metrics['eval_return_mean']:.1f} "
+            f"eval_return_std={metrics['eval_return_std']:.1f} over {metrics['eval_episodes']} episodes"
+        )
+    else:
+        saved_step = metrics["best_step"] if args.final_agent == "best" else metrics["env_steps"]
+        print(
+            f"\nfinal greedy evaluation of the {args.final_agent} parameters (step {saved_step}) over "
+            f"{metrics['eval_episodes']} test episodes (--eval-seed {args.eval_seed}): "
+            f"eval_return_mean={metrics['eval_return_mean']:.1f} eval_return_std={metrics['eval_return_std']:.1f} "
+            f"min={metrics['eval_return_min']:.0f}"
+        )
+        print("episodes ended: " + " ".join(f"{k}={v}" for k, v in metrics["eval_ends"].items()))
+        print(
+            f"env_steps={args.total_timesteps} train_seconds={metrics['train_seconds']:.1f} "
+            f"gradient_steps={metrics['gradient_steps_total']} solved_step={metrics['solved_step']} "
+            f"total_seconds={metrics['total_seconds']}"
+        )
     if "video_return" in metrics:
         print(f"video: episode.gif, one greedy episode of return {metrics['video_return']:.0f}")
-    print(f"outputs: {run.folder} ({', '.join(run.saved)})", flush=True)
+    print(f"outputs: {run.folder} ({', '.join(run.saved)})")
+    if args.num_seeds > 1:
+        a = metrics["across_seeds"]
+        print(
+            f"per seed (final greedy evaluation, mean over {args.eval_episodes} test episodes): "
+            + " ".join(f"{seed}:{r:.1f}" for seed, r in zip(metrics["seeds"], metrics["eval_return_per_seed"]))
+            + f"\nacross {a['n']} seeds: mean={a['mean']:.1f} IQM={a['iqm']:.1f}"
+            + (f" [95% CI {a['iqm_ci'][0]:.1f}, {a['iqm_ci'][1]:.1f}]" if a["iqm_ci"] else "")
+            + f" min={a['min']:.1f} max={a['max']:.1f} solved(>={args.solve_threshold:g})={metrics['solved']}/{a['n']}"
+        )
+    sys.stdout.flush()
 
 
 def use_compile_cache(folder: str) -> None:
@@ -1201,6 +1140,10 @@ def use_sequential_xla_scheduler() -> None:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_enable_concurrency_optimized_scheduler=false".strip()
 
 
+if __name__ == "__main__":  # the command line's, before JAX starts (a tool or test that loads the script calls it)
+    use_sequential_xla_scheduler()
+
+
 @one_line
 def main(args: Args) -> dict:
     validate(args)  # flag values, before any work
@@ -1211,35 +1154,27 @@ def main(args: Args) -> dict:
     agent = nnx.jit(lambda: build_agent(args, nnx.Rngs(args.seed)))()  # built in one compiled call (one program)
     graphdef, state = nnx.split(agent)  # the hot loop calls compiled functions of `state`
     act, update = make_step_fns(args, graphdef, nnx.graphdef(agent.q_network))
-    if args.load:
-        return evaluate_saved(args, act, loaded)
-    run = Run(args)  # this run's own folder under --out
-
-    # one (last parameters, log) per seed; the first seed's parameters are saved and its curve is plotted
-    runs = train_seeds(args, devices) if args.backend == "jax" else [train(args, act, update, state)]
-    last_params, log = runs[0]
-    best = args.final_agent == "best"
-    params, saved_step = (log["best"]["params"], log["best"]["step"]) if best else (last_params, log["env_steps"])
-    run.save("q_network", save_checkpoint, params)  # right after training: a stop from here on keeps it
-    title = f"DQN on {ENV_ID}, seed {args.seed}" + (f" ({args.backend})" if args.backend == "jax" else "")
-    run.save("learning_curve.png", plot_curve, log["curve"], args.solve_threshold, title, saved_step)
-
-    # Final greedy evaluation with a fixed seed, other than the periodic evaluations' seed used to pick `best`.
-    last = evaluate(act, last_params, args.eval_episodes, args.eval_seed)
-    final = evaluate(act, params, args.eval_episodes, args.eval_seed) if best else last
-    metrics = training_metrics(args, final, last, log, t_start)
-    if args.backend == "jax":
-        metrics.update(seeds_metrics(args, act, runs, final))
+    if args.load:  # evaluate (with --video, watch) the saved θ, in a run folder under <out>/eval/: latest stays
+        run, params = Run(replace(args, out=os.path.join(args.out, "eval"))), loaded
+        metrics = dict(**evaluation_metrics(args, act, params), env_steps=0, train_seconds=0.0, loaded_from=args.load)
+    else:
+        run = Run(args)  # this run's own folder under --out
+        # one (last parameters, log) per seed; the first seed's parameters are saved and its curve is plotted
+        runs = train_seeds(args, devices) if args.backend == "jax" else [train(args, act, update, state)]
+        last_params, log = runs[0]
+        best = args.final_agent == "best"
+        params, saved_step = (log["best"]["params"], log["best"]["step"]) if best else (last_params, log["env_steps"])
+        run.save("q_network", save_checkpoint, params)  # right after training: a stop from here on keeps it
+        title = f"DQN on {ENV_ID}, seed {args.seed}" + (f" ({args.backend})" if args.backend == "jax" else "")
+        run.save("learning_curve.png", plot_curve, log["curve"], args.solve_threshold, title, saved_step)
+        # Final greedy evaluation with a fixed seed, other than the periodic evaluations' seed used to pick `best`.
+        metrics = training_metrics(args, act, runs, t_start)
     if args.video:
         metrics["video_return"] = write_video(run, act, params, args.eval_seed)
     run.finish({**metrics, "args": asdict(args)})
-    print_summary(args, metrics)
-    print_outputs(run, metrics)
-    if args.num_seeds > 1:
-        print_seeds(args, metrics)
+    print_summary(args, run, metrics)
     return metrics
 
 
 if __name__ == "__main__":
-    use_sequential_xla_scheduler()
     main()

@@ -103,17 +103,6 @@ def _add(buf, values, terminated, truncated):
 
 
 @pytest.mark.unit
-def test_layer_norm_normalises_each_hidden_layer():
-    net = dqn.QNetwork(4, 2, 8, layer_norm=True, rngs=dqn.nnx.Rngs(0))
-    obs = jnp.asarray(np.random.default_rng(1).normal(size=(6, 4)) * 50, jnp.float32)  # large inputs
-    h = net.norm1(net.hidden1(obs))  # scale 1, bias 0 at init: zero mean, unit variance per row
-    np.testing.assert_allclose(h.mean(axis=-1), 0, atol=1e-5)
-    np.testing.assert_allclose(h.std(axis=-1), 1, atol=1e-2)
-    x = dqn.nnx.relu(net.norm2(net.hidden2(dqn.nnx.relu(h))))
-    np.testing.assert_allclose(net(obs), net.head(x), rtol=1e-6)
-
-
-@pytest.mark.unit
 def test_evaluation_tells_how_episodes_ended():
     always_right = lambda params, obs: np.ones(len(obs), np.int32)  # noqa: E731  (push right every step)
     returns, ends = dqn.evaluate(always_right, None, n_episodes=8, seed=0)
@@ -535,10 +524,9 @@ def test_load_refuses_a_corrupt_checkpoint(damage, saved, capsys):
     if damage == "garbled_metadata":
         (saved / "_METADATA").write_text("{not json")
     else:
-        data = max(
-            (p for p in saved.rglob("*") if p.is_file() and p.parent.name == "d"), key=lambda p: p.stat().st_size
-        )
-        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+        # every data file: the largest is often a tie between a file that restore reads and one that it does not
+        for data in [p for p in saved.rglob("*") if p.is_file() and p.parent.name == "d"]:
+            data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
     assert _load(capsys, saved).startswith("a corrupt or truncated checkpoint (")
 
 
@@ -1200,9 +1188,9 @@ def test_sequential_xla_scheduler_is_set_by_the_command_line_and_a_users_setting
     assert os.environ["XLA_FLAGS"] == f"{flag}=true"
     # the command line sets it before main(), i.e. before JAX starts its backend
     tree = ast.parse(open(dqn.__file__).read())
-    guard = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)][-1]  # the last
-    calls = [ast.unparse(stmt) for stmt in guard.body]
-    assert calls == ["use_sequential_xla_scheduler()", "main()"]
+    guards = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+    calls = [ast.unparse(stmt) for guard in guards for stmt in guard.body]
+    assert calls[-2:] == ["use_sequential_xla_scheduler()", "main()"]
 
 
 @pytest.mark.unit
