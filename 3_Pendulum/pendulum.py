@@ -678,6 +678,24 @@ class TrainLog(NamedTuple):
     last_per_seed: dict | None  # the final update's statistics of every seed (--backend jax)
 
 
+def first_line(args: Args, devices: int = 0) -> str:
+    """What the run is about to do, printed before it starts."""
+    rung, k = args.rung, args.num_minibatches
+    steps = f"{rung.batch_steps + rung.actor_epochs * k} actor / {rung.critic_epochs * k} critic Adam steps per update"
+    chosen = args.algo.startswith("reinforce") and (args.num_envs, args.num_steps) == tuple(WHOLE_EPISODES.values())
+    steps += f", whole episodes (the {args.algo} default: 10 envs × 200 steps)" if chosen else ""
+    rollouts = f"{args.num_updates} updates × {args.batch_size} steps ({args.num_envs} envs × {args.num_steps})"
+    if args.backend == "jax":
+        how = (
+            f" vmapped, split across {devices} device(s)" if args.num_seeds > devices else ", one per device (no vmap)"
+        )
+        return f"{args.algo} on a JAX port of {ENV_ID}: {args.num_seeds} seed(s){how}, {rollouts} per seed, {steps}"
+    return (
+        f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID}: {rollouts}, {args.update_epochs} epochs × "
+        f"{k} minibatches of {args.minibatch_size}, preset={args.preset}{'' if args.algo == 'ppo' else ', ' + steps}"
+    )
+
+
 def print_progress(update: int, num_updates: int, env_steps: int, ret: float, stats: dict, sps: float) -> None:
     """The one progress line per update, the same for both backends."""
     print(
@@ -961,24 +979,6 @@ def train_jax(args: Args, devices: list) -> tuple[Agent, nnx.State, TrainLog]:
     return agent, runners.state["actor"], log._replace(last_per_seed=last)
 
 
-def first_line(args: Args, devices: int = 0) -> str:
-    """What the run is about to do, printed before it starts."""
-    rung, k = args.rung, args.num_minibatches
-    steps = f"{rung.batch_steps + rung.actor_epochs * k} actor / {rung.critic_epochs * k} critic Adam steps per update"
-    chosen = args.algo.startswith("reinforce") and (args.num_envs, args.num_steps) == tuple(WHOLE_EPISODES.values())
-    steps += f", whole episodes (the {args.algo} default: 10 envs × 200 steps)" if chosen else ""
-    rollouts = f"{args.num_updates} updates × {args.batch_size} steps ({args.num_envs} envs × {args.num_steps})"
-    if args.backend == "jax":
-        how = (
-            f" vmapped, split across {devices} device(s)" if args.num_seeds > devices else ", one per device (no vmap)"
-        )
-        return f"{args.algo} on a JAX port of {ENV_ID}: {args.num_seeds} seed(s){how}, {rollouts} per seed, {steps}"
-    return (
-        f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID}: {rollouts}, {args.update_epochs} epochs × "
-        f"{k} minibatches of {args.minibatch_size}, preset={args.preset}{'' if args.algo == 'ppo' else ', ' + steps}"
-    )
-
-
 def seed_summary(x, bar: float = -200.0) -> dict:
     """Across seeds: mean, IQM (25 % trimmed mean) with a 95 % percentile-bootstrap CI (10,000 resamples
     of the seeds, fixed bootstrap seed 0; None for one seed, [x, x] when every seed scored x), min, max, std
@@ -1083,12 +1083,10 @@ def plot_curve(path: str, args: Args, log: TrainLog, eval_mean: float) -> None:
     title = f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID} ({args.backend}), {who}, preset {args.preset}"
     jax_dots = "one seed: mean of its envs' latest training episodes"
     dots = jax_dots if args.backend == "jax" else "training episode (stochastic policy)"
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no figure left open
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    fig = Figure(figsize=(6.4, 4.0), dpi=100)
+    ax = fig.subplots()
     if log.ep_returns:
         x, y = np.asarray(log.ep_steps), np.asarray(log.ep_returns)
         ax.scatter(x, y, s=6, alpha=0.35, label=dots)
@@ -1101,7 +1099,6 @@ def plot_curve(path: str, args: Args, log: TrainLog, eval_mean: float) -> None:
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 def use_compile_cache(folder: str) -> None:
@@ -1113,20 +1110,11 @@ def use_compile_cache(folder: str) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def evaluate_saved(args: Args, t_start: float) -> dict:
-    """--load: score a checkpoint (with --video, watch it too) into <out>/eval/<run>/, so that <out>/latest stays the
-    training run. A checkpoint that does not fit these flags is refused before any work."""
-    actor, _, rms = load_params(args)
-    run = Run(replace(args, out=os.path.join(args.out, "eval")))
-    print(f"loaded {args.load}", flush=True)
-    one = jax.tree.map(lambda x: x[None], nnx.state(actor))  # a stack of one policy, as evaluate_seeds takes
-    returns = evaluate_seeds(nnx.graphdef(actor), one, rms, args.eval_episodes, args.eval_seed)
-    return finish(run, args, actor, rms, returns, t_start, env_steps=0, train_seconds=0.0, history=[])
-
-
-def finish(run: Run, args: Args, actor: Actor, rms, returns: np.ndarray, t_start: float, **more) -> dict:
-    """The end of a complete run, training or --load alike. metrics.json: the deterministic returns (S, episodes) of
-    every seed's final policy, `more` (the training's numbers, or a --load's), the flags; the GIF; the summary."""
+def finish(run: Run, args: Args, actor: Actor, rms, actor_states, t_start: float, log=None, devices=0) -> dict:
+    """The end of a complete run, training (with its `log`) or --load alike: every seed's final policy (actor_states,
+    leading axis S) scored on gymnasium's Pendulum-v1 whichever backend trained it, returns (S, episodes); the learning
+    curve; the GIF (--video); metrics.json, which completes the run; the summary lines."""
+    returns = evaluate_seeds(nnx.graphdef(actor), actor_states, rms, args.eval_episodes, args.eval_seed)
     per_seed = returns.mean(1)
     metrics = dict(
         eval_return_mean=float(returns.mean()),
@@ -1135,16 +1123,25 @@ def finish(run: Run, args: Args, actor: Actor, rms, returns: np.ndarray, t_start
         eval_returns=[round(float(r), 2) for r in returns[0]],  # of the first seed, whose networks are saved
         eval_return_per_seed=[round(float(r), 2) for r in per_seed],  # each seed's mean over its episodes
         seeds=list(range(args.seed, args.seed + args.num_seeds)),
-        **more,
+        env_steps=len(log.history) * args.batch_size if log else 0,
+        train_seconds=round(log.train_seconds, 2) if log else 0.0,
+        history=log.history if log else [],  # one dict of statistics per update
     )
-    if args.num_seeds > 1:
-        metrics["across_seeds"] = seed_summary(per_seed)
+    if log:  # a training run
+        run.save("learning_curve.png", plot_curve, args, log, metrics["eval_return_mean"])
+        metrics.update(
+            first_update_seconds=log.first_update_seconds,
+            train_return_last10=float(np.mean(log.ep_returns[-10:])) if log.ep_returns else None,
+            devices=devices,
+            last_update=log.history[-1],  # losses, KL, clip fractions of the final update
+        )
+    if args.num_seeds > 1:  # --backend jax, trained (--load takes one seed)
+        metrics.update(across_seeds=seed_summary(per_seed), last_update_per_seed=log.last_per_seed)
     if args.video:
         run.save("episode.gif", save_video, actor, rms, args, metrics)
+        print(f"video: {run.folder}/episode.gif (return {metrics['video_return']:.1f})", flush=True)
     metrics.update(total_seconds=round(time.perf_counter() - t_start, 2), args=asdict(args))
     run.finish(metrics)
-    if args.video:
-        print(f"video: {run.folder}/episode.gif (return {metrics['video_return']:.1f})", flush=True)
     seeds = f"seed {args.seed}" + ("" if args.num_seeds == 1 else f"–{args.seed + args.num_seeds - 1}")
     print(
         f"\n== {'PPO' if args.load or args.algo == 'ppo' else args.algo} {ENV_ID}, {args.backend}, {seeds}, "
@@ -1172,8 +1169,12 @@ def main(args: Args) -> dict:
     validate(args)  # flag values, before any work
     use_compile_cache(args.compile_cache)
     t_start = time.perf_counter()
-    if args.load:
-        return evaluate_saved(args, t_start)
+    if args.load:  # score a checkpoint; one that does not fit these flags is refused before any work
+        actor, _, rms = load_params(args)
+        run = Run(replace(args, out=os.path.join(args.out, "eval")))  # <out>/eval/<run>/: <out>/latest stays put
+        print(f"loaded {args.load}", flush=True)
+        one = jax.tree.map(lambda x: x[None], nnx.state(actor))  # a stack of one policy, as evaluate_seeds takes
+        return finish(run, args, actor, rms, one, t_start)
     devices = seed_devices(args) if args.backend == "jax" else [jax.devices()[0]]  # before JAX starts
     run = Run(args)  # this run's own folder under --out
     if args.backend == "jax":  # every seed's actor (leading axis S); the first seed's networks are saved
@@ -1184,21 +1185,7 @@ def main(args: Args) -> dict:
         agent, rms, log = train_gymnasium(args)
         actor_states = jax.tree.map(lambda x: x[None], nnx.state(agent.actor))
     run.save("params", save_params, params_tree(agent.actor, agent.critic, rms))  # a stop from here on keeps them
-
-    # Every seed's final policy on gymnasium's Pendulum-v1, whichever backend trained it: (S, episodes).
-    returns = evaluate_seeds(nnx.graphdef(agent.actor), actor_states, rms, args.eval_episodes, args.eval_seed)
-    run.save("learning_curve.png", plot_curve, args, log, float(returns.mean()))
-    trained = dict(
-        env_steps=len(log.history) * args.batch_size,
-        train_seconds=round(log.train_seconds, 2),
-        first_update_seconds=log.first_update_seconds,
-        train_return_last10=float(np.mean(log.ep_returns[-10:])) if log.ep_returns else None,
-        devices=len(devices),
-        last_update=log.history[-1],  # losses, KL, clip fractions of the final update
-        **({"last_update_per_seed": log.last_per_seed} if args.num_seeds > 1 else {}),
-        history=log.history,
-    )
-    return finish(run, args, agent.actor, rms, returns, t_start, **trained)
+    return finish(run, args, agent.actor, rms, actor_states, t_start, log, len(devices))
 
 
 if __name__ == "__main__":
