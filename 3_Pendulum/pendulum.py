@@ -64,14 +64,10 @@ def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
 class Args:
     seed: int = flag(0, "seeds everything: jax.random.key, nnx.Rngs, env resets, NumPy's Generator", min=0)
     preset: str = flag(
-        "default",
-        "'untuned' = the settings of a first, untuned PPO as defaults (UNTUNED_PRESET: truncation as termination, "
-        "raw rewards, a σ(s) head, 1 env × 2048 steps, minibatch 64, ReLU …; explicit flags win; from Python: "
-        "Args(preset='untuned', **UNTUNED_PRESET))",
-        choices=("default", "untuned"),
+        "default", "'untuned': UNTUNED_PRESET (a first PPO's settings) as defaults", choices=("default", "untuned")
     )
     backend: str = flag(
-        "gymnasium", "NumPy envs in a Python loop, or 'jax': one compiled make_train", choices=("gymnasium", "jax")
+        "gymnasium", "NumPy envs in a loop, or 'jax': one compiled make_train", choices=("gymnasium", "jax")
     )
     num_seeds: int = flag(1, "with --backend jax, train seeds --seed … --seed+N−1 together through jax.vmap", min=1)
     host_devices: int = flag(-1, "jax: shard the seeds over N CPU devices (-1 one per core, 0 as is)", min=-1)
@@ -92,9 +88,7 @@ class Args:
     norm_obs: bool = flag(False, "normalise observations with running mean/std (updated after each rollout)")
     reward_scale: float = flag(0.1, "multiply rewards by this before GAE (logged returns are not)", gt=0.0, max=1e3)
     bootstrap_truncated: bool = flag(True, "bootstrap from V(final obs) at a time limit (no: a common bug)")
-    sigma: str = flag(
-        "param", "σ: one learned log σ, or 'state': σ(s) from a softplus head", choices=("param", "state")
-    )
+    sigma: str = flag("param", "σ: one learned log σ, or 'state': σ(s), a softplus head", choices=("param", "state"))
     hidden_size: int = flag(64, "width of the two hidden layers of actor and critic", min=1)
     activation: str = flag("tanh", "hidden-layer activation", choices=("tanh", "relu"))
     eval_episodes: int = flag(20, "deterministic (mean-action) evaluation episodes after training", min=1)
@@ -760,6 +754,29 @@ def evaluate_seeds(actor_def, actor_states, rms: RunningMeanStd | None, episodes
     return total.reshape(n_seeds, episodes)
 
 
+def seed_summary(x, bar: float = -200.0) -> dict:
+    """Across seeds: mean, IQM (25 % trimmed mean) with a 95 % percentile-bootstrap CI (10,000 resamples
+    of the seeds, fixed bootstrap seed 0; None for one seed, [x, x] when every seed scored x), min, max, std
+    (ddof 0), and how many reach the bar (−200). tools/seeds.py summarises every module's sweeps with it."""
+    from scipy import stats  # only here: a one-seed run does not pay for importing scipy
+
+    x, iqm = np.asarray(x, float), partial(stats.trim_mean, proportiontocut=0.25)
+    ci = [float(x[0])] * 2 if len(x) >= 2 and np.all(x == x[0]) else None  # every resample's IQM is that one point
+    if len(x) >= 2 and ci is None:
+        res = stats.bootstrap((x,), iqm, n_resamples=10_000, method="percentile", random_state=np.random.default_rng(0))
+        ci = [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+    return dict(
+        mean=float(x.mean()),
+        iqm=float(iqm(x)),
+        min=float(x.min()),
+        max=float(x.max()),
+        std=float(x.std()),
+        solved=int((x >= bar).sum()),
+        n=len(x),
+        iqm_ci=ci,
+    )
+
+
 # Plumbing ─ below: the run folder, command line and checks, train_jax (seeds over devices), checkpoints, plots, main
 
 
@@ -870,11 +887,8 @@ def validate(args: Args) -> None:
     """Raise RunError on a flag outside its bounds (check_flags), or on flags that do not fit together, each relation
     with its reason. load_params checks a --load checkpoint."""
     check_flags(args)
-    if args.host_devices > 0 and (args.backend != "jax" or args.num_seeds % args.host_devices):
-        raise RunError(  # every device gets as many seeds, and only the JAX backend shards
-            f"--host-devices {args.host_devices} needs --backend jax and a --num-seeds that it divides "
-            f"(got --backend {args.backend} --num-seeds {args.num_seeds})"
-        )
+    if args.host_devices > 0 and (args.backend != "jax" or args.num_seeds % args.host_devices):  # even shards
+        raise RunError(f"--host-devices {args.host_devices} needs --backend jax and a --num-seeds that it divides")
     if args.backend == "gymnasium" and args.num_seeds > 1:  # one Python loop steps one seed's envs
         raise RunError(f"--num-seeds {args.num_seeds} needs --backend jax (for a gymnasium sweep: tools/seeds.py)")
     if args.backend == "jax" and args.norm_obs:  # the running statistics live in NumPy, outside the compiled run
@@ -882,19 +896,14 @@ def validate(args: Args) -> None:
     if args.load and args.num_seeds > 1:
         raise RunError("--load evaluates one saved policy; drop --num-seeds")
     if args.algo.startswith("reinforce") and args.num_steps % EPISODE_STEPS:  # G_t needs each episode's end
-        raise RunError(
-            f"--algo {args.algo} needs whole episodes: --num-steps must be a multiple of {EPISODE_STEPS} (the time "
-            f"limit), got {args.num_steps}; without --num-steps it is 10 envs × 200 steps"
-        )
+        raise RunError(f"--algo {args.algo}: --num-steps must be a multiple of {EPISODE_STEPS}, got {args.num_steps}")
     batch = f"--num-envs × --num-steps = {args.batch_size}"
     if args.minibatch_size > args.batch_size:  # a minibatch is a slice of one rollout
         raise RunError(f"--minibatch-size ({args.minibatch_size}) is larger than the rollout ({batch})")
     if not args.load and args.total_timesteps < args.batch_size:  # training is a whole number of rollouts, at least 1
         raise RunError(f"--total-timesteps ({args.total_timesteps}) is less than one rollout ({batch})")
     if args.preset == "untuned" and all(getattr(args, k) == getattr(Args(), k) for k in UNTUNED_PRESET):
-        raise RunError(  # the preset's values must be there, not only its name
-            "preset 'untuned' is applied by parse_args; from Python, use Args(preset='untuned', **UNTUNED_PRESET)"
-        )
+        raise RunError("preset 'untuned' is applied by parse_args; in Python: Args(preset='untuned', **UNTUNED_PRESET)")
 
 
 def seed_devices(args: Args) -> list:
@@ -977,29 +986,6 @@ def train_jax(args: Args, devices: list) -> tuple[Agent, nnx.State, TrainLog]:
     last = {name: [float(x) for x in v[:, -1]] for name, v in stats.items() if name != "ret"}
     agent = nnx.merge(graphdef, jax.tree.map(lambda x: x[0], runners.state))
     return agent, runners.state["actor"], log._replace(last_per_seed=last)
-
-
-def seed_summary(x, bar: float = -200.0) -> dict:
-    """Across seeds: mean, IQM (25 % trimmed mean) with a 95 % percentile-bootstrap CI (10,000 resamples
-    of the seeds, fixed bootstrap seed 0; None for one seed, [x, x] when every seed scored x), min, max, std
-    (ddof 0), and how many reach the bar (−200). tools/seeds.py summarises every module's sweeps with it."""
-    from scipy import stats  # only here: a one-seed run does not pay for importing scipy
-
-    x, iqm = np.asarray(x, float), partial(stats.trim_mean, proportiontocut=0.25)
-    ci = [float(x[0])] * 2 if len(x) >= 2 and np.all(x == x[0]) else None  # every resample's IQM is that one point
-    if len(x) >= 2 and ci is None:
-        res = stats.bootstrap((x,), iqm, n_resamples=10_000, method="percentile", random_state=np.random.default_rng(0))
-        ci = [float(res.confidence_interval.low), float(res.confidence_interval.high)]
-    return dict(
-        mean=float(x.mean()),
-        iqm=float(iqm(x)),
-        min=float(x.min()),
-        max=float(x.max()),
-        std=float(x.std()),
-        solved=int((x >= bar).sum()),
-        n=len(x),
-        iqm_ci=ci,
-    )
 
 
 def params_tree(actor: Actor, critic: Critic, rms: RunningMeanStd | None) -> dict:
