@@ -386,13 +386,9 @@ def rollout_batch(graphdef, config: Args, state, rollout: Rollout):
     psi, targets = signal_and_targets(
         config.rung, rollout, values, critic(rollout.next_obs), config.gamma, config.gae_lambda
     )
-    n = rollout.rewards.size  # B = T·N transitions
-    flat = Batch(
-        rollout.obs.reshape(n, -1),
-        rollout.actions.reshape(n, -1),
-        rollout.logp.reshape(n),
-        psi.reshape(n),
-        targets.reshape(n),
+    n = rollout.rewards.size  # B = T·N transitions: every (T, N, …) field becomes (B, …)
+    flat = jax.tree.map(
+        lambda x: x.reshape(n, *x.shape[2:]), Batch(rollout.obs, rollout.actions, rollout.logp, psi, targets)
     )
     return flat, values, targets
 

@@ -898,7 +898,7 @@ def test_pg_tools_write_their_tables_and_figures(tmp_path):
         (tmp_path / algo / "latest").mkdir(parents=True)
         across = dict(n=2, iqm=float(np.mean(scores)), iqm_ci=[min(scores), max(scores)], mean=float(np.mean(scores)))
         across.update(min=min(scores), max=max(scores), solved=sum(x >= -200 for x in scores))
-        metrics = dict(algo=algo, env_steps=400, eval_return_per_seed=scores, across_seeds=across)
+        metrics = dict(args=dict(algo=algo), env_steps=400, eval_return_per_seed=scores, across_seeds=across)
         (tmp_path / algo / "latest" / "metrics.json").write_text(json.dumps(metrics))
     r = run_script(
         "tools/pg_ladder.py",
