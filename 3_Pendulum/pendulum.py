@@ -64,14 +64,10 @@ def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
 class Args:
     seed: int = flag(0, "seeds everything: jax.random.key, nnx.Rngs, env resets, NumPy's Generator", min=0)
     preset: str = flag(
-        "default",
-        "'untuned' = the settings of a first, untuned PPO as defaults (UNTUNED_PRESET: truncation as termination, "
-        "raw rewards, a σ(s) head, 1 env × 2048 steps, minibatch 64, ReLU …; explicit flags win; from Python: "
-        "Args(preset='untuned', **UNTUNED_PRESET))",
-        choices=("default", "untuned"),
+        "default", "'untuned': UNTUNED_PRESET (a first PPO's settings) as defaults", choices=("default", "untuned")
     )
     backend: str = flag(
-        "gymnasium", "NumPy envs in a Python loop, or 'jax': one compiled make_train", choices=("gymnasium", "jax")
+        "gymnasium", "NumPy envs in a loop, or 'jax': one compiled make_train", choices=("gymnasium", "jax")
     )
     num_seeds: int = flag(1, "with --backend jax, train seeds --seed … --seed+N−1 together through jax.vmap", min=1)
     host_devices: int = flag(-1, "jax: shard the seeds over N CPU devices (-1 one per core, 0 as is)", min=-1)
@@ -89,14 +85,10 @@ class Args:
     anneal_lr: bool = flag(True, "decay both learning rates linearly to 0 over training")
     ent_coef: float = flag(0.0, "entropy bonus coefficient (0 = off)", min=0.0, max=1.0)
     max_grad_norm: float = flag(0.5, "clip each network's gradient to this global norm (0 = off)", min=0.0)
-    norm_adv: bool = flag(True, "normalise advantages to mean 0, std 1 in each minibatch")
     norm_obs: bool = flag(False, "normalise observations with running mean/std (updated after each rollout)")
     reward_scale: float = flag(0.1, "multiply rewards by this before GAE (logged returns are not)", gt=0.0, max=1e3)
     bootstrap_truncated: bool = flag(True, "bootstrap from V(final obs) at a time limit (no: a common bug)")
-    sigma: str = flag(
-        "param", "σ: one learned log σ, or 'state': σ(s) from a softplus head", choices=("param", "state")
-    )
-    log_std_init: float = flag(0.0, "initial log σ when --sigma param", min=-10.0, max=5.0)
+    sigma: str = flag("param", "σ: one learned log σ, or 'state': σ(s), a softplus head", choices=("param", "state"))
     hidden_size: int = flag(64, "width of the two hidden layers of actor and critic", min=1)
     activation: str = flag("tanh", "hidden-layer activation", choices=("tanh", "relu"))
     eval_episodes: int = flag(20, "deterministic (mean-action) evaluation episodes after training", min=1)
@@ -217,7 +209,7 @@ def linear(n_in: int, n_out: int, scale: float, rngs: nnx.Rngs) -> nnx.Linear:
 class Actor(nnx.Module):
     """π_θ(a|s) = Normal(μ_θ(s), σ). μ = 2·tanh(·) keeps the mean inside the torque range."""
 
-    def __init__(self, obs_dim, act_dim, hidden_size, sigma: str, activation: str, log_std_init, *, rngs):
+    def __init__(self, obs_dim, act_dim, hidden_size, sigma: str, activation: str, log_std_init=0.0, *, rngs):
         self.activation = activation
         self.fc1 = linear(obs_dim, hidden_size, math.sqrt(2), rngs)
         self.fc2 = linear(hidden_size, hidden_size, math.sqrt(2), rngs)
@@ -276,7 +268,7 @@ def new_agent(config: Args, actor_key, critic_key) -> Agent:
     c, rung = config, config.rung
     actor_steps = c.num_updates * (rung.batch_steps + rung.actor_epochs * c.num_minibatches)
     critic_steps = max(1, c.num_updates * rung.critic_epochs * c.num_minibatches)  # REINFORCE's critic never steps
-    actor = Actor(3, 1, c.hidden_size, c.sigma, c.activation, c.log_std_init, rngs=nnx.Rngs(actor_key))
+    actor = Actor(3, 1, c.hidden_size, c.sigma, c.activation, rngs=nnx.Rngs(actor_key))
     critic = Critic(3, c.hidden_size, c.activation, rngs=nnx.Rngs(critic_key))
     actor_opt = make_optimizer(actor, c.actor_learning_rate, c, actor_steps)
     return Agent(actor, critic, actor_opt, make_optimizer(critic, c.critic_learning_rate, c, critic_steps))
@@ -394,13 +386,9 @@ def rollout_batch(graphdef, config: Args, state, rollout: Rollout):
     psi, targets = signal_and_targets(
         config.rung, rollout, values, critic(rollout.next_obs), config.gamma, config.gae_lambda
     )
-    n = rollout.rewards.size  # B = T·N transitions
-    flat = Batch(
-        rollout.obs.reshape(n, -1),
-        rollout.actions.reshape(n, -1),
-        rollout.logp.reshape(n),
-        psi.reshape(n),
-        targets.reshape(n),
+    n = rollout.rewards.size  # B = T·N transitions: every (T, N, …) field becomes (B, …)
+    flat = jax.tree.map(
+        lambda x: x.reshape(n, *x.shape[2:]), Batch(rollout.obs, rollout.actions, rollout.logp, psi, targets)
     )
     return flat, values, targets
 
@@ -413,7 +401,7 @@ def shuffled_minibatches(flat: Batch, key, config: Args) -> Batch:
     return jax.tree.map(lambda x: x[perm].reshape(*shape, *x.shape[1:]), flat)
 
 
-def actor_step(agent: Agent, mb: Batch, config: Args, norm_adv: bool) -> dict:
+def actor_step(agent: Agent, mb: Batch, config: Args, norm_adv: bool = True) -> dict:
     """One Adam step of agent.actor on mb: the clipped surrogate (the PPO rung) or −mean(log π · Ψ), Ψ normalised
     to mean 0, std 1 within mb if norm_adv. Returns the loss and actor_loss_fn's diagnostics."""
     adv = (mb.adv - mb.adv.mean()) / (mb.adv.std() + 1e-8) if norm_adv else mb.adv
@@ -448,7 +436,7 @@ def ppo_update(graphdef, config: Args, state, rollout: Rollout, key):
 
     def _update_minibatch(state, mb: Batch):
         agent = nnx.merge(graphdef, state)
-        stats = actor_step(agent, mb, config, config.norm_adv)
+        stats = actor_step(agent, mb, config)
         v_loss = critic_step(agent, mb)
         return nnx.state(agent), dict(stats, v_loss=v_loss)
 
@@ -478,7 +466,7 @@ def ladder_update(graphdef, config: Args, state, rollout: Rollout, key):
     def _update_epoch(train_actor: bool):
         def _update_minibatch(state, mb: Batch):
             agent = nnx.merge(graphdef, state)
-            stats = actor_step(agent, mb, config, config.norm_adv) if train_actor else {}
+            stats = actor_step(agent, mb, config) if train_actor else {}
             v_loss = critic_step(agent, mb)
             return nnx.state(agent), dict(stats, v_loss=v_loss)
 
@@ -680,6 +668,24 @@ class TrainLog(NamedTuple):
     last_per_seed: dict | None  # the final update's statistics of every seed (--backend jax)
 
 
+def first_line(args: Args, devices: int = 0) -> str:
+    """What the run is about to do, printed before it starts."""
+    rung, k = args.rung, args.num_minibatches
+    steps = f"{rung.batch_steps + rung.actor_epochs * k} actor / {rung.critic_epochs * k} critic Adam steps per update"
+    chosen = args.algo.startswith("reinforce") and (args.num_envs, args.num_steps) == tuple(WHOLE_EPISODES.values())
+    steps += f", whole episodes (the {args.algo} default: 10 envs × 200 steps)" if chosen else ""
+    rollouts = f"{args.num_updates} updates × {args.batch_size} steps ({args.num_envs} envs × {args.num_steps})"
+    if args.backend == "jax":
+        how = (
+            f" vmapped, split across {devices} device(s)" if args.num_seeds > devices else ", one per device (no vmap)"
+        )
+        return f"{args.algo} on a JAX port of {ENV_ID}: {args.num_seeds} seed(s){how}, {rollouts} per seed, {steps}"
+    return (
+        f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID}: {rollouts}, {args.update_epochs} epochs × "
+        f"{k} minibatches of {args.minibatch_size}, preset={args.preset}{'' if args.algo == 'ppo' else ', ' + steps}"
+    )
+
+
 def print_progress(update: int, num_updates: int, env_steps: int, ret: float, stats: dict, sps: float) -> None:
     """The one progress line per update, the same for both backends."""
     print(
@@ -742,6 +748,29 @@ def evaluate_seeds(actor_def, actor_states, rms: RunningMeanStd | None, episodes
         alive &= ~(term | trunc)
     envs.close()
     return total.reshape(n_seeds, episodes)
+
+
+def seed_summary(x, bar: float = -200.0) -> dict:
+    """Across seeds: mean, IQM (25 % trimmed mean) with a 95 % percentile-bootstrap CI (10,000 resamples
+    of the seeds, fixed bootstrap seed 0; None for one seed, [x, x] when every seed scored x), min, max, std
+    (ddof 0), and how many reach the bar (−200). tools/seeds.py summarises every module's sweeps with it."""
+    from scipy import stats  # only here: a one-seed run does not pay for importing scipy
+
+    x, iqm = np.asarray(x, float), partial(stats.trim_mean, proportiontocut=0.25)
+    ci = [float(x[0])] * 2 if len(x) >= 2 and np.all(x == x[0]) else None  # every resample's IQM is that one point
+    if len(x) >= 2 and ci is None:
+        res = stats.bootstrap((x,), iqm, n_resamples=10_000, method="percentile", random_state=np.random.default_rng(0))
+        ci = [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+    return dict(
+        mean=float(x.mean()),
+        iqm=float(iqm(x)),
+        min=float(x.min()),
+        max=float(x.max()),
+        std=float(x.std()),
+        solved=int((x >= bar).sum()),
+        n=len(x),
+        iqm_ci=ci,
+    )
 
 
 # Plumbing ─ below: the run folder, command line and checks, train_jax (seeds over devices), checkpoints, plots, main
@@ -851,47 +880,26 @@ def check_flags(args) -> None:  # RunError, one line, for the first flag outside
 
 
 def validate(args: Args) -> None:
-    """Raise RunError on a flag outside its bounds, or on flags that do not fit together (the bounds of each flag are
-    in its flag(); here are the relations between flags). load_params checks a --load checkpoint."""
+    """Raise RunError on a flag outside its bounds (check_flags), or on flags that do not fit together, each relation
+    with its reason. load_params checks a --load checkpoint."""
     check_flags(args)
+    if args.host_devices > 0 and (args.backend != "jax" or args.num_seeds % args.host_devices):  # even shards
+        raise RunError(f"--host-devices {args.host_devices} needs --backend jax and a --num-seeds that it divides")
+    if args.backend == "gymnasium" and args.num_seeds > 1:  # one Python loop steps one seed's envs
+        raise RunError(f"--num-seeds {args.num_seeds} needs --backend jax (for a gymnasium sweep: tools/seeds.py)")
+    if args.backend == "jax" and args.norm_obs:  # the running statistics live in NumPy, outside the compiled run
+        raise RunError("--norm-obs is implemented for --backend gymnasium only")
+    if args.load and args.num_seeds > 1:
+        raise RunError("--load evaluates one saved policy; drop --num-seeds")
+    if args.algo.startswith("reinforce") and args.num_steps % EPISODE_STEPS:  # G_t needs each episode's end
+        raise RunError(f"--algo {args.algo}: --num-steps must be a multiple of {EPISODE_STEPS}, got {args.num_steps}")
     batch = f"--num-envs × --num-steps = {args.batch_size}"
-    for wrong, message in (
-        (  # every device must get as many seeds, and only the JAX backend shards
-            args.host_devices > 0 and (args.backend != "jax" or args.num_seeds % args.host_devices),
-            f"--host-devices {args.host_devices} needs --backend jax and a --num-seeds that it divides "
-            f"(got --backend {args.backend} --num-seeds {args.num_seeds})",
-        ),
-        (  # one Python loop steps one seed's envs
-            args.backend == "gymnasium" and args.num_seeds > 1,
-            f"--num-seeds {args.num_seeds} needs --backend jax (the gymnasium backend trains one seed; for a sweep "
-            f"use tools/seeds.py)",
-        ),
-        (  # the running statistics live in NumPy, outside the compiled run
-            args.backend == "jax" and args.norm_obs,
-            "--norm-obs is implemented for --backend gymnasium only",
-        ),
-        (args.load and args.num_seeds > 1, "--load evaluates one saved policy; drop --num-seeds"),
-        (  # G_t needs each episode's end
-            args.algo.startswith("reinforce") and args.num_steps % EPISODE_STEPS,
-            f"--algo {args.algo} needs whole episodes in every rollout: --num-steps must be a multiple of "
-            f"{EPISODE_STEPS} (the time limit), got {args.num_steps}; leave out --num-steps to get --num-envs 10 "
-            f"--num-steps 200",
-        ),
-        (  # a minibatch is a slice of one rollout
-            args.minibatch_size > args.batch_size,
-            f"--minibatch-size ({args.minibatch_size}) is larger than the rollout ({batch})",
-        ),
-        (  # training is a whole number of rollouts, at least one
-            not args.load and args.total_timesteps < args.batch_size,
-            f"--total-timesteps ({args.total_timesteps}) is less than one rollout ({batch})",
-        ),
-        (  # the preset's values must be there, not only its name
-            args.preset == "untuned" and all(getattr(args, k) == getattr(Args(), k) for k in UNTUNED_PRESET),
-            "preset 'untuned' is applied by parse_args; from Python, use Args(preset='untuned', **UNTUNED_PRESET)",
-        ),
-    ):
-        if wrong:
-            raise RunError(message)
+    if args.minibatch_size > args.batch_size:  # a minibatch is a slice of one rollout
+        raise RunError(f"--minibatch-size ({args.minibatch_size}) is larger than the rollout ({batch})")
+    if not args.load and args.total_timesteps < args.batch_size:  # training is a whole number of rollouts, at least 1
+        raise RunError(f"--total-timesteps ({args.total_timesteps}) is less than one rollout ({batch})")
+    if args.preset == "untuned" and all(getattr(args, k) == getattr(Args(), k) for k in UNTUNED_PRESET):
+        raise RunError("preset 'untuned' is applied by parse_args; in Python: Args(preset='untuned', **UNTUNED_PRESET)")
 
 
 def seed_devices(args: Args) -> list:
@@ -976,56 +984,6 @@ def train_jax(args: Args, devices: list) -> tuple[Agent, nnx.State, TrainLog]:
     return agent, runners.state["actor"], log._replace(last_per_seed=last)
 
 
-def first_line(args: Args, devices: int = 0) -> str:
-    """What the run is about to do, printed before it starts."""
-    rung, k = args.rung, args.num_minibatches
-    steps = f"{rung.batch_steps + rung.actor_epochs * k} actor / {rung.critic_epochs * k} critic Adam steps per update"
-    chosen = args.algo.startswith("reinforce") and (args.num_envs, args.num_steps) == tuple(WHOLE_EPISODES.values())
-    steps += f", whole episodes (the {args.algo} default: 10 envs × 200 steps)" if chosen else ""
-    rollouts = f"{args.num_updates} updates × {args.batch_size} steps ({args.num_envs} envs × {args.num_steps})"
-    if args.backend == "jax":
-        how = (
-            f" vmapped, split across {devices} device(s)" if args.num_seeds > devices else ", one per device (no vmap)"
-        )
-        return f"{args.algo} on a JAX port of {ENV_ID}: {args.num_seeds} seed(s){how}, {rollouts} per seed, {steps}"
-    return (
-        f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID}: {rollouts}, {args.update_epochs} epochs × "
-        f"{k} minibatches of {args.minibatch_size}, preset={args.preset}{'' if args.algo == 'ppo' else ', ' + steps}"
-    )
-
-
-def seed_summary(x, bar: float = -200.0) -> dict:
-    """Across seeds: mean, IQM (25 % trimmed mean) with a 95 % percentile-bootstrap CI (10,000 resamples
-    of the seeds, fixed bootstrap seed 0; None for one seed, [x, x] when every seed scored x), min, max, std
-    (ddof 0), and how many reach the bar (−200). tools/seeds.py summarises every module's sweeps with it."""
-    from scipy import stats  # only here: a one-seed run does not pay for importing scipy
-
-    x = np.asarray(x, float)
-    out = dict(
-        mean=float(x.mean()),
-        iqm=float(stats.trim_mean(x, 0.25)),
-        min=float(x.min()),
-        max=float(x.max()),
-        std=float(x.std()),
-        solved=int((x >= bar).sum()),
-        n=len(x),
-        iqm_ci=None,
-    )
-    if len(x) >= 2 and np.all(x == x[0]):  # every resample has the same IQM: the interval is that one point
-        out["iqm_ci"] = [float(x[0]), float(x[0])]
-    elif len(x) >= 2:
-        res = stats.bootstrap(
-            (x,),
-            lambda v, axis: stats.trim_mean(v, 0.25, axis=axis),
-            confidence_level=0.95,
-            n_resamples=10_000,
-            method="percentile",
-            random_state=np.random.default_rng(0),
-        )
-        out["iqm_ci"] = [float(res.confidence_interval.low), float(res.confidence_interval.high)]
-    return out
-
-
 def params_tree(actor: Actor, critic: Critic, rms: RunningMeanStd | None) -> dict:
     """What a checkpoint holds: the networks' nnx.Param state, and with --norm-obs the observation statistics."""
     tree = {"actor": nnx.state(actor, nnx.Param), "critic": nnx.state(critic, nnx.Param)}
@@ -1045,9 +1003,6 @@ def arrays_in(tree) -> dict:
     return {name(path): f"{np.dtype(x.dtype)}{tuple(x.shape)}" for path, x in leaves}
 
 
-LOAD_HINT = "saved by another script, or with another --hidden-size, --sigma or --norm-obs?"
-
-
 def load_params(args: Args) -> tuple[Actor, Critic, RunningMeanStd | None]:
     """--load: the actor, critic and observation statistics of a checkpoint folder. Its names, dtypes and shapes,
     read from its metadata, must be those of the networks these flags build before anything is restored; then a file
@@ -1065,8 +1020,8 @@ def load_params(args: Args) -> tuple[Actor, Critic, RunningMeanStd | None]:
     for name in sorted(want.keys() | found.keys()) if saved is not None else ():
         if want.get(name) != found.get(name):
             raise RunError(
-                f"{where}: {name} is {found.get(name, 'missing')}, these flags need "
-                f"{want.get(name, 'none')} ({LOAD_HINT})"
+                f"{where}: {name} is {found.get(name, 'missing')}, these flags need {want.get(name, 'none')} (saved "
+                f"by another script, or with another --hidden-size, --sigma or --norm-obs?)"
             )
     try:
         tree = checkpointer.restore(path, abstract)
@@ -1076,11 +1031,8 @@ def load_params(args: Args) -> tuple[Actor, Critic, RunningMeanStd | None]:
     checkpointer.close()
     if rms is not None:
         rms.mean, rms.var = tree["obs_norm"]["mean"], tree["obs_norm"]["var"]
-    return (
-        nnx.merge(nnx.graphdef(agent.actor), tree["actor"]),
-        nnx.merge(nnx.graphdef(agent.critic), tree["critic"]),
-        rms,
-    )
+    actor, critic = (nnx.merge(nnx.graphdef(getattr(agent, k)), tree[k]) for k in ("actor", "critic"))
+    return actor, critic, rms
 
 
 def save_video(path: str, actor: Actor, rms: RunningMeanStd | None, args: Args, metrics: dict) -> None:
@@ -1088,14 +1040,12 @@ def save_video(path: str, actor: Actor, rms: RunningMeanStd | None, args: Args, 
     closest to hanging down, a full swing-up. Its seed and return go into metrics."""
     from PIL import Image
 
-    probe = gym.make(ENV_ID)
-    starts = [probe.reset(seed=args.eval_seed + i)[0][0] for i in range(args.eval_episodes)]  # cos θ at t = 0
-    probe.close()
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: frames as arrays need no display
+    env = gym.make(ENV_ID, render_mode="rgb_array")
+    starts = [env.reset(seed=args.eval_seed + i)[0][0] for i in range(args.eval_episodes)]  # cos θ at t = 0
     metrics["video_seed"] = args.eval_seed + int(np.argmin(starts))  # the smallest cos θ
     graphdef, state = nnx.split(actor)
     mean_action = jax.jit(lambda state, obs: nnx.merge(graphdef, state)(obs).loc)
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: frames as arrays need no display
-    env = gym.make(ENV_ID, render_mode="rgb_array")
     obs, _ = env.reset(seed=metrics["video_seed"])
     frames, total, done, t = [], 0.0, False, 0
     while not done:
@@ -1115,12 +1065,10 @@ def plot_curve(path: str, args: Args, log: TrainLog, eval_mean: float) -> None:
     title = f"{'PPO' if args.algo == 'ppo' else args.algo} on {ENV_ID} ({args.backend}), {who}, preset {args.preset}"
     jax_dots = "one seed: mean of its envs' latest training episodes"
     dots = jax_dots if args.backend == "jax" else "training episode (stochastic policy)"
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no figure left open
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    fig = Figure(figsize=(6.4, 4.0), dpi=100)
+    ax = fig.subplots()
     if log.ep_returns:
         x, y = np.asarray(log.ep_steps), np.asarray(log.ep_returns)
         ax.scatter(x, y, s=6, alpha=0.35, label=dots)
@@ -1133,7 +1081,6 @@ def plot_curve(path: str, args: Args, log: TrainLog, eval_mean: float) -> None:
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 def use_compile_cache(folder: str) -> None:
@@ -1145,62 +1092,38 @@ def use_compile_cache(folder: str) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def evaluate_saved(args: Args, t_start: float) -> dict:
-    """--load: score a checkpoint (with --video, watch it too) into <out>/eval/<run>/, so that <out>/latest stays the
-    training run. A checkpoint that does not fit these flags is refused before any work."""
-    actor, _, rms = load_params(args)
-    run = Run(replace(args, out=os.path.join(args.out, "eval")))
-    print(f"loaded {args.load}", flush=True)
-    one = jax.tree.map(lambda x: x[None], nnx.state(actor))  # a stack of one policy, as evaluate_seeds takes
-    returns = evaluate_seeds(nnx.graphdef(actor), one, rms, args.eval_episodes, args.eval_seed)
-    metrics = run_metrics(args, returns, env_steps=0, train_seconds=0.0, loaded=args.load)
-    return finish(run, args, actor, rms, metrics, [], t_start)
-
-
-def run_metrics(args: Args, all_returns: np.ndarray, **more) -> dict:
-    """metrics.json's numbers, from the deterministic returns (S, episodes) of every seed's final policy, and `more`:
-    the training's numbers, or a --load's. main adds total_seconds, the flags and the per-update history."""
-    per_seed = all_returns.mean(1)
+def finish(run: Run, args: Args, actor: Actor, rms, actor_states, t_start: float, log=None, devices=0) -> dict:
+    """The end of a complete run, training (with its `log`) or --load alike: every seed's final policy (actor_states,
+    leading axis S) scored on gymnasium's Pendulum-v1 whichever backend trained it, returns (S, episodes); the learning
+    curve; the GIF (--video); metrics.json, which completes the run; the summary lines."""
+    returns = evaluate_seeds(nnx.graphdef(actor), actor_states, rms, args.eval_episodes, args.eval_seed)
+    per_seed = returns.mean(1)
     metrics = dict(
-        eval_return_mean=float(all_returns.mean()),
-        eval_return_std=float(all_returns.std()),
+        eval_return_mean=float(returns.mean()),
+        eval_return_std=float(returns.std()),
         eval_episodes=args.eval_episodes,
-        eval_returns=[round(float(r), 2) for r in all_returns[0]],  # of the first seed, whose networks are saved
+        eval_returns=[round(float(r), 2) for r in returns[0]],  # of the first seed, whose networks are saved
         eval_return_per_seed=[round(float(r), 2) for r in per_seed],  # each seed's mean over its episodes
-        seed=args.seed,
         seeds=list(range(args.seed, args.seed + args.num_seeds)),
-        preset=args.preset,
-        backend=args.backend,
-        algo=args.algo,
-        **more,
+        env_steps=len(log.history) * args.batch_size if log else 0,
+        train_seconds=round(log.train_seconds, 2) if log else 0.0,
+        history=log.history if log else [],  # one dict of statistics per update
     )
-    if args.num_seeds > 1:
-        metrics["across_seeds"] = seed_summary(per_seed)
-    return metrics
-
-
-def trained(args: Args, log: TrainLog, devices: int) -> dict:
-    """What a training run adds to run_metrics."""
-    return dict(
-        env_steps=len(log.history) * args.batch_size,
-        train_seconds=round(log.train_seconds, 2),
-        first_update_seconds=log.first_update_seconds,
-        train_return_last10=float(np.mean(log.ep_returns[-10:])) if log.ep_returns else None,
-        loaded=None,
-        devices=devices,
-        last_update=log.history[-1],  # losses, KL, clip fractions of the final update
-        **({"last_update_per_seed": log.last_per_seed} if args.num_seeds > 1 else {}),
-    )
-
-
-def finish(run: Run, args: Args, actor: Actor, rms, metrics: dict, history: list, t_start: float) -> dict:
-    """The end of a complete run, training or --load alike: the GIF (--video), metrics.json, the summary lines."""
+    if log:  # a training run
+        run.save("learning_curve.png", plot_curve, args, log, metrics["eval_return_mean"])
+        metrics.update(
+            first_update_seconds=log.first_update_seconds,
+            train_return_last10=float(np.mean(log.ep_returns[-10:])) if log.ep_returns else None,
+            devices=devices,
+            last_update=log.history[-1],  # losses, KL, clip fractions of the final update
+        )
+    if args.num_seeds > 1:  # --backend jax, trained (--load takes one seed)
+        metrics.update(across_seeds=seed_summary(per_seed), last_update_per_seed=log.last_per_seed)
     if args.video:
         run.save("episode.gif", save_video, actor, rms, args, metrics)
-    metrics["total_seconds"] = round(time.perf_counter() - t_start, 2)
-    run.finish(dict(metrics, args=asdict(args), history=history))
-    if args.video:
         print(f"video: {run.folder}/episode.gif (return {metrics['video_return']:.1f})", flush=True)
+    metrics.update(total_seconds=round(time.perf_counter() - t_start, 2), args=asdict(args))
+    run.finish(metrics)
     seeds = f"seed {args.seed}" + ("" if args.num_seeds == 1 else f"–{args.seed + args.num_seeds - 1}")
     print(
         f"\n== {'PPO' if args.load or args.algo == 'ppo' else args.algo} {ENV_ID}, {args.backend}, {seeds}, "
@@ -1212,12 +1135,10 @@ def finish(run: Run, args: Args, actor: Actor, rms, metrics: dict, history: list
         flush=True,
     )
     if args.num_seeds > 1:
-        a = metrics["across_seeds"]
-        ci = "[{:.1f}, {:.1f}]".format(*a["iqm_ci"]) if a["iqm_ci"] else "n/a"
+        a, scores = metrics["across_seeds"], zip(metrics["seeds"], metrics["eval_return_per_seed"])
         print(
-            "per seed: "
-            + " ".join(f"{seed}:{r:.1f}" for seed, r in zip(metrics["seeds"], metrics["eval_return_per_seed"]))
-            + f"\nacross {a['n']} seeds: IQM={a['iqm']:.1f} 95% CI {ci} min={a['min']:.1f} max={a['max']:.1f} "
+            f"per seed: {' '.join(f'{seed}:{r:.1f}' for seed, r in scores)}\nacross {a['n']} seeds: IQM={a['iqm']:.1f} "
+            f"95% CI [{a['iqm_ci'][0]:.1f}, {a['iqm_ci'][1]:.1f}] min={a['min']:.1f} max={a['max']:.1f} "
             f"solved(>=-200)={a['solved']}/{a['n']}",
             flush=True,
         )
@@ -1230,8 +1151,12 @@ def main(args: Args) -> dict:
     validate(args)  # flag values, before any work
     use_compile_cache(args.compile_cache)
     t_start = time.perf_counter()
-    if args.load:
-        return evaluate_saved(args, t_start)
+    if args.load:  # score a checkpoint; one that does not fit these flags is refused before any work
+        actor, _, rms = load_params(args)
+        run = Run(replace(args, out=os.path.join(args.out, "eval")))  # <out>/eval/<run>/: <out>/latest stays put
+        print(f"loaded {args.load}", flush=True)
+        one = jax.tree.map(lambda x: x[None], nnx.state(actor))  # a stack of one policy, as evaluate_seeds takes
+        return finish(run, args, actor, rms, one, t_start)
     devices = seed_devices(args) if args.backend == "jax" else [jax.devices()[0]]  # before JAX starts
     run = Run(args)  # this run's own folder under --out
     if args.backend == "jax":  # every seed's actor (leading axis S); the first seed's networks are saved
@@ -1242,12 +1167,7 @@ def main(args: Args) -> dict:
         agent, rms, log = train_gymnasium(args)
         actor_states = jax.tree.map(lambda x: x[None], nnx.state(agent.actor))
     run.save("params", save_params, params_tree(agent.actor, agent.critic, rms))  # a stop from here on keeps them
-
-    # Every seed's final policy on gymnasium's Pendulum-v1, whichever backend trained it: (S, episodes).
-    returns = evaluate_seeds(nnx.graphdef(agent.actor), actor_states, rms, args.eval_episodes, args.eval_seed)
-    metrics = run_metrics(args, returns, **trained(args, log, len(devices)))
-    run.save("learning_curve.png", plot_curve, args, log, metrics["eval_return_mean"])
-    return finish(run, args, agent.actor, rms, metrics, log.history, t_start)
+    return finish(run, args, agent.actor, rms, actor_states, t_start, log, len(devices))
 
 
 if __name__ == "__main__":

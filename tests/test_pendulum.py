@@ -243,13 +243,13 @@ def test_the_reading_tables_first_entropies_are_the_fresh_actors(pen):
     """The reading table's healthy `entropy` starts at H = ½ + ½ log 2π + log σ of a fresh actor: 1.42 with
     --sigma param (σ = e⁰ = 1) and 1.05 with --sigma state (σ = softplus(≈0) + 1e-5 ≈ 0.69, the head's gain is 0.01),
     in both languages. Mutations caught: a README that gives 1.42 for both, a σ head through exp instead of softplus,
-    a log_std_init other than 0."""
+    a log σ that does not start at 0."""
     from flax import nnx
 
     obs = jnp.asarray(np.random.default_rng(0).normal(size=(64, 3)), jnp.float32)
     first = {}
     for sigma in ("param", "state"):
-        actor = pen.Actor(3, 1, 64, sigma, "tanh", pen.Args().log_std_init, rngs=nnx.Rngs(0))
+        actor = pen.Actor(3, 1, 64, sigma, "tanh", rngs=nnx.Rngs(0))
         h = np.asarray(actor(obs).entropy().sum(-1))
         assert np.ptp(h) < 0.05, (sigma, np.ptp(h))  # nearly the same σ in every state
         first[sigma] = f"{h.mean():.2f}"
@@ -583,7 +583,7 @@ def test_untuned_preset_tiny_run(pen, tmp_path):
             ["--preset", "untuned", "--total-timesteps", "2048", "--eval-episodes", "2", "--out", str(tmp_path)]
         )
     )
-    assert m["env_steps"] == 2048 and m["preset"] == "untuned"  # one rollout of 1 env × 2,048 steps
+    assert m["env_steps"] == 2048 and m["args"]["preset"] == "untuned"  # one rollout of 1 env × 2,048 steps
     import orbax.checkpoint as ocp
 
     with ocp.StandardCheckpointer() as checkpointer:  # what the checkpoint holds, from its metadata
@@ -617,7 +617,7 @@ def test_gymnasium_backend_runs_a_lower_rung(pen, tmp_path):
             ]
         )
     )
-    assert m["algo"] == "reinforce" and m["backend"] == "gymnasium" and m["env_steps"] == 800
+    assert m["args"]["algo"] == "reinforce" and m["args"]["backend"] == "gymnasium" and m["env_steps"] == 800
     assert math.isnan(m["last_update"]["v_loss"])  # REINFORCE has no critic
 
 
@@ -845,7 +845,7 @@ def test_jax_backend_cli_many_seeds_metrics(tmp_path):
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("update=")]
     assert len(lines) == 2 and all(k in lines[-1] for k in ("return=", "kl=", "explained_var=", "sps="))
     m = json.loads((out / "latest" / "metrics.json").read_text())
-    assert m["seeds"] == [4, 5, 6, 7] and len(m["eval_return_per_seed"]) == 4 and m["backend"] == "jax"
+    assert m["seeds"] == [4, 5, 6, 7] and len(m["eval_return_per_seed"]) == 4 and m["args"]["backend"] == "jax"
     assert m["devices"] == 2 and m["across_seeds"]["n"] == 4
     # four different runs (mutation caught: every seed given the same key)
     assert len(set(m["eval_return_per_seed"])) == 4 and len(set(m["last_update_per_seed"]["approx_kl"])) == 4
@@ -898,7 +898,7 @@ def test_pg_tools_write_their_tables_and_figures(tmp_path):
         (tmp_path / algo / "latest").mkdir(parents=True)
         across = dict(n=2, iqm=float(np.mean(scores)), iqm_ci=[min(scores), max(scores)], mean=float(np.mean(scores)))
         across.update(min=min(scores), max=max(scores), solved=sum(x >= -200 for x in scores))
-        metrics = dict(algo=algo, env_steps=400, eval_return_per_seed=scores, across_seeds=across)
+        metrics = dict(args=dict(algo=algo), env_steps=400, eval_return_per_seed=scores, across_seeds=across)
         (tmp_path / algo / "latest" / "metrics.json").write_text(json.dumps(metrics))
     r = run_script(
         "tools/pg_ladder.py",

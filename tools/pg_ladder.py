@@ -34,7 +34,7 @@ def load(folders):
             sys.exit(f"error: {path}: cannot read it ({type(e).__name__})")
         if "across_seeds" not in m:
             sys.exit(f"error: {path} is a one-seed run; the ladder needs --num-seeds > 1")
-        runs.append(m)
+        runs.append(dict(m, algo=m["args"]["algo"]))  # the rung, from the flags the run saved
     return sorted(runs, key=lambda m: (m["env_steps"], ORDER.index(m["algo"]) if m["algo"] in ORDER else 9))
 
 
