@@ -496,9 +496,44 @@ def test_cli_8_devices_every_rule_set(tmp_path, axis_types):
     assert (tmp_path / "latest" / "loss_curve.png").stat().st_size > 0
 
 
+# Both axis modes of the fsdp run on 4 faked devices, one after the other in one fresh process (faked devices must be
+# asked for before JAX starts): one start of Python and JAX and one compilation of the single-device reference for
+# the two. Each run is main() with the flags parsed as the command line parses them (parse_args); the command line
+# itself is run by the other tests here. A line "=== axis_types X" on stdout starts each run's output.
+FSDP_4_FLAGS = ("--host-devices", "4", "--rules", "fsdp", "--steps", "3", "--no-visualize", "--compile-cache", "")
+FSDP_4_RUNS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from course import load_script
+sm = load_script(sys.argv[2])
+for axis_types in ("auto", "explicit"):
+    print("=== axis_types", axis_types, flush=True)
+    flags = [*sys.argv[4:], "--axis-types", axis_types, "--out", sys.argv[3] + "/" + axis_types]
+    sm.main(sm.parse_args(flags))
+"""
+
+
+@pytest.fixture(scope="module")
+def fsdp_4_devices(tmp_path_factory):
+    """The fsdp run on 4 faked devices (2x2 mesh) under --axis-types auto and explicit, in one process:
+    (the finished process, each mode's stdout, the folder that holds one --out folder per mode)."""
+    out = tmp_path_factory.mktemp("fsdp_4")
+    res = subprocess.run(
+        [sys.executable, "-c", FSDP_4_RUNS, str(REPO / "tools"), SCRIPT, str(out), *FSDP_4_FLAGS],
+        cwd=out,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    parts = res.stdout.split("=== axis_types ")
+    stdout = {part.split("\n", 1)[0]: part for part in parts[1:]}
+    return res, stdout, out
+
+
 @pytest.mark.smoke
 @pytest.mark.parametrize("axis_types", ["auto", "explicit"])
-def test_cli_fsdp_compiles_without_full_rematerialization(tmp_path, axis_types):
+def test_cli_fsdp_compiles_without_full_rematerialization(fsdp_4_devices, axis_types):
     """4 faked devices, fsdp on a 2x2 mesh, in both axis modes: the check passes, mlp_in's block and bytes, the compiled
     step's memory, and no rematerialization warning."""
     # Under fsdp 'data' splits the batch and every embed dim. Were the token table and pos_embed not gathered off
@@ -506,21 +541,22 @@ def test_cli_fsdp_compiles_without_full_rematerialization(tmp_path, axis_types):
     # embed-on-'data', which it does by replicating the whole array, and it says so on stderr ("Involuntary full
     # rematerialization"; jax 0.12 prints it three times under Auto axes, once under Explicit, on a 2x2 mesh).
     # XLA says it while it compiles, so the compilation cache is off: a program loaded from disk would say nothing.
-    flags = ("--host-devices", "4", "--rules", "fsdp", "--steps", "3", "--no-visualize", "--axis-types", axis_types)
-    flags += ("--compile-cache", "")
-    res = run_script(SCRIPT, *flags, "--out", str(tmp_path), cwd=tmp_path)
+    # Both modes share one process and its stderr: a warning from either fails both.
+    res, stdout, out = fsdp_4_devices
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "check rules=fsdp" in res.stdout and "PASS" in res.stdout
+    assert sorted(stdout) == ["auto", "explicit"], res.stdout[-2000:]
     assert "rematerialization" not in res.stderr.lower(), res.stderr[-2000:]
-    m = json.loads((tmp_path / "latest" / "metrics.json").read_text())
+    stdout = stdout[axis_types]
+    assert "check rules=fsdp" in stdout and "PASS" in stdout
+    m = json.loads((out / axis_types / "latest" / "metrics.json").read_text())
     assert m["devices"] == 4 and m["mesh"] == {"data": 2, "model": 2} and m["rules"] == ["fsdp"]
     assert m["max_abs_diff_vs_single_device"] <= 1e-5
     w = m["rule_sets"]["fsdp"]["weights"]["mlp_in/kernel"]
     assert tuple(w["spec"]) == ("data", "model") and tuple(w["shard_shape"]) == (32, 128)
     assert w["bytes"] == w["analytic"] == 32 * 128 * 4 and w["uniform"]
     _assert_compiled_memory(m, "fsdp", batch_rows=32 // 2)
-    assert m["axis_types"] == axis_types and f"axes={axis_types}" in res.stdout
-    assert ("types before" in res.stdout) == (axis_types == "explicit")
+    assert m["axis_types"] == axis_types and f"axes={axis_types}" in stdout
+    assert ("types before" in stdout) == (axis_types == "explicit")
 
 
 def _assert_compiled_memory(m, rule_set, batch_rows):
