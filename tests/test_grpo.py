@@ -144,25 +144,6 @@ def train_as_main(args: g.Args, data: g.Data):
         return g.train(args, data)
 
 
-def tiny_args(tmp_path, **changes) -> g.Args:
-    """A tiny real run of the one-token task on the bundled digits: 4 iterations scored every 2, B = 8, G = 4,
-    small layers, n = 4."""
-    base = dict(
-        task="digit",
-        beta=0.0,
-        iterations=4,
-        eval_every=2,
-        eval_samples=4,
-        pass_k=2,
-        batch_size=8,
-        group_size=4,
-        hidden_size=16,
-        decoder_size=32,
-        out=str(tmp_path / "out"),
-    )
-    return g.Args(**{**base, **changes})
-
-
 # ------------------------------------------------------------------ unit: per-token ratio and clip
 @pytest.mark.unit
 def test_clipped_surrogate_per_token_objective_binds_outside_and_gradient():
@@ -682,15 +663,35 @@ def test_train_block_refreshes_the_reference_after_every_multiple_of_r_only():
     assert not same_params(after4["policy"], initial) and not same_params(after6["policy"], after4["policy"])
 
 
+@pytest.fixture(scope="module")
+def digit_main(tmp_path_factory):
+    """main() in this process on the --task digit smoke flags (seed 0), made once for the tests that read it:
+    (its args, its metrics, what train() returned to it: policy, π_ref, history, timings)."""
+    out = tmp_path_factory.mktemp("digit_main") / "out"
+    args = g.parse_args([*SMOKE_FLAGS["digit"], *TINY_FLAGS, "--out", str(out)])
+    returned = []
+
+    def recorded_train(args, data):
+        returned.append(real_train(args, data))
+        return returned[-1]
+
+    real_train = g.train
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(g, "train", recorded_train)
+        metrics = g.main(args)
+    assert len(returned) == 1
+    return args, metrics, returned[0]
+
+
 @pytest.mark.unit
-def test_the_reference_stays_the_initial_policy_by_default(tmp_path):
+def test_the_reference_stays_the_initial_policy_by_default(digit_main):
     """--task digit (no SFT, --ref-refresh 0 by default) at β = 0 with the smoke run's tiny flags: after
-    train(), the returned π_ref holds the initial weights exactly, while the policy moved; kl_ref is 0 in the first
-    row and > 0 at the end (measured 0.007). With β > 0 π_ref must stay too: the post-SFT test below. Catches:
-    refreshing π_ref during RL (always, or every block), a reference built with its own weights."""
-    args = g.parse_args([*SMOKE_FLAGS["digit"], *TINY_FLAGS, "--out", str(tmp_path / "out")])
+    train() (as main() called it, in the shared digit_main run), the returned π_ref holds the initial weights
+    exactly, while the policy moved; kl_ref is 0 in the first row and > 0 at the end (measured 0.007). With β > 0
+    π_ref must stay too: the post-SFT test below. Catches: refreshing π_ref during RL (always, or every block), a
+    reference built with its own weights."""
+    args, _, (policy, reference, history, _) = digit_main
     assert (args.sft_steps, args.beta, args.ref_refresh) == (-1, 0.0, 0) and g.sft_steps_for(args) == 0
-    policy, reference, history, _ = train_as_main(args, bundled_data())
     initial = g.Policy(1, args.hidden_size, args.decoder_size, rngs=nnx.Rngs(g.run_keys(args.seed).init))
     assert same_params(reference, initial)
     assert not same_params(policy, initial)
@@ -1077,11 +1078,11 @@ def test_carve_validation_sizes():
     assert len(g.carve_validation(x[:2], y[:2], 0.99)[1]) == 1  # and at least one training image
 
 
-@pytest.mark.unit
-def test_no_score_test_leaves_the_test_set_unread(tmp_path, monkeypatch):
-    """--no-score-test: training never sees test images (they are dropped before training), the test scorer is
-    never called, and metrics.json holds no test number. Catches: scoring the test set anyway, writing a
-    test_* key, or passing the test images on to training."""
+@pytest.fixture(scope="module")
+def seed_1_without_test(tmp_path_factory):
+    """main() in this process on the --task digit smoke flags with --seed 1 --no-score-test, made once for the tests
+    that read it, watched: train() must get no test images, and score_split must not be called (a training run
+    scores no other split with it); either fails the run. Returns (its metrics, its --out folder)."""
 
     def no_test_scoring(*a, **k):
         raise AssertionError("score_split called with --no-score-test")
@@ -1092,11 +1093,23 @@ def test_no_score_test_leaves_the_test_set_unread(tmp_path, monkeypatch):
         assert data.x_test is None and data.y_test is None
         return real_train(args, data)
 
-    monkeypatch.setattr(g, "score_split", no_test_scoring)  # a training run scores no other split with it
-    monkeypatch.setattr(g, "train", train_without_test_images)
-    args = tiny_args(tmp_path, score_test=False)
-    result = g.main(args)
-    saved = json.loads((Path(args.out) / "latest" / "metrics.json").read_text())
+    out = tmp_path_factory.mktemp("seed_1") / "out"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(g, "score_split", no_test_scoring)
+        mp.setattr(g, "train", train_without_test_images)
+        result = g.main(
+            g.parse_args([*SMOKE_FLAGS["digit"], *TINY_FLAGS, "--seed", "1", "--no-score-test", "--out", str(out)])
+        )
+    return result, out
+
+
+@pytest.mark.unit
+def test_no_score_test_leaves_the_test_set_unread(seed_1_without_test):
+    """--no-score-test (the shared seed_1_without_test run): training never sees test images (they are dropped
+    before training), the test scorer is never called, and metrics.json holds no test number. Catches: scoring the
+    test set anyway, writing a test_* key, or passing the test images on to training."""
+    result, out = seed_1_without_test
+    saved = json.loads((out / "latest" / "metrics.json").read_text())
     for metrics in (result, saved):
         assert not [k for k in metrics if k.startswith("test")]
         assert not [k for row in metrics["history"] for k in row if k.startswith("test")]
@@ -1497,14 +1510,14 @@ def cli_run(tmp_path_factory):
 
 @pytest.mark.smoke
 @pytest.mark.parametrize("task", ["digit", "number"])
-def test_cli_runs_both_tasks(task, tmp_path, cli_run):
+def test_cli_runs_both_tasks(task, cli_run, request):
     """The command line runs each task for 4 iterations on the bundled digits and writes metrics.json (validation
     and test pass@1, pass@2 and greedy; the test set only once, at the end), learning_curve.png and policy/
     (key prefix 'policy'); one progress line per score, SFT rows first for --task number, whose run also has the KL
-    penalty (β = 0.1: its mean per-token KL on the progress line). For --task digit the
-    same flags run again in-process through main() give the same metrics apart from the seconds, and --seed 1
-    another run. Catches: a broken CLI, a missing output or metric, test scores in the per-block history,
-    randomness that --seed does not drive, a --seed that drives nothing."""
+    penalty (β = 0.1: its mean per-token KL on the progress line). For --task digit the same flags run again
+    in-process through main() (the shared digit_main run) give the same metrics apart from the seconds, and --seed 1
+    (the shared seed_1_without_test run) another run. Catches: a broken CLI, a missing output or metric, test scores
+    in the per-block history, randomness that --seed does not drive, a --seed that drives nothing."""
     r, out = cli_run(task)
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stdout.splitlines() if line.startswith("phase=")]
@@ -1531,11 +1544,10 @@ def test_cli_runs_both_tasks(task, tmp_path, cli_run):
     )
     if task == "number":
         return
-    again = g.main(g.parse_args([*SMOKE_FLAGS[task], *TINY_FLAGS, "--out", str(tmp_path / "again")]))
+    again = request.getfixturevalue("digit_main")[1]  # main() in this process on the same flags
     assert without_seconds(json.loads(json.dumps(again))) == without_seconds(metrics)
-    # --no-score-test only skips the final test scoring (training and its history are the same): one pass fewer
-    other_flags = [*SMOKE_FLAGS[task], *TINY_FLAGS, "--seed", "1", "--no-score-test", "--out", str(tmp_path / "other")]
-    other = g.main(g.parse_args(other_flags))
+    # --seed 1 with --no-score-test, which only skips the final test scoring (training and its history are the same)
+    other = request.getfixturevalue("seed_1_without_test")[0]
     assert [row.get("reward") for row in other["history"]] != [row.get("reward") for row in metrics["history"]]
 
 
