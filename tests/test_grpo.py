@@ -137,13 +137,6 @@ TINY_FLAGS = [
 ]
 
 
-def train_as_main(args: g.Args, data: g.Data):
-    """train(args, data) as main() calls it: on main()'s mesh, the states placed by the rules. The compiled programs
-    are then those of the command line with the same flags (the smoke runs), read from the cache."""
-    with jax.set_mesh(g.make_mesh(args, jax.devices())):
-        return g.train(args, data)
-
-
 # ------------------------------------------------------------------ unit: per-token ratio and clip
 @pytest.mark.unit
 def test_clipped_surrogate_per_token_objective_binds_outside_and_gradient():
@@ -727,17 +720,17 @@ def test_run_keys_differ_from_every_key_of_the_initial_weights(seed):
 
 
 @pytest.mark.unit
-def test_the_reference_is_the_policy_after_sft(tmp_path):
+def test_the_reference_is_the_policy_after_sft(cli_run):
     """--task number with 2 SFT steps then RL: π_ref is the post-SFT policy. The last SFT row of the history was
     scored (on the fixed validation prompts, with train()'s evaluation key) for the post-SFT policy against the
     initial one; scoring the returned π_ref against the initial policy the same way must give that row exactly.
     kl_ref is 0 in the first row. Catches: π_ref left at the initial policy (no copy when RL starts; the KL of
     the two would be 0), refreshed during RL (the final policy), or copied before the SFT steps. The flags are the
-    --task number smoke run's (β = 0.1)."""
-    args = g.parse_args([*SMOKE_FLAGS["number"], *TINY_FLAGS, "--out", str(tmp_path / "out")])
+    --task number smoke run's (β = 0.1), and train() is the one main() called in that run (cli_run, shared)."""
+    cli_run("number")
+    args, (_, reference, history, _) = cli_run.trained["number"]
     assert (args.sft_steps, args.beta, args.learning_rate) == (2, 0.1, 1e-2)
     data, n_slots = bundled_data(), g.slots_for(args)
-    _, reference, history, _ = train_as_main(args, data)
     assert history[0]["val_kl_ref"] == 0.0
     last_sft = [row for row in history if row["phase"] == "sft"][-1]
     assert last_sft["val_kl_ref"] > 1e-3  # SFT moved the policy away from the initial one
@@ -1485,7 +1478,8 @@ def cli_run(tmp_path_factory):
     it: cli_run(task) -> (the finished process, its --out folder). --task digit runs the command line in a
     subprocess, as a user does; --task number runs main() on the same flags parsed by parse_args, in this process
     (one start of Python and JAX fewer), its stdout captured: the command line's own path is the digit run's, and
-    tests/test_cli.py's and tests/test_interrupt.py's."""
+    tests/test_cli.py's and tests/test_interrupt.py's. What train() returned to that main() is kept too:
+    cli_run.trained["number"] -> (its args, (policy, π_ref, history, timings))."""
     made = {}
 
     def run(task: str):
@@ -1496,15 +1490,22 @@ def cli_run(tmp_path_factory):
             if task == "digit":
                 made[task] = (run_script(SCRIPT, *argv, cwd=folder, timeout=240), out)
             else:
-                stdout, stderr, code = io.StringIO(), io.StringIO(), 0
+                stdout, stderr, code, returned, real_train = io.StringIO(), io.StringIO(), 0, [], g.train
+                args = g.parse_args(argv)
                 with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-                    try:
-                        g.main(g.parse_args(argv))
-                    except SystemExit as e:  # main() ends a failed run with exit status 1
-                        code = e.code
+                    with pytest.MonkeyPatch.context() as mp:
+                        mp.setattr(
+                            g, "train", lambda args, data: returned.append(real_train(args, data)) or returned[-1]
+                        )
+                        try:
+                            g.main(args)
+                        except SystemExit as e:  # main() ends a failed run with exit status 1
+                            code = e.code
+                run.trained[task] = (args, returned[0] if len(returned) == 1 else None)
                 made[task] = (SimpleNamespace(returncode=code, stdout=stdout.getvalue(), stderr=stderr.getvalue()), out)
         return made[task]
 
+    run.trained = {}
     return run
 
 
