@@ -952,12 +952,15 @@ def test_a_device_with_one_seed_runs_it_unbatched(capsys):
 
 
 @pytest.mark.smoke
-def test_cli_trains_saves_and_load_round_trip(tmp_path):
+def test_cli_trains_saves_and_load_round_trip(tmp_path, monkeypatch, capsys):
+    """The command line's code, parse_args then main, in this process and in tmp_path as the working folder (the
+    script as a subprocess: test_jax_backend_cli_two_seeds, test_cli_bad_input_one_line_error, test_cli.py)."""
     out = tmp_path / "run"
-    proc = run_script(SCRIPT, *TINY, "--out", str(out), "--video", cwd=tmp_path, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "Traceback" not in proc.stderr
-    progress = [line for line in proc.stdout.splitlines() if line.startswith("step=")]
+    monkeypatch.chdir(tmp_path)
+    dqn.main(dqn.parse_args([*TINY, "--out", str(out), "--video"]))
+    proc = capsys.readouterr()  # .out and .err, as a subprocess's would be
+    assert "Traceback" not in proc.err
+    progress = [line for line in proc.out.splitlines() if line.startswith("step=")]
     assert len(progress) == 2 and all(k in progress[0] for k in ("return=", "eval_return=", "loss=", "eps=", "sps="))
     (folder,) = [p for p in out.iterdir() if p.name != "latest"]  # the run's own folder, which latest points at
     assert (out / "latest").resolve() == folder.resolve()
@@ -968,14 +971,14 @@ def test_cli_trains_saves_and_load_round_trip(tmp_path):
         "q_network",
     ]
     assert (
-        proc.stdout.strip().splitlines()[-1]
+        proc.out.strip().splitlines()[-1]
         == f"outputs: {folder} (q_network, learning_curve.png, episode.gif, metrics.json)"
     )
     metrics = json.loads((folder / "metrics.json").read_text())
     for key in ("eval_return_mean", "eval_return_std", "eval_episodes", "env_steps", "train_seconds", "video_return"):
         assert key in metrics
     assert metrics["eval_episodes"] == 3 and metrics["env_steps"] == 600
-    assert sum(metrics["eval_ends"].values()) == 3 and "episodes ended: time_limit=" in proc.stdout
+    assert sum(metrics["eval_ends"].values()) == 3 and "episodes ended: time_limit=" in proc.out
     # exactly the gradient steps the learning-rate schedule was built for
     scheduled = dqn.derived(dqn.parse_args(TINY)).total_gradient_steps
     assert metrics["gradient_steps_total"] == scheduled == 8 * 4  # 8 calls (250, 300, …, 600) of 4 steps
@@ -1029,11 +1032,12 @@ def test_jax_backend_cli_two_seeds(tmp_path):
     """--backend jax --num-seeds 2 --total-timesteps 2000 from the command line: one compiled call trains both seeds
     (split over the devices), the progress line and the many-seed summary are printed, metrics.json holds each
     seed's final greedy evaluation on gymnasium's test episodes and the solved count, and q_network/ holds the
-    first seed's final agent (a --load of it scores what metrics.json says). Mutations caught: every seed given
+    first seed's final agent (a --load of it scores what metrics.json says). 10 test episodes, not the default 100:
+    a trained seed's episodes are long, and evaluate steps gymnasium in Python. Mutations caught: every seed given
     the same key (equal returns), a training call more or fewer than the learning-rate schedule was built for,
     another seed's parameters saved."""
     out = tmp_path / "run"
-    flags = ["--backend", "jax", "--num-seeds", "2", "--total-timesteps", "2000"]
+    flags = ["--backend", "jax", "--num-seeds", "2", "--total-timesteps", "2000", "--eval-episodes", "10"]
     proc = run_script(SCRIPT, *flags, "--out", str(out), cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -1053,10 +1057,12 @@ def test_jax_backend_cli_two_seeds(tmp_path):
     assert a["iqm"] == pytest.approx(np.mean(returns)) and a["iqm_ci"] == pytest.approx(sorted(returns))
     assert f"IQM={a['iqm']:.1f} [95% CI {a['iqm_ci'][0]:.1f}, {a['iqm_ci'][1]:.1f}]" in proc.stdout
     assert [row["seed"] for row in m["per_seed"]] == [0, 1]
-    assert all(row["eval_episodes"] == 100 for row in m["per_seed"])
+    assert all(row["eval_episodes"] == 10 for row in m["per_seed"])
     assert m["gradient_steps_total"] == dqn.derived(dqn.parse_args(flags)).total_gradient_steps == 4 * 128
     assert (out / "latest" / "learning_curve.png").stat().st_size > 0
-    loaded = dqn.main(dqn.parse_args(["--load", str(out / "latest" / "q_network"), "--out", str(out)]))
+    loaded = dqn.main(
+        dqn.parse_args(["--load", str(out / "latest" / "q_network"), "--eval-episodes", "10", "--out", str(out)])
+    )
     assert loaded["eval_return_mean"] == returns[0]
 
 

@@ -19,7 +19,9 @@ critic's loss falls tenfold; four vmapped JAX seeds each reach −200.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import math
 from functools import partial
@@ -356,16 +358,17 @@ def test_validate_rejects_bad_input(pen, argv, msg, tmp_path, capsys):
 
 # ---------------------------------------------------------------------------------------------- smoke
 @pytest.mark.smoke
-def test_cli_tiny_run_then_load_round_trip_and_video(tmp_path):
-    out = tmp_path / "run"
-    p = run_script(SCRIPT, *TINY, "--out", str(out), cwd=tmp_path, timeout=120)
-    assert p.returncode == 0, p.stderr
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("update=")]
+def test_cli_tiny_run_then_load_round_trip_and_video(tiny_seed_7, tmp_path):
+    """Training through the command line's code (parse_args, main) in this process, the run test_same_seed_same_run
+    repeats; the --load --video run as a subprocess, whose stderr is all a learner sees (pygame must say nothing
+    there) and which starts SDL afresh."""
+    _, stdout, out = tiny_seed_7
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("update=")]
     assert len(lines) == 2  # 512 // (4 × 64)
     for key in ("step=", "return=", "loss=", "sps="):
         assert key in lines[-1]
-    run = out / "latest"  # this run's own folder, <out>/<date>-<time>-seed0, which the run names on its last line
-    assert p.stdout.splitlines()[-1] == f"outputs: {out / run.readlink()} (params, learning_curve.png, metrics.json)"
+    run = out / "latest"  # this run's own folder, <out>/<date>-<time>-seed7, which the run names on its last line
+    assert stdout.splitlines()[-1] == f"outputs: {out / run.readlink()} (params, learning_curve.png, metrics.json)"
     m = json.loads((run / "metrics.json").read_text())
     for key in ("eval_return_mean", "eval_return_std", "eval_episodes", "env_steps", "train_seconds"):
         assert key in m
@@ -542,11 +545,21 @@ def test_normalize_obs_uses_the_running_statistics_with_clip_and_epsilon(pen):
     np.testing.assert_array_equal(x[:, 2], [10.0, -10.0])  # 8 / √1e-8 is clipped to ±10
 
 
+@pytest.fixture(scope="module")
+def tiny_seed_7(pen, tmp_path_factory):
+    """One tiny training run, --seed 7, through parse_args and main in this process: (its metrics, what it printed,
+    its --out). test_cli_tiny_run… reads its output and files, test_same_seed_same_run runs it again."""
+    out = tmp_path_factory.mktemp("tiny_seed_7") / "run"
+    with contextlib.redirect_stdout(io.StringIO()) as stdout:
+        metrics = pen.main(pen.parse_args([*TINY, "--seed", "7", "--out", str(out)]))
+    return metrics, stdout.getvalue(), out
+
+
 @pytest.mark.smoke
-def test_same_seed_same_run(pen, tmp_path):
+def test_same_seed_same_run(pen, tiny_seed_7, tmp_path):
     """Mutations caught: anything unseeded (a run that differs from itself), or a --seed that is ignored (seed 8
-    would then repeat seed 7)."""
-    a = pen.main(pen.parse_args(TINY + ["--seed", "7", "--out", str(tmp_path / "a")]))
+    would then repeat seed 7). The first seed-7 run is the module's tiny run, made earlier in this process."""
+    a = tiny_seed_7[0]
     b = pen.main(pen.parse_args(TINY + ["--seed", "7", "--out", str(tmp_path / "b")]))
     c = pen.main(pen.parse_args(TINY + ["--seed", "8", "--out", str(tmp_path / "c")]))
     assert a["eval_returns"] == b["eval_returns"] and a["last_update"] == b["last_update"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -96,48 +98,51 @@ def test_known_headlines():
 # ----------------------------------------------------------------------------- CLI on tiny runs
 
 
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """One sweep of two tiny Q-learning seeds, in this process (its command line's one-line error is run as a
+    subprocess below); each seed is still a subprocess of its own, run through --python by a wrapper interpreter
+    that logs its calls, then runs this Python. Returns (the sweep's --out, what it printed, the wrapper, its log).
+    Two seeds: enough for a seed to be dropped or repeated, and for the IQM's interval (none below two seeds)."""
+    tmp_path = tmp_path_factory.mktemp("sweep")
+    calls = tmp_path / "calls.txt"
+    wrapper = tmp_path / "python-peer"
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    argv = ["--python", str(wrapper), "1_Q_Learning/Q_Learning.py", "--seeds", "0-1", "--out", str(tmp_path)]
+    argv += ["--metric", "greedy_return", "--bar", "95", "--save", "demo", "--also", "env_steps,episodes@4"]
+    argv += ["--results-dir", str(tmp_path / "results"), "--", "--episodes", "3"]
+    with pytest.MonkeyPatch.context() as monkeypatch, contextlib.redirect_stdout(io.StringIO()) as stdout:
+        monkeypatch.chdir(REPO)
+        seeds.main(argv)
+    return tmp_path, stdout.getvalue(), wrapper, calls
+
+
 @pytest.mark.smoke
-def test_sweep_runs_each_seed_and_writes_the_table(tmp_path):
-    r = run_tool(
-        "1_Q_Learning/Q_Learning.py",
-        "--seeds",
-        "0-2",
-        "--out",
-        str(tmp_path),
-        "--metric",
-        "greedy_return",
-        "--bar",
-        "95",
-        "--save",
-        "demo",
-        "--also",
-        "env_steps,episodes@4",
-        "--results-dir",
-        str(tmp_path / "results"),
-        "--",
-        "--episodes",
-        "3",
-    )
-    assert r.returncode == 0, r.stderr
-    folder = tmp_path / "q_learning" / "episodes_3_seeds-0-2"
+def test_sweep_runs_each_seed_and_writes_the_table(sweep):
+    tmp_path, stdout, wrapper, _ = sweep
+    folder = tmp_path / "q_learning" / "episodes_3_seeds-0-1"
     summary = json.loads((folder / "summary.json").read_text())
     # Each run is really a separate run with its own seed and folder.
-    per_run = {s: json.loads((folder / f"seed_{s}" / "latest" / "metrics.json").read_text()) for s in (0, 1, 2)}
-    assert [per_run[s]["args"]["seed"] for s in (0, 1, 2)] == [0, 1, 2]
-    assert all(per_run[s]["episodes"] == 3 for s in (0, 1, 2))
-    assert summary["per_seed"] == {str(s): per_run[s]["greedy_return"] for s in (0, 1, 2)}
-    assert summary["solved"] == sum(per_run[s]["greedy_return"] >= 95 for s in (0, 1, 2))
-    # By hand: 25 % of 3 scores is 0.75, so scipy's trim_mean cuts int(0.75) = 0 from each end and the IQM of three
-    # seeds is their plain mean (a tool that summarised the wrong key, or dropped a seed, fails here).
-    returns = [per_run[s]["greedy_return"] for s in (0, 1, 2)]
-    assert summary["iqm"] == pytest.approx(sum(returns) / 3)
+    per_run = {s: json.loads((folder / f"seed_{s}" / "latest" / "metrics.json").read_text()) for s in (0, 1)}
+    assert [per_run[s]["args"]["seed"] for s in (0, 1)] == [0, 1]
+    assert all(per_run[s]["episodes"] == 3 for s in (0, 1))
+    assert summary["per_seed"] == {str(s): per_run[s]["greedy_return"] for s in (0, 1)}
+    assert summary["solved"] == sum(per_run[s]["greedy_return"] >= 95 for s in (0, 1))
+    # By hand: 25 % of 2 scores is 0.5, so scipy's trim_mean cuts int(0.5) = 0 from each end and the IQM of two
+    # seeds is their plain mean (a tool that summarised the wrong key, or dropped a seed, fails here); its bootstrap
+    # interval resamples the two scores, so it lies within [min, max] of them.
+    returns = [per_run[s]["greedy_return"] for s in (0, 1)]
+    assert summary["iqm"] == pytest.approx(sum(returns) / 2)
+    lo, hi = summary["iqm_ci95"]
+    assert min(returns) <= lo <= summary["iqm"] <= hi <= max(returns)
     saved = json.loads((tmp_path / "results" / "demo.json").read_text())  # --save: the same summary + provenance
     assert saved["per_seed"] == summary["per_seed"] and saved["iqm"] == summary["iqm"]
     assert saved["provenance"]["command"].endswith("--also env_steps,episodes@4 --save demo -- --episodes 3")
     # --also: the same runs, other keys, one file each (a tool that re-ran seeds or mixed keys up fails here)
     for key in ("env_steps", "episodes"):
         also = json.loads((tmp_path / "results" / f"demo.{key}.json").read_text())
-        assert also["metric"] == key and also["per_seed"] == {str(s): per_run[s][key] for s in (0, 1, 2)}
+        assert also["metric"] == key and also["per_seed"] == {str(s): per_run[s][key] for s in (0, 1)}
         assert also["provenance"] == saved["provenance"]
     # KEY@BAR: the also-file counts the seeds at or above its own bar (3 episodes < 4: none; no bar: no count)
     assert json.loads((tmp_path / "results" / "demo.episodes.json").read_text())["solved"] == 0
@@ -145,9 +150,10 @@ def test_sweep_runs_each_seed_and_writes_the_table(tmp_path):
     assert saved["provenance"]["versions"]["jax"] and saved["provenance"]["machine"]["cores"] >= 1
     assert (folder / "scores.png").stat().st_size > 1000
     table = (folder / "summary.md").read_text()
-    assert "python tools/seeds.py 1_Q_Learning/Q_Learning.py --seeds 0-2" in table and "-- --episodes 3" in table
-    assert "IQM [95 % CI]" in table and table in r.stdout
-    assert r.stdout.count("seed=") == 3
+    command = f"python tools/seeds.py --python {wrapper} 1_Q_Learning/Q_Learning.py --seeds 0-1"  # the peer's python
+    assert command in table and "-- --episodes 3" in table
+    assert "IQM [95 % CI]" in table and table in stdout
+    assert stdout.count("seed=") == 2
 
 
 @pytest.mark.smoke
@@ -175,7 +181,7 @@ def test_bad_input_is_one_line(argv, message, tmp_path, monkeypatch):
 
 
 @pytest.mark.smoke
-def test_a_failing_run_stops_the_sweep_but_keeps_the_finished_ones(tmp_path):
+def test_a_failing_run_stops_the_sweep_but_keeps_the_finished_ones(tmp_path, monkeypatch):
     # A bad flag value (--episodes -1) makes every run fail: the sweep stops at the first one.
     r = run_tool("1_Q_Learning/Q_Learning.py", "--seeds", "0-3", "--out", str(tmp_path), "--", "--episodes", "-1")
     assert r.returncode != 0 and "seed 0 failed" in r.stderr and len(r.stderr.strip().splitlines()) == 1
@@ -184,24 +190,25 @@ def test_a_failing_run_stops_the_sweep_but_keeps_the_finished_ones(tmp_path):
     blocker = tmp_path / "q_learning" / "episodes_2_seeds-0-3" / "seed_1"
     blocker.parent.mkdir(parents=True)
     blocker.write_text("a file where the run's folder should be")
-    r = run_tool("1_Q_Learning/Q_Learning.py", "--seeds", "0-3", "--out", str(tmp_path), "--", "--episodes", "2")
-    assert r.returncode != 0 and "1 finished run(s) summarised" in r.stderr, r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1
+    # In this process (the command line's `error: …` path is the subprocess above): the same SweepError, one line.
+    monkeypatch.chdir(REPO)
+    with pytest.raises(seeds.SweepError) as error:
+        seeds.main(["1_Q_Learning/Q_Learning.py", "--seeds", "0-3", "--out", str(tmp_path), "--", "--episodes", "2"])
+    message = str(error.value)
+    assert message.startswith("seed 1: cannot create") and "1 finished run(s) summarised" in message, message
+    assert "\n" not in message
+    assert not (blocker.parent / "seed_2").exists()  # the sweep stopped at the failure
     summary = json.loads((blocker.parent / "summary.json").read_text())
     assert list(summary["per_seed"]) == ["0"]
+    # this interpreter (no --python): the command names none
+    assert summary["command"] == "python tools/seeds.py 1_Q_Learning/Q_Learning.py --seeds 0-3 -- --episodes 2"
 
 
 @pytest.mark.smoke
-def test_python_runs_each_seed_with_that_interpreter(tmp_path):
+def test_python_runs_each_seed_with_that_interpreter(sweep):
     """--python: a peer's seeds run in the peer's own venv, while the sweep itself (and its summary, the lesson's
-    seed_summary) runs here. A wrapper interpreter that logs its calls, then runs this Python, stands in for it."""
-    calls = tmp_path / "calls.txt"
-    wrapper = tmp_path / "python-peer"
-    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {sys.executable} "$@"\n')
-    wrapper.chmod(0o755)
-    flags = ("--seeds", "0-1", "--out", str(tmp_path / "runs"), "--metric", "greedy_return", "--bar", "95")
-    r = run_tool("--python", str(wrapper), "1_Q_Learning/Q_Learning.py", *flags, "--", "--episodes", "2")
-    assert r.returncode == 0, r.stderr
+    seed_summary) runs here. The sweep fixture's wrapper interpreter stands in for it."""
+    *_, calls = sweep
     lines = calls.read_text().splitlines()
     assert len(lines) == 2 and all("Q_Learning.py" in line for line in lines)
     assert [line.split("--seed ")[1].split()[0] for line in lines] == ["0", "1"]
