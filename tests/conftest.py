@@ -25,6 +25,15 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 sys.dont_write_bytecode = True
 os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
 
+import jax  # noqa: E402
+
+# The tests' own compiled programs go where the scripts keep theirs (JAX's persistent compilation cache, outside the
+# repository), so a second `pytest` loads them instead of compiling them again. Set in this process only: a script
+# run as a subprocess chooses for itself (--compile-cache; '' turns it off, which the compile-warning tests need).
+jax.config.update("jax_compilation_cache_dir", os.path.expanduser("~/.cache/jax-rl-course"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
 # One loader for tests and tools: tools/course.py imports a script as the module course_<name>, once per process.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 from course import REPO, load_script  # noqa: E402
