@@ -1,15 +1,15 @@
 """PPO (actor-critic, GAE, clipped surrogate) that swings up and balances Pendulum-v1, in JAX + Flax NNX.
 
-The lesson, in the order the algorithm runs: Args (the flags, and the sizes they imply, which the compiled code reads)
-→ environments → actor (a tfd.Normal) / critic → GAE → losses → the update (`ppo_update`) → `--backend jax`, the whole
+The lesson, in the order the algorithm runs: Args (the flags, and the sizes they imply, which the compiled code reads) →
+environments → actor (a tfd.Normal) / critic → GAE → losses → the update (`ppo_update`) → `--backend jax`, the whole
 training as one compiled program (a JAX port of Pendulum-v1; `make_train(args)` returns a pure `train(key)`) → the
 default backend's rollout and training loop (gymnasium envs stepped from Python) → evaluation. One iteration collects
-`--num-envs × --num-steps` transitions, computes GAE(λ) advantages and runs `--update-epochs` epochs of minibatch
-steps on the clipped surrogate (actor) and the value regression (critic). `--algo` picks a rung of the ladder
-(`ladder`; the rungs below PPO update with `ladder_update`). Below the `# Plumbing` line: the run's folder, errors and
-command line, the checks, `train_jax`, which vmaps `train` over seeds and shards it over devices, then checkpoints,
-GIF, plot, metrics.json and main. Each run writes its own folder, <--out>/<date>-<time>-seed<seed>; <--out>/latest
-is the newest complete one.
+`--num-envs × --num-steps` transitions, computes GAE(λ) advantages and runs `--update-epochs` epochs of minibatch steps
+on the clipped surrogate (actor) and the value regression (critic). `--algo` picks a rung of the ladder (`ladder`; the
+rungs below PPO are `ppo_update` with parts left out). Below the `# Plumbing` line: the run's folder, errors and command
+line, the checks, `train_jax`, which vmaps `train` over seeds and shards it over devices, then checkpoints, GIF, plot,
+metrics.json and main. Each run writes its own folder, <--out>/<date>-<time>-seed<seed>; <--out>/latest is the newest
+complete one.
 
     python 3_Pendulum/pendulum.py                  # train with the defaults (100k steps), then evaluate
     python 3_Pendulum/pendulum.py --preset untuned  # a first, untuned PPO (UNTUNED_PRESET): see the common bugs
@@ -100,12 +100,8 @@ class Args:
         "~/.cache/jax-rl-course", "JAX's persistent compilation cache: later runs skip compiling ('' turns it off)"
     )
 
-    # The sizes the flags and the rung imply. The compiled functions read Args itself (bound with functools.partial
-    # before anything is traced): the flags and these, never recomputed inside a trace.
-    @property
-    def rung(self) -> Rung:
-        return ladder(self)
-
+    # The sizes the flags imply. The compiled functions read Args itself (bound with functools.partial before anything
+    # is traced): the flags, these and the rung of --algo (ladder), never recomputed inside a trace.
     @property
     def batch_size(self) -> int:  # transitions per rollout
         return self.num_envs * self.num_steps
@@ -192,7 +188,7 @@ class Rollout(NamedTuple):
     actions: np.ndarray | jax.Array  # (T, N, 1) the UNCLIPPED sample a_t (the env got clip(a_t, −2, 2))
     logp: np.ndarray | jax.Array  # (T, N) log π_old(a_t|s_t)
     rewards: np.ndarray | jax.Array  # (T, N) r_t × --reward-scale
-    terminated: np.ndarray | jax.Array  # (T, N) 1.0 where the MDP ended (with --no-bootstrap-truncated: any end)
+    terminated: np.ndarray | jax.Array  # (T, N) 1.0 where the MDP ended (--no-bootstrap-truncated: see rollout_batch)
     truncated: np.ndarray | jax.Array  # (T, N) 1.0 where the time limit cut the episode
     next_obs: np.ndarray | jax.Array  # (T, N, 3) the TRUE s_{t+1}, also where the env was reset
 
@@ -265,7 +261,7 @@ class Agent(NamedTuple):
 
 def new_agent(config: Args, actor_key, critic_key) -> Agent:
     """The Agent of one seed; each optimizer's learning-rate decay spans that network's Adam steps in the whole run."""
-    c, rung = config, config.rung
+    c, rung = config, ladder(config)
     actor_steps = c.num_updates * (rung.batch_steps + rung.actor_epochs * c.num_minibatches)
     critic_steps = max(1, c.num_updates * rung.critic_epochs * c.num_minibatches)  # REINFORCE's critic never steps
     actor = Actor(3, 1, c.hidden_size, c.sigma, c.activation, rngs=nnx.Rngs(actor_key))
@@ -381,10 +377,14 @@ class Batch(NamedTuple):
 def rollout_batch(graphdef, config: Args, state, rollout: Rollout):
     """The rollout as a Batch, with the rung's Ψ and the critic's targets from the critic before the update; also
     V(s_t) and the targets, (T, N) each, for explained_var."""
+    if not config.bootstrap_truncated:  # --no-bootstrap-truncated, a common bug: a time limit read as a termination
+        rollout = rollout._replace(
+            terminated=jnp.maximum(rollout.terminated, rollout.truncated), truncated=jnp.zeros_like(rollout.truncated)
+        )
     critic = nnx.merge(graphdef, state).critic
     values = critic(rollout.obs)  # (T, N)
     psi, targets = signal_and_targets(
-        config.rung, rollout, values, critic(rollout.next_obs), config.gamma, config.gae_lambda
+        ladder(config), rollout, values, critic(rollout.next_obs), config.gamma, config.gae_lambda
     )
     n = rollout.rewards.size  # B = T·N transitions: every (T, N, …) field becomes (B, …)
     flat = jax.tree.map(
@@ -406,22 +406,10 @@ def actor_step(agent: Agent, mb: Batch, config: Args, norm_adv: bool = True) -> 
     to mean 0, std 1 within mb if norm_adv. Returns the loss and actor_loss_fn's diagnostics."""
     adv = (mb.adv - mb.adv.mean()) / (mb.adv.std() + 1e-8) if norm_adv else mb.adv
     (pg_loss, aux), grads = nnx.value_and_grad(actor_loss_fn, has_aux=True)(
-        agent.actor, mb.obs, mb.actions, mb.logp, adv, config.clip_eps, config.ent_coef, config.rung.clip
+        agent.actor, mb.obs, mb.actions, mb.logp, adv, config.clip_eps, config.ent_coef, ladder(config).clip
     )
     agent.actor_opt.update(agent.actor, grads)
     return dict(pg_loss=pg_loss, **aux)
-
-
-def critic_step(agent: Agent, mb: Batch) -> jax.Array:
-    """One Adam step of agent.critic on the squared error to mb's targets; returns that loss."""
-    v_loss, grads = nnx.value_and_grad(value_loss_fn)(agent.critic, mb.obs, mb.returns)
-    agent.critic_opt.update(agent.critic, grads)
-    return v_loss
-
-
-def explained_variance(values, targets):
-    """1 − Var(R̂ − V) / Var(R̂) over the rollout: 1 when V(s_t) predicts its targets, 0 when only their mean."""
-    return 1.0 - jnp.var(targets - values) / (jnp.var(targets) + 1e-8)
 
 
 def ppo_update(graphdef, config: Args, state, rollout: Rollout, key):
@@ -430,32 +418,15 @@ def ppo_update(graphdef, config: Args, state, rollout: Rollout, key):
     then the critic. A lax.scan over epochs around a lax.scan over minibatches, as PureJaxRL's _update_epoch and
     _update_minbatch.
 
+    Every rung of the ladder runs it, in three phases of which PPO's is the second; rung = ladder(config) sets their
+    lengths: rung.batch_steps actor steps on the whole rollout (REINFORCE: Ψ as it is, since normalising would
+    subtract the batch mean, itself a baseline); rung.actor_epochs epochs of minibatches that step the actor (unclipped
+    below PPO) and the critic (A2C: one, PPO: all); critic-only epochs up to rung.critic_epochs. Epoch e shuffles with
+    split(key, update_epochs)[e] on every rung. Without a critic (REINFORCE), v_loss and explained_var are NaN.
+
     state: nnx.state of an Agent; rollout: (T, N, …), next_obs the true s_{t+1}. Returns the new state and the
-    statistics, each the mean over all epochs × minibatches."""
-    flat, values, targets = rollout_batch(graphdef, config, state, rollout)
-
-    def _update_minibatch(state, mb: Batch):
-        agent = nnx.merge(graphdef, state)
-        stats = actor_step(agent, mb, config)
-        v_loss = critic_step(agent, mb)
-        return nnx.state(agent), dict(stats, v_loss=v_loss)
-
-    def _update_epoch(state, epoch_key):
-        return jax.lax.scan(_update_minibatch, state, shuffled_minibatches(flat, epoch_key, config))
-
-    epoch_keys = jax.random.split(key, config.update_epochs)
-    state, stats = jax.lax.scan(_update_epoch, state, epoch_keys)  # each (epochs, minibatches)
-    stats = {name: jnp.mean(value) for name, value in stats.items()}
-    return state, dict(stats, explained_var=explained_variance(values, targets))
-
-
-def ladder_update(graphdef, config: Args, state, rollout: Rollout, key):
-    """One iteration of a rung below PPO (config.rung), in one XLA call, from ppo_update's pieces, in three phases:
-    rung.batch_steps actor steps on the whole rollout (REINFORCE: Ψ as it is, since normalising would subtract the
-    batch mean, itself a baseline); rung.actor_epochs epochs of minibatches that step the actor, unclipped, and the
-    critic (A2C: one); critic-only epochs up to rung.critic_epochs. Epoch e shuffles with split(key, update_epochs)[e],
-    as in ppo_update. Without a critic (REINFORCE), v_loss and explained_var are NaN."""
-    rung = config.rung
+    statistics, each the mean over the steps of the phase that made it."""
+    rung = ladder(config)
     flat, values, targets = rollout_batch(graphdef, config, state, rollout)
 
     def _actor_on_rollout(state, _):
@@ -467,7 +438,9 @@ def ladder_update(graphdef, config: Args, state, rollout: Rollout, key):
         def _update_minibatch(state, mb: Batch):
             agent = nnx.merge(graphdef, state)
             stats = actor_step(agent, mb, config) if train_actor else {}
-            v_loss = critic_step(agent, mb)
+            # the critic: one Adam step on the squared error to mb's targets
+            v_loss, grads = nnx.value_and_grad(value_loss_fn)(agent.critic, mb.obs, mb.returns)
+            agent.critic_opt.update(agent.critic, grads)
             return nnx.state(agent), dict(stats, v_loss=v_loss)
 
         return lambda state, k: jax.lax.scan(_update_minibatch, state, shuffled_minibatches(flat, k, config))
@@ -478,15 +451,11 @@ def ladder_update(graphdef, config: Args, state, rollout: Rollout, key):
     state, critic_only = jax.lax.scan(_update_epoch(False), state, keys[rung.actor_epochs : rung.critic_epochs])
     actor_stats = batch_stats if rung.batch_steps else both  # from the phase that stepped the actor
     stats = {name: jnp.mean(actor_stats[name]) for name in batch_stats}
-    v_loss = jnp.concatenate([both["v_loss"].reshape(-1), critic_only["v_loss"].reshape(-1)]).mean()  # NaN: none
-    explained_var = jnp.where(rung.critic_epochs > 0, explained_variance(values, targets), jnp.nan)
-    return state, dict(stats, v_loss=v_loss, explained_var=explained_var)
-
-
-def update_for(rung: Rung) -> Callable:
-    """The update of a rung, chosen once, before anything is traced: ppo_update for PPO (the clipped rung),
-    ladder_update for the rungs below it."""
-    return ppo_update if rung.clip else ladder_update
+    v_loss = jnp.mean(jnp.concatenate([both["v_loss"], critic_only["v_loss"]]))  # NaN: no critic step
+    # explained_var = 1 − Var(R̂ − V) / Var(R̂) over the rollout: 1 when V(s_t) predicts its targets, 0 when only
+    # their mean
+    explained_var = 1.0 - jnp.var(targets - values) / (jnp.var(targets) + 1e-8)
+    return state, dict(stats, v_loss=v_loss, explained_var=jnp.where(rung.critic_epochs > 0, explained_var, jnp.nan))
 
 
 # ---------------------------------------------------------------------------------------------- --backend jax
@@ -566,17 +535,13 @@ def jax_rollout(actor_def, config: Args, actor_state, runner: Runner) -> tuple[R
         ep_ret = ep_ret + reward
         last_ret = jnp.where(done, ep_ret, last_ret)
         ep_ret = jnp.where(done, 0.0, ep_ret)
-        if config.bootstrap_truncated:
-            terminated, truncated = term, trunc
-        else:  # --no-bootstrap-truncated, as on the gymnasium path: a time limit cuts the bootstrap (a common bug)
-            terminated, truncated = done, jnp.zeros_like(done)
         transition = Rollout(
             obs=obs,
             actions=action,
             logp=logp,
             rewards=reward * config.reward_scale,
-            terminated=terminated.astype(jnp.float32),
-            truncated=truncated.astype(jnp.float32),
+            terminated=term.astype(jnp.float32),
+            truncated=trunc.astype(jnp.float32),
             next_obs=next_obs,
         )
         return (env, obs_carry, key, ep_ret, last_ret), transition
@@ -608,7 +573,6 @@ def make_train(config: Args, num_updates: int | None = None) -> Train:
     """Fix everything static once and return train(key). It runs num_updates iterations (default: the whole
     budget, config.num_updates; the learning-rate schedules always span the whole budget) of rollout → update."""
     graphdef, actor_def = graph_defs(config)
-    update = update_for(config.rung)  # ppo_update, or ladder_update for the rungs below PPO
 
     def init(key) -> Runner:  # as on the gymnasium path: key → (key, actor key, critic key)
         key, actor_key, critic_key = jax.random.split(key, 3)
@@ -621,7 +585,7 @@ def make_train(config: Args, num_updates: int | None = None) -> Train:
     def update_step(runner: Runner, _):
         runner, rollout = jax_rollout(actor_def, config, runner.state["actor"], runner)
         key, update_key = jax.random.split(runner.key)
-        state, stats = update(graphdef, config, runner.state, rollout, update_key)
+        state, stats = ppo_update(graphdef, config, runner.state, rollout, update_key)
         return runner._replace(state=state, key=key), dict(stats, ret=jnp.nanmean(runner.last_ret))
 
     def run(runner: Runner):
@@ -646,10 +610,7 @@ def collect_rollout(envs, act_fn: Callable, actor_state, obs, key, rms: RunningM
         done = term | trunc
         raw_obs[t], rollout.obs[t], rollout.actions[t], rollout.logp[t] = obs, x, np.asarray(action), np.asarray(logp)
         rollout.rewards[t] = reward * args.reward_scale
-        if args.bootstrap_truncated:
-            rollout.terminated[t], rollout.truncated[t] = term, trunc
-        else:  # --no-bootstrap-truncated (a common bug): a time limit cuts the bootstrap like a termination
-            rollout.terminated[t], rollout.truncated[t] = done, False
+        rollout.terminated[t], rollout.truncated[t] = term, trunc
         rollout.next_obs[t] = normalize_obs(true_next_obs(next_obs, done, info), rms)
         episodes += [(steps + (t + 1) * N, float(info["episode"]["r"][i])) for i in np.flatnonzero(done)]
         obs = next_obs
@@ -665,12 +626,11 @@ class TrainLog(NamedTuple):
     history: list  # one dict of update statistics per update (for --num-seeds > 1, the mean over seeds)
     train_seconds: float
     first_update_seconds: float  # gymnasium: the first update, compilation included; jax: the compilation
-    last_per_seed: dict | None  # the final update's statistics of every seed (--backend jax)
 
 
 def first_line(args: Args, devices: int = 0) -> str:
     """What the run is about to do, printed before it starts."""
-    rung, k = args.rung, args.num_minibatches
+    rung, k = ladder(args), args.num_minibatches
     steps = f"{rung.batch_steps + rung.actor_epochs * k} actor / {rung.critic_epochs * k} critic Adam steps per update"
     chosen = args.algo.startswith("reinforce") and (args.num_envs, args.num_steps) == tuple(WHOLE_EPISODES.values())
     steps += f", whole episodes (the {args.algo} default: 10 envs × 200 steps)" if chosen else ""
@@ -704,11 +664,11 @@ def train_gymnasium(args: Args) -> tuple[Agent, RunningMeanStd | None, TrainLog]
     agent = new_agent(args, actor_key, critic_key)
     graphdef, state = nnx.split(agent)  # state["actor"] is the actor's part of the agent's state
     act_fn = jax.jit(partial(act, nnx.graphdef(agent.actor)))
-    update = jax.jit(partial(update_for(args.rung), graphdef, args))  # args: fixed before anything is traced
+    update = jax.jit(partial(ppo_update, graphdef, args))  # args: fixed before anything is traced
     rms = RunningMeanStd(shape=(3,)) if args.norm_obs else None
     envs = RecordEpisodeStatistics(make_envs(args.num_envs))  # info["episode"]["r"]: the return of an ended episode
     obs, _ = envs.reset(seed=[int(s) for s in np.random.default_rng(args.seed).integers(0, 2**31 - 1, args.num_envs)])
-    log, steps, t_train = TrainLog([], [], [], 0.0, 0.0, None), 0, time.perf_counter()
+    log, steps, t_train = TrainLog([], [], [], 0.0, 0.0), 0, time.perf_counter()
     for update_index in range(1, args.num_updates + 1):
         t0 = time.perf_counter()
         rollout, raw_obs, obs, key, episodes = collect_rollout(envs, act_fn, state["actor"], obs, key, rms, args, steps)
@@ -748,29 +708,6 @@ def evaluate_seeds(actor_def, actor_states, rms: RunningMeanStd | None, episodes
         alive &= ~(term | trunc)
     envs.close()
     return total.reshape(n_seeds, episodes)
-
-
-def seed_summary(x, bar: float = -200.0) -> dict:
-    """Across seeds: mean, IQM (25 % trimmed mean) with a 95 % percentile-bootstrap CI (10,000 resamples
-    of the seeds, fixed bootstrap seed 0; None for one seed, [x, x] when every seed scored x), min, max, std
-    (ddof 0), and how many reach the bar (−200). tools/seeds.py summarises every module's sweeps with it."""
-    from scipy import stats  # only here: a one-seed run does not pay for importing scipy
-
-    x, iqm = np.asarray(x, float), partial(stats.trim_mean, proportiontocut=0.25)
-    ci = [float(x[0])] * 2 if len(x) >= 2 and np.all(x == x[0]) else None  # every resample's IQM is that one point
-    if len(x) >= 2 and ci is None:
-        res = stats.bootstrap((x,), iqm, n_resamples=10_000, method="percentile", random_state=np.random.default_rng(0))
-        ci = [float(res.confidence_interval.low), float(res.confidence_interval.high)]
-    return dict(
-        mean=float(x.mean()),
-        iqm=float(iqm(x)),
-        min=float(x.min()),
-        max=float(x.max()),
-        std=float(x.std()),
-        solved=int((x >= bar).sum()),
-        n=len(x),
-        iqm_ci=ci,
-    )
 
 
 # Plumbing ─ below: the run folder, command line and checks, train_jax (seeds over devices), checkpoints, plots, main
@@ -967,7 +904,7 @@ def train_jax(args: Args, devices: list) -> tuple[Agent, nnx.State, TrainLog]:
     runners, stats = jax.block_until_ready(run(runners))  # dispatched: XLA runs every update in this one call
     stats = {name: np.asarray(value) for name, value in stats.items()}  # each (S, num_updates)
     train_seconds = time.perf_counter() - t_train
-    log = TrainLog([], [], [], train_seconds, compile_seconds, None)
+    log = TrainLog([], [], [], train_seconds, compile_seconds)
     sps = args.batch_size * args.num_seeds * args.num_updates / (train_seconds - compile_seconds)
     for u in range(args.num_updates):
         steps = (u + 1) * args.batch_size
@@ -979,9 +916,8 @@ def train_jax(args: Args, devices: list) -> tuple[Agent, nnx.State, TrainLog]:
         log.history.append(dict(step=steps, **row))
         ret = float(np.mean(finite)) if len(finite) else float("nan")
         print_progress(u + 1, args.num_updates, steps, ret, log.history[-1], sps)
-    last = {name: [float(x) for x in v[:, -1]] for name, v in stats.items() if name != "ret"}
     agent = nnx.merge(graphdef, jax.tree.map(lambda x: x[0], runners.state))
-    return agent, runners.state["actor"], log._replace(last_per_seed=last)
+    return agent, runners.state["actor"], log
 
 
 def params_tree(actor: Actor, critic: Critic, rms: RunningMeanStd | None) -> dict:
@@ -1103,7 +1039,7 @@ def finish(run: Run, args: Args, actor: Actor, rms, actor_states, t_start: float
         eval_return_std=float(returns.std()),
         eval_episodes=args.eval_episodes,
         eval_returns=[round(float(r), 2) for r in returns[0]],  # of the first seed, whose networks are saved
-        eval_return_per_seed=[round(float(r), 2) for r in per_seed],  # each seed's mean over its episodes
+        eval_return_per_seed=[float(r) for r in per_seed],  # each seed's mean over its episodes, unrounded for tools
         seeds=list(range(args.seed, args.seed + args.num_seeds)),
         env_steps=len(log.history) * args.batch_size if log else 0,
         train_seconds=round(log.train_seconds, 2) if log else 0.0,
@@ -1111,14 +1047,8 @@ def finish(run: Run, args: Args, actor: Actor, rms, actor_states, t_start: float
     )
     if log:  # a training run
         run.save("learning_curve.png", plot_curve, args, log, metrics["eval_return_mean"])
-        metrics.update(
-            first_update_seconds=log.first_update_seconds,
-            train_return_last10=float(np.mean(log.ep_returns[-10:])) if log.ep_returns else None,
-            devices=devices,
-            last_update=log.history[-1],  # losses, KL, clip fractions of the final update
-        )
-    if args.num_seeds > 1:  # --backend jax, trained (--load takes one seed)
-        metrics.update(across_seeds=seed_summary(per_seed), last_update_per_seed=log.last_per_seed)
+        # last_update: the losses, KL and clip fractions of the final update
+        metrics.update(first_update_seconds=log.first_update_seconds, devices=devices, last_update=log.history[-1])
     if args.video:
         run.save("episode.gif", save_video, actor, rms, args, metrics)
         print(f"video: {run.folder}/episode.gif (return {metrics['video_return']:.1f})", flush=True)
@@ -1134,14 +1064,9 @@ def finish(run: Run, args: Args, actor: Actor, rms, actor_states, t_start: float
         f"total_seconds={metrics['total_seconds']:.1f}",
         flush=True,
     )
-    if args.num_seeds > 1:
-        a, scores = metrics["across_seeds"], zip(metrics["seeds"], metrics["eval_return_per_seed"])
-        print(
-            f"per seed: {' '.join(f'{seed}:{r:.1f}' for seed, r in scores)}\nacross {a['n']} seeds: IQM={a['iqm']:.1f} "
-            f"95% CI [{a['iqm_ci'][0]:.1f}, {a['iqm_ci'][1]:.1f}] min={a['min']:.1f} max={a['max']:.1f} "
-            f"solved(>=-200)={a['solved']}/{a['n']}",
-            flush=True,
-        )
+    if args.num_seeds > 1:  # their IQM with its interval: tools/pg_ladder.py (with tools/seeds.py's seed_summary)
+        scores = zip(metrics["seeds"], metrics["eval_return_per_seed"])
+        print(f"per seed: {' '.join(f'{seed}:{r:.1f}' for seed, r in scores)}", flush=True)
     print(f"outputs: {run.folder} ({', '.join(run.saved)})", flush=True)
     return metrics
 

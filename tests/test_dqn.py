@@ -1200,12 +1200,12 @@ def test_sequential_xla_scheduler_is_set_by_the_command_line_and_a_users_setting
 
 
 @pytest.mark.unit
-def test_seed_summary_is_module_3s():
-    """The many-seed summary of --backend jax is the one module 3 prints and tools/seeds.py uses: the same IQM, the
-    same bootstrap interval (same resamples, same seed), the solved count against the bar it is given."""
-    ppo = load_script("3_Pendulum/pendulum.py")
+def test_seed_summary_is_the_sweeps_one():
+    """The many-seed summary of --backend jax is the one tools/seeds.py computes for every module's sweeps: the same
+    IQM, the same bootstrap interval (same resamples, same seed), the solved count against the bar it is given."""
+    seeds = load_script("tools/seeds.py")
     x = np.random.default_rng(3).normal(400, 80, size=16)
-    assert dqn.seed_summary(x, 475) == ppo.seed_summary(x, 475)
+    assert dqn.seed_summary(x, 475) == seeds.seed_summary(x, 475)
     assert dqn.seed_summary(x, 475)["solved"] == int((x >= 475).sum())
     assert dqn.seed_summary([500.0], 475)["iqm_ci"] is None
 

@@ -206,8 +206,8 @@ def test_a_failing_run_stops_the_sweep_but_keeps_the_finished_ones(tmp_path, mon
 
 @pytest.mark.smoke
 def test_python_runs_each_seed_with_that_interpreter(sweep):
-    """--python: a peer's seeds run in the peer's own venv, while the sweep itself (and its summary, the lesson's
-    seed_summary) runs here. The sweep fixture's wrapper interpreter stands in for it."""
+    """--python: a peer's seeds run in the peer's own venv, while the sweep itself (and its summary, seed_summary)
+    runs here. The sweep fixture's wrapper interpreter stands in for it."""
     *_, calls = sweep
     lines = calls.read_text().splitlines()
     assert len(lines) == 2 and all("Q_Learning.py" in line for line in lines)

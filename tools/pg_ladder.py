@@ -1,7 +1,7 @@
 """Table and figure of the policy-gradient ladder from many-seed runs of 3_Pendulum/pendulum.py --backend jax.
 
-Each folder is the --out of a `--num-seeds N` run, whose <folder>/latest/metrics.json holds its per-seed returns and
-their IQM with a 95 % bootstrap CI, computed by the script. This tool only collects them:
+Each folder is the --out of a `--num-seeds N` run, whose <folder>/latest/metrics.json holds its per-seed returns; this
+tool summarises them with tools/seeds.py's seed_summary (the IQM with a 95 % bootstrap CI, and how many reach −200):
 
     for steps in 100000 500000; do for algo in reinforce reinforce-baseline a2c ppo; do
       python 3_Pendulum/pendulum.py --backend jax --num-seeds 16 --algo $algo --num-envs 10 --num-steps 200 \\
@@ -21,6 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from seeds import seed_summary  # noqa: E402
+
 ORDER = ("reinforce", "reinforce-baseline", "a2c", "ppo")
 
 
@@ -32,9 +35,10 @@ def load(folders):
             m = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             sys.exit(f"error: {path}: cannot read it ({type(e).__name__})")
-        if "across_seeds" not in m:
+        if len(m.get("eval_return_per_seed", [])) < 2:
             sys.exit(f"error: {path} is a one-seed run; the ladder needs --num-seeds > 1")
-        runs.append(dict(m, algo=m["args"]["algo"]))  # the rung, from the flags the run saved
+        across = seed_summary(m["eval_return_per_seed"], -200.0)
+        runs.append(dict(m, algo=m["args"]["algo"], across_seeds=across))  # the rung, from the flags the run saved
     return sorted(runs, key=lambda m: (m["env_steps"], ORDER.index(m["algo"]) if m["algo"] in ORDER else 9))
 
 

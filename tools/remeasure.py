@@ -42,6 +42,7 @@ LADDER = [
 # captures that read run folders which no results file writes: the runs that make those folders
 PREREQUISITES = {
     "ppo_ladder": LADDER,
+    "ppo_jax_seeds_iqm": ["python 3_Pendulum/pendulum.py --backend jax --num-seeds 16 --out runs/pendulum_jax16"],
     "ppo_value_map": ["python 3_Pendulum/pendulum.py"],
     "dqn_video": ["python 2_Cart_Pole_DQN/cart_pole_dqn.py --out runs/capture/dqn"],  # the latest/q_network it loads
     "ppo_video": ["python 3_Pendulum/pendulum.py"],

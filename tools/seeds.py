@@ -27,12 +27,12 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from course import load_script  # noqa: E402
 from results import RESULTS_DIR, fmt, provenance  # noqa: E402
 
 
@@ -77,11 +77,27 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def seed_summary(x, bar: float = -np.inf) -> dict:
-    """The course's one implementation of the many-seed statistics, 3_Pendulum/pendulum.py's `seed_summary` (the
-    lesson's across_seeds): mean, min, max, the IQM and its 95 % percentile-bootstrap CI (10,000 resamples of the
-    seeds, bootstrap seed 0, so the same scores always give the same interval), and how many reach `bar`.
-    The script is imported by path on first use."""
-    return load_script("3_Pendulum/pendulum.py").seed_summary(x, bar)
+    """The course's one implementation of the many-seed statistics, for every module's sweeps and for the per-seed
+    scores of a --num-seeds run (tools/pg_ladder.py): mean, IQM (25 % trimmed mean) with a 95 % percentile-bootstrap
+    CI (10,000 resamples of the seeds, fixed bootstrap seed 0, so the same scores always give the same interval; None
+    for one seed, [x, x] when every seed scored x), min, max, std (ddof 0), and how many reach `bar`."""
+    from scipy import stats  # on first use: a sweep checks its input before it pays for importing scipy
+
+    x, iqm = np.asarray(x, float), partial(stats.trim_mean, proportiontocut=0.25)
+    ci = [float(x[0])] * 2 if len(x) >= 2 and np.all(x == x[0]) else None  # every resample's IQM is that one point
+    if len(x) >= 2 and ci is None:
+        res = stats.bootstrap((x,), iqm, n_resamples=10_000, method="percentile", random_state=np.random.default_rng(0))
+        ci = [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+    return dict(
+        mean=float(x.mean()),
+        iqm=float(iqm(x)),
+        min=float(x.min()),
+        max=float(x.max()),
+        std=float(x.std()),
+        solved=int((x >= bar).sum()),
+        n=len(x),
+        iqm_ci=ci,
+    )
 
 
 def iqm(x) -> float:
