@@ -813,10 +813,7 @@ def validate(args: Args) -> None:
     if args.num_seeds > 1 and args.load:  # a checkpoint holds one Q-network
         raise RunError("--load evaluates one saved Q-network; drop --num-seeds")
     if args.host_devices > 0 and (args.backend != "jax" or args.num_seeds % args.host_devices):  # as many per device
-        raise RunError(
-            f"--host-devices {args.host_devices} needs --backend jax and a --num-seeds that it divides "
-            f"(got --backend {args.backend} --num-seeds {args.num_seeds})"
-        )
+        raise RunError(f"--host-devices {args.host_devices} needs --backend jax and a --num-seeds that it divides")
     if jax_training and args.total_timesteps % args.num_envs:  # a step of the compiled loop steps every env
         raise RunError(f"--total-timesteps ({args.total_timesteps}) must be a multiple of --num-envs ({args.num_envs})")
 
@@ -944,22 +941,13 @@ def seed_summary(x, bar: float) -> dict:
     return out
 
 
-def quiet_orbax() -> None:
-    """orbax reports a failed read or write in log records, and its other reads and writes, still in flight, in
-    tracebacks from their threads into its closed event loop: the one line of the RunError or OSError says it."""
-    logging.getLogger("absl").setLevel(logging.CRITICAL)
-    hook = sys.unraisablehook
-    sys.unraisablehook = lambda u: "Event loop is closed" in str(u.exc_value) or hook(u)
-
-
 def save_checkpoint(path: str, params: nnx.State) -> None:
     """θ as an orbax checkpoint: a folder holding each array under its path in the Q-network (hidden1/kernel …)."""
-    quiet_orbax()
     try:
         with ocp.StandardCheckpointer() as checkpointer:  # leaving the block waits until every file is written
             checkpointer.save(os.path.abspath(path), jax.tree.map(jnp.asarray, params))
     except ValueError as e:  # a failed write (a full disk, say): orbax names the OS error in a ValueError
-        time.sleep(0.1)  # the writes still in flight end, and report, while quiet_orbax's filter is in place
+        time.sleep(0.1)  # the writes still in flight end, and report, while main's filter is in place
         code = int((re.search(r"os_error_code='(\d+)'", str(e)) or [0, errno.EIO])[1])
         raise OSError(code, os.strerror(code)) from None
     finally:
@@ -973,7 +961,6 @@ def load_checkpoint(path: str, args: Args) -> nnx.State:
     abstract = nnx.state(nnx.eval_shape(lambda: QNetwork(OBS_DIM, N_ACTIONS, args.hidden_size, rngs=nnx.Rngs(0))))
     if not os.path.isfile(os.path.join(path, "_METADATA")):
         raise RunError(f"--load {path}: no checkpoint there (a training run keeps it in its folder's q_network/)")
-    quiet_orbax()
     arrays = lambda tree: {  # noqa: E731
         jax.tree_util.keystr(key, simple=True, separator="/"): f"{tuple(a.shape)} {np.dtype(a.dtype)}"
         for key, a in jax.tree_util.tree_leaves_with_path(tree)
@@ -985,7 +972,7 @@ def load_checkpoint(path: str, args: Args) -> nnx.State:
             if found == wanted:
                 return checkpointer.restore(os.path.abspath(path), abstract)
     except Exception as e:  # a truncated or corrupt file
-        time.sleep(0.1)  # the reads still in flight end, and report, while quiet_orbax's filter is in place
+        time.sleep(0.1)  # the reads still in flight end, and report, while main's filter is in place
         raise RunError(f"--load {path}: a corrupt or truncated checkpoint ({type(e).__name__})") from None
     name = min(key for key in wanted.keys() | found.keys() if wanted.get(key) != found.get(key))
     raise RunError(
@@ -1118,7 +1105,6 @@ def print_summary(args: Args, run: Run, metrics: dict) -> None:
             + (f" [95% CI {a['iqm_ci'][0]:.1f}, {a['iqm_ci'][1]:.1f}]" if a["iqm_ci"] else "")
             + f" min={a['min']:.1f} max={a['max']:.1f} solved(>={args.solve_threshold:g})={metrics['solved']}/{a['n']}"
         )
-    sys.stdout.flush()
 
 
 def use_compile_cache(folder: str) -> None:
@@ -1140,14 +1126,15 @@ def use_sequential_xla_scheduler() -> None:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_enable_concurrency_optimized_scheduler=false".strip()
 
 
-if __name__ == "__main__":  # the command line's, before JAX starts (a tool or test that loads the script calls it)
-    use_sequential_xla_scheduler()
-
-
 @one_line
 def main(args: Args) -> dict:
     validate(args)  # flag values, before any work
     use_compile_cache(args.compile_cache)
+    # orbax reports a failed read or write in log records, and its other reads and writes, still in flight, in
+    # tracebacks from their threads into its closed event loop: the one line of the RunError or OSError says it
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
+    hook = sys.unraisablehook  # one_line puts back the hook of before the run when main returns
+    sys.unraisablehook = lambda u: "Event loop is closed" in str(u.exc_value) or hook(u)
     devices = seed_devices(args) if args.backend == "jax" and not args.load else None  # before JAX starts
     t_start = time.perf_counter()
     loaded = load_checkpoint(args.load, args) if args.load else None  # a bad checkpoint: one line, before any work
@@ -1177,4 +1164,5 @@ def main(args: Args) -> dict:
 
 
 if __name__ == "__main__":
+    use_sequential_xla_scheduler()  # before JAX starts its backend (a tool or test that loads the script calls it)
     main()
