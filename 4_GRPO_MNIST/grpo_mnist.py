@@ -15,7 +15,7 @@ then learns from the verifier alone. `--objective supervised` trains with cross-
 Order: Args → prompts (strips) → the policy → sampling → the verifier → group advantages → per-token ratio,
 clip and KL → loss aggregation → the GRPO and SFT losses → the compiled updates → evaluation (pass@1, pass@k,
 greedy) → the training loop → the test set, scored once. Below the `# Plumbing` banner: the command line and this
-run's folder, checks, the data splits, reading MNIST, the device mesh, the parameter table (the critic GRPO does
+run's folder, checks, reading and splitting MNIST, the device mesh, the parameter table (the critic GRPO does
 without), the orbax checkpoint and `--load`, the figure, metrics.json and main.
 """
 
@@ -30,7 +30,6 @@ import math
 import os
 import shutil
 import signal
-import struct
 import sys
 import time
 import zlib
@@ -563,13 +562,6 @@ def shardings(state, mesh: jax.sharding.Mesh, rules: str):
         return nnx.get_named_sharding(state, mesh)
 
 
-def spec_paths(state, mesh, rules: str) -> tuple[list[str], list]:
-    """('encoder/kernel', …) and each leaf's PartitionSpec, in jax.tree.leaves order."""
-    flat = jax.tree_util.tree_flatten_with_path(shardings(state, mesh, rules))[0]
-    paths = ["/".join(str(k.key) for k in path if hasattr(k, "key")) for path, _ in flat]
-    return paths, [sharding.spec for _, sharding in flat]
-
-
 def place(state, rules: str):
     """Put every array of `state` where the rules say, on the mesh set by jax.set_mesh (as is without one)."""
     mesh = jax.sharding.get_mesh()
@@ -771,7 +763,6 @@ def validate(args: Args) -> None:
     """Raise RunError on a flag outside its bounds, or one that does not fit the others."""
     check_flags(args)
     if args.group_mode == "prompt" and args.objective == "grpo" and args.group_size < 2:
-        # a group of one always has advantage 0: nothing to learn
         raise RunError(
             f"--group-size must be >= 2 with --group-mode prompt (a group of one always has advantage 0), "
             f"got {args.group_size}"
@@ -780,23 +771,7 @@ def validate(args: Args) -> None:
         raise RunError(f"--pass-k must be at most --eval-samples ({args.eval_samples}), got {args.pass_k}")
 
 
-# ---- The splits: train / validation / test images; prompts are built from one split only
-def split_test_digits(x: np.ndarray, y: np.ndarray, n_train: int) -> tuple[np.ndarray, ...]:
-    """The t10k digits (bundled: the 10,000 official test digits), shuffled once, become n_train training digits and
-    a held-out test set (the rest). Returns (x_train, y_train, x_test, y_test)."""
-    order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
-    return x[order[:n_train]], y[order[:n_train]], x[order[n_train:]], y[order[n_train:]]
-
-
-def carve_validation(x: np.ndarray, y: np.ndarray, val_size: float) -> tuple[np.ndarray, ...]:
-    """Split the training images into (x_train, y_train, x_val, y_val) with a fixed shuffle; val gets
-    round(val_size · N) images, at least one, and training keeps at least one."""
-    n_val = min(max(1, round(val_size * len(y))), len(y) - 1)
-    x_val, y_val, x_train, y_train = split_test_digits(x, y, n_val)  # the same fixed shuffle, its first n_val
-    return x_train, y_train, x_val, y_val
-
-
-# ---- Reading MNIST: the IDX .gz files from 4_GRPO_MNIST/data/ or --data-dir
+# ---- The data: the IDX .gz files in 4_GRPO_MNIST/data/ or --data-dir, split by one fixed shuffle
 IDX_FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
@@ -804,46 +779,41 @@ IDX_FILES = {
 BUNDLED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")  # the t10k pair, see data/README.md
 
 
-def read_idx(path: str) -> np.ndarray:
-    """Read one gzip-compressed IDX file of unsigned bytes (the MNIST format) into a uint8 array.
-
-    Layout: 0x00 0x00 0x08 ndim | ndim big-endian uint32 sizes | prod(sizes) bytes.
-    """
-    try:
-        with gzip.open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise RunError(f"{path} not found") from None
-    except (OSError, EOFError, zlib.error) as e:  # BadGzipFile, truncated stream, bad CRC
-        raise RunError(f"{path} is not a complete gzip file ({e})") from None
-    if len(raw) < 4 or raw[:3] != b"\x00\x00\x08":
-        raise RunError(f"{path} is not an IDX file of unsigned bytes (bad magic number)")
-    header = 4 + 4 * raw[3]  # raw[3]: the number of sizes
-    shape = struct.unpack(f">{raw[3]}I", raw[4:header]) if len(raw) >= header else None
-    if shape is None or len(raw) - header != math.prod(shape):
-        raise RunError(f"{path} is truncated or corrupt (IDX sizes {shape}, {len(raw) - header} data bytes)")
-    return np.frombuffer(raw, np.uint8, offset=header).reshape(shape)
-
-
 def load_idx_split(folder: str, split: str) -> tuple[np.ndarray, np.ndarray]:
-    image_file, label_file = (os.path.join(folder, name) for name in IDX_FILES[split])
-    images, labels = read_idx(image_file), read_idx(label_file)
-    if images.ndim != 3 or images.shape[1:] != (28, 28):
-        raise RunError(f"{image_file}: expected images of shape (N, 28, 28), got {images.shape}")
-    if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
-        raise RunError(f"{label_file}: expected {images.shape[0]} labels, got shape {labels.shape}")
-    if labels.max(initial=0) > 9:
-        raise RunError(f"{label_file}: labels must be digits 0-9, found {labels.max()}")
-    return images.reshape(len(images), -1).astype(np.float32) / 255.0, labels.astype(np.int32)  # (N, 784) in [0, 1]
+    """One split's two files → images (N, 784) float32 in [0, 1] and labels (N,) int32. Each is an IDX file of
+    unsigned bytes, gzip-compressed: 0x00 0x00 0x08 ndim | ndim big-endian uint32 sizes | the bytes."""
+    arrays = []
+    for name, sizes in zip(IDX_FILES[split], ((28, 28), ())):  # N images of 28 × 28, then one label per image
+        path = os.path.join(folder, name)
+        try:
+            with gzip.open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            raise RunError(f"{path} not found") from None
+        except (OSError, EOFError, zlib.error) as e:  # BadGzipFile, a truncated stream, a bad CRC
+            raise RunError(f"{path} is not a complete gzip file ({e})") from None
+        n = len(arrays[0]) if arrays else int.from_bytes(raw[4:8], "big")
+        header = np.array([0x801 + len(sizes), n, *sizes], ">u4").tobytes()  # 0x00 0x00 0x08 ndim, the sizes
+        if raw[: len(header)] != header or len(raw) != len(header) + n * math.prod(sizes):
+            raise RunError(f"{path} is truncated or corrupt: not an IDX file of unsigned bytes of shape {(n, *sizes)}")
+        arrays.append(np.frombuffer(raw, np.uint8, offset=len(header)).reshape(n, *sizes))
+    if arrays[1].max(initial=0) > 9:
+        raise RunError(f"{path}: labels must be digits 0-9, found {arrays[1].max()}")
+    return arrays[0].reshape(n, -1).astype(np.float32) / 255.0, arrays[1].astype(np.int32)
+
+
+def split_off(x: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
+    """(x, y) in one fixed shuffle, the same for every --seed: its first n images and labels, then the rest."""
+    order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
+    return x[order[:n]], y[order[:n]], x[order[n:]], y[order[n:]]
 
 
 def load_data(args: Args) -> Data:
-    """Train, validation and test arrays: the two t10k files in 4_GRPO_MNIST/data/ (or in --data-dir), split by
-    `split_test_digits`; a --data-dir that also holds the train pair gives the official train and test splits
-    (tools/grpo_full_mnist.py writes the four files). The validation split is carved from the training images."""
+    """Train, validation and test arrays: the two t10k files in 4_GRPO_MNIST/data/ (or in --data-dir), whose first
+    --split-test-set images in `split_off`'s shuffle train and the rest test; a --data-dir that also holds the train
+    pair gives the official train and test splits (tools/grpo_full_mnist.py writes the four files). Validation is
+    carved from the training images the same way: round(--val-size · N) of them, at least one."""
     folder = args.data_dir or BUNDLED_DIR
-    if not os.path.isdir(folder):
-        raise RunError(f"--data-dir {folder} is not a folder")
     x_test, y_test = load_idx_split(folder, "test")
     if os.path.exists(os.path.join(folder, IDX_FILES["train"][0])):  # all four files: the official splits
         x_train, y_train = load_idx_split(folder, "train")
@@ -852,12 +822,13 @@ def load_data(args: Args) -> Data:
         n = args.split_test_set
         if n >= len(y_test):
             raise RunError(f"--split-test-set must be below the {len(y_test)} test images, got {n}")
-        x_train, y_train, x_test, y_test = split_test_digits(x_test, y_test, n)
+        x_train, y_train, x_test, y_test = split_off(x_test, y_test, n)
         origin = f"IDX files in {folder}" if args.data_dir else "MNIST test digits bundled in 4_GRPO_MNIST/data"
         source = f"{origin}: test split shuffled, first {n} for training"
     if len(y_train) < 2:
         raise RunError(f"need at least 2 training images to carve a validation split, got {len(y_train)}")
-    x_train, y_train, x_val, y_val = carve_validation(x_train, y_train, args.val_size)
+    n_val = max(1, round(args.val_size * len(y_train)))  # --val-size <= 0.5 leaves at least one to train on
+    x_val, y_val, x_train, y_train = split_off(x_train, y_train, n_val)
     source = f"{source} -> train {len(y_train)} / val {len(y_val)}; test {len(y_test)}"
     return Data(x_train, y_train, x_val, y_val, x_test, y_test, source)
 
@@ -890,19 +861,20 @@ def make_mesh(args: Args, devices: list) -> jax.sharding.Mesh:
     abstract = jax.sharding.AbstractMesh(shape, ("data", "model"), axis_types=auto)  # sizes only: check first
     sizes = (slots_for(args), args.hidden_size, args.decoder_size)
     state = nnx.state(nnx.eval_shape(lambda: Policy(*sizes, rngs=nnx.Rngs(0))))
-    for path, spec, leaf in zip(*spec_paths(state, abstract, args.rules), jax.tree.leaves(state)):
-        for dim, axis in zip(leaf.shape, spec):
+    layout = jax.tree_util.tree_flatten_with_path(shardings(state, abstract, args.rules))[0]
+    for (path, sharding), leaf in zip(layout, jax.tree.leaves(state)):
+        for dim, axis in zip(leaf.shape, sharding.spec):
             if axis is not None and dim % abstract.shape[axis]:
                 raise RunError(
-                    f"--rules {args.rules} splits {path} {tuple(leaf.shape)} along '{axis}' ({abstract.shape[axis]} "
-                    f"devices), which does not divide {dim}; pick other --host-devices or --rules"
+                    f"--rules {args.rules} splits {jax.tree_util.keystr(path, simple=True, separator='/')} "
+                    f"{tuple(leaf.shape)} along '{axis}' ({abstract.shape[axis]} devices), which does not divide "
+                    f"{dim}; pick other --host-devices or --rules"
                 )
     return jax.make_mesh(shape, ("data", "model"), axis_types=auto, devices=devices)
 
 
 # ---- The parameter table: what dropping the critic saves
-# Mixed-precision Adam, per trained parameter: a bfloat16 weight and gradient, and float32 master weight, m and v
-BYTES_PER_PARAM = 2 + 2 + 4 + 4 + 4
+BYTES_PER_PARAM = 2 + 2 + 4 + 4 + 4  # mixed-precision Adam, per trained parameter: MEMORY_RULE
 MEMORY_RULE = "bf16 weight 2 + bf16 gradient 2 + fp32 master weight 4 + Adam's fp32 m 4 and v 4 = 16 B"
 LLM_ACTOR_PARAMS = 8e9  # the policy size the table scales to, a common language model's
 
@@ -915,20 +887,18 @@ def param_table(args: Args) -> tuple[str, dict]:
     actor = sum(int(p.size) for p in jax.tree.leaves(nnx.state(Policy(n, h, d, rngs=nnx.Rngs(0)), nnx.Param)))
     critic = (784 * h + h) + (n * h * d + d) + (d + 1)
     scale = LLM_ACTOR_PARAMS / actor  # an 8B policy; its critic has the same widths, with a 1-unit head
+    saved = critic / (actor + critic)  # the critic's share of PPO's parameters
+    rows = {"policy only (GRPO)": actor, "critic V(x) (PPO only)": critic, "policy + critic (PPO)": actor + critic}
     lines = [
         f"memory per trained parameter, mixed-precision Adam: {MEMORY_RULE}",
         f"{'model':<24}{'params here':>13}{'scaled to 8B policy':>21}{'train state, 16 B/param':>25}",
-    ]
-    rows = {"policy only (GRPO)": actor, "critic V(x) (PPO only)": critic, "policy + critic (PPO)": actor + critic}
-    for name, count in rows.items():
-        lines.append(
+        *(
             f"{name:<24}{count:>13,}{count * scale / 1e9:>20.2f}B{count * scale * BYTES_PER_PARAM / 1e9:>22.1f} GB"
-        )
-    saved = critic / (actor + critic)
-    lines.append(
+            for name, count in rows.items()
+        ),
         f"GRPO drops the critic: {saved:.1%} of PPO's parameters, "
-        f"{critic * scale * BYTES_PER_PARAM / 1e9:.1f} GB of training state at the 8B scale"
-    )
+        f"{critic * scale * BYTES_PER_PARAM / 1e9:.1f} GB of training state at the 8B scale",
+    ]
     return "\n".join(lines), {"params_policy": actor, "params_critic": critic, "critic_share": saved}
 
 

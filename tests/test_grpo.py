@@ -904,27 +904,42 @@ def test_training_strips_have_lengths_1_to_n_and_eos_after_the_digits():
 # ------------------------------------------------------------------ unit: data
 @pytest.mark.unit
 def test_idx_reader_on_bytes_written_here(tmp_path):
-    """read_idx on IDX files written by hand, and its one-line errors. Catches: a wrong header size or byte order,
-    truncation accepted, a broken gzip stream or a missing file raising a traceback."""
+    """load_idx_split on a t10k pair written by hand: the pixels / 255 and the labels, and its one-line errors.
+    Catches: a wrong header size or byte order, truncation accepted, another element type or image size accepted,
+    labels out of step with the images or outside 0-9, a broken gzip stream or a missing file raising a traceback."""
+    image_file, label_file = (tmp_path / name for name in g.IDX_FILES["test"])
     images = np.arange(3 * 28 * 28, dtype=np.uint32).astype(np.uint8).reshape(3, 28, 28)
-    write_gz(tmp_path / "img.gz", idx_bytes(images))
-    np.testing.assert_array_equal(g.read_idx(str(tmp_path / "img.gz")), images)
     labels = np.array([7, 2, 1], dtype=np.uint8)
-    write_gz(tmp_path / "lab.gz", idx_bytes(labels))
-    np.testing.assert_array_equal(g.read_idx(str(tmp_path / "lab.gz")), labels)
 
-    write_gz(tmp_path / "short.gz", idx_bytes(images)[:-10])  # IDX payload truncated
-    with pytest.raises(g.RunError, match="truncated or corrupt"):
-        g.read_idx(str(tmp_path / "short.gz"))
-    write_gz(tmp_path / "magic.gz", b"\x00\x00\x0d\x01" + idx_bytes(labels)[4:])  # float type code
-    with pytest.raises(g.RunError, match="magic"):
-        g.read_idx(str(tmp_path / "magic.gz"))
-    whole = (tmp_path / "img.gz").read_bytes()
-    (tmp_path / "cut.gz").write_bytes(whole[: len(whole) // 2])  # the gzip stream itself cut short
-    with pytest.raises(g.RunError, match="not a complete gzip"):
-        g.read_idx(str(tmp_path / "cut.gz"))
-    with pytest.raises(g.RunError, match="not found"):
-        g.read_idx(str(tmp_path / "missing.gz"))
+    def read(image_bytes: bytes, label_bytes: bytes = idx_bytes(labels)):
+        write_gz(image_file, image_bytes)
+        write_gz(label_file, label_bytes)
+        return g.load_idx_split(str(tmp_path), "test")
+
+    x, y = read(idx_bytes(images))
+    np.testing.assert_array_equal(x, images.reshape(3, 784).astype(np.float32) / 255.0)
+    np.testing.assert_array_equal(y, labels)
+    assert x.dtype == np.float32 and y.dtype == np.int32
+    bad = {
+        "payload truncated": (idx_bytes(images)[:-10], idx_bytes(labels)),
+        "float type code": (b"\x00\x00\x0d\x03" + idx_bytes(images)[4:], idx_bytes(labels)),
+        "27 × 27 images": (idx_bytes(images[:, :27, :27]), idx_bytes(labels)),
+        "two labels for three images": (idx_bytes(images), idx_bytes(labels[:2])),
+    }
+    for what, (image_bytes, label_bytes) in bad.items():
+        with pytest.raises(g.RunError, match="is truncated or corrupt: not an IDX file of unsigned bytes"):
+            read(image_bytes, label_bytes)
+            raise AssertionError(f"{what}: accepted")
+    with pytest.raises(g.RunError, match=r"labels must be digits 0-9, found 10"):
+        read(idx_bytes(images), idx_bytes(np.array([7, 10, 1], dtype=np.uint8)))
+    read(idx_bytes(images))
+    whole = image_file.read_bytes()
+    image_file.write_bytes(whole[: len(whole) // 2])  # the gzip stream itself cut short
+    with pytest.raises(g.RunError, match="t10k-images-idx3-ubyte.gz is not a complete gzip file"):
+        g.load_idx_split(str(tmp_path), "test")
+    image_file.unlink()
+    with pytest.raises(g.RunError, match="t10k-images-idx3-ubyte.gz not found"):
+        g.load_idx_split(str(tmp_path), "test")
 
 
 @pytest.mark.unit
@@ -1062,13 +1077,20 @@ def test_split_test_set_is_fixed_and_disjoint(tmp_path):
 
 
 @pytest.mark.unit
-def test_carve_validation_sizes():
-    """round(val_size · N) images, at least 1, and training keeps at least 1; together they are the input."""
-    x, y = np.arange(50)[:, None].astype(np.float32), np.arange(50)
-    xt, yt, xv, yv = g.carve_validation(x, y, 0.1)
-    assert len(yv) == 5 and len(yt) == 45 and sorted(np.concatenate([yt, yv]).tolist()) == list(range(50))
-    assert len(g.carve_validation(x[:2], y[:2], 0.01)[3]) == 1  # at least one validation image
-    assert len(g.carve_validation(x[:2], y[:2], 0.99)[1]) == 1  # and at least one training image
+def test_validation_sizes(tmp_path):
+    """load_data carves round(--val-size · N) of the N training images for validation, at least one, and keeps at
+    least one to train on; together they are the training images. Catches: an empty validation split, one that takes
+    every training image, images lost or repeated by the carve."""
+    folder = synthetic_digits(tmp_path / "d", n_test=60, splits=("t10k",))
+    sizes = {}
+    for split_test_set, val_size in ((50, 0.1), (2, 0.01), (2, 0.5), (3, 0.5)):
+        data = g.load_data(g.Args(data_dir=str(folder), split_test_set=split_test_set, val_size=val_size))
+        sizes[split_test_set, val_size] = (len(data.y_train), len(data.y_val))
+        rows = sorted(r.tobytes() for r in np.concatenate([data.x_train, data.x_val]))
+        assert len(set(rows)) == split_test_set and not set(rows) & {r.tobytes() for r in data.x_test}
+    assert sizes == {(50, 0.1): (45, 5), (2, 0.01): (1, 1), (2, 0.5): (1, 1), (3, 0.5): (1, 2)}
+    with pytest.raises(g.RunError, match="need at least 2 training images"):
+        g.load_data(g.Args(data_dir=str(folder), split_test_set=1))
 
 
 @pytest.fixture(scope="module")
@@ -1455,7 +1477,7 @@ def test_bad_input_exits_with_one_line(tmp_path, capsys):
         g.parse_args(["--kl", "k2"])
     only_test = synthetic_digits(tmp_path / "t", splits=("t10k",))
     fails("--split-test-set must be below the 500 test images", data_dir=str(only_test), split_test_set=500)
-    fails(r"--data-dir \S*nowhere is not a folder", data_dir=str(tmp_path / "nowhere"))
+    fails(r"\S*nowhere/t10k-images-idx3-ubyte.gz not found", data_dir=str(tmp_path / "nowhere"))
     data = synthetic_digits(tmp_path / "data", n_train=64, n_test=64)
     blob = (data / "train-images-idx3-ubyte.gz").read_bytes()
     (data / "train-images-idx3-ubyte.gz").write_bytes(blob[: len(blob) // 3])  # truncated download

@@ -115,5 +115,5 @@ class FakeDevice:
 def test_a_weight_the_mesh_cannot_split_is_one_line():
     """fsdp on 8 'data' devices cannot split the digit task's decoder input (140 rows): make_mesh says which weight
     and why, before any work. Uses a fake device list: make_mesh only counts and checks, it does not run on them."""
-    with pytest.raises(g.RunError, match=r"--rules fsdp splits decoder/kernel \(140, 256\) along 'data'"):
+    with pytest.raises(g.RunError, match=r"--rules fsdp splits decoder/kernel/value \(140, 256\) along 'data'"):
         g.make_mesh(g.Args(task="digit", rules="fsdp", batch_size=64), [FakeDevice()] * 8)
