@@ -926,7 +926,7 @@ def jax_log(args: Args, schedule: Schedule, steps: StepLog, best: Best, train_se
 def seed_summary(x, bar: float) -> dict:
     """Across seeds: mean, IQM (25 % trimmed mean) with a 95 % percentile-bootstrap CI (10,000 resamples
     of the seeds, fixed bootstrap seed 0; None for one seed, [x, x] when every seed scored x), min, max, std
-    (ddof 0), and how many reach the bar (--solve-threshold). The same as module 3's, which tools/seeds.py uses."""
+    (ddof 0), and how many reach the bar (--solve-threshold). The same numbers as tools/seeds.py's sweeps give."""
     from scipy import stats  # only here: a one-seed run does not pay for importing scipy
 
     x, iqm = np.asarray(x, float), lambda v, axis=None: stats.trim_mean(v, 0.25, axis=axis)
