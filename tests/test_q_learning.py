@@ -3,12 +3,13 @@
 unit:     the TD update, the ε schedule, value iteration and finite-horizon evaluation against hand-computed
           numbers; the best stationary policy against the time-dependent optimum; seed 0 on the grid optimal after
           the 20 episodes its README shows; sampled success within 3 standard errors of the exact one; the learning
-          curve's inset on the gap between the two optima; the enumeration of every policy a table can hold
+          curve's lines for the two optima; the enumeration of every policy a table can hold
           (tools/q_stationary_optimum.py) against horizon_values, the local search as its lower bound, and the 4^11
           check's results file against the script's reference; bad settings raise RunError, and main turns it into
           one line.
-smoke:    the CLI in a subprocess, on the grid and on FrozenLake, writes metrics.json and both figures into a run
-          folder of its own, which <out>/latest points at.
+smoke:    the CLI in a subprocess, on the grid and on FrozenLake, writes metrics.json and the learning curve into a
+          run folder of its own, which <out>/latest points at; tools/q_map.py trains a run's table again, refuses a
+          run whose metrics it does not reproduce, and draws the map.
 learning: the default grid run is optimal on seeds 0–4; slippery FrozenLake reaches the best stationary
           policy's exact success within 100 steps (gap 0, never negative).
 integration: the 4^11 check again, in full.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -27,6 +29,7 @@ from conftest import REPO, load_script, run_script
 SCRIPT = "1_Q_Learning/Q_Learning.py"
 ql = load_script(SCRIPT)
 qso = load_script("tools/q_stationary_optimum.py")  # every policy a table can hold, scored exactly
+qmap = load_script("tools/q_map.py")  # a run's table, trained again and drawn as a map
 
 
 # ------------------------------------------------------------------------------------------------
@@ -44,7 +47,8 @@ def three_state_mdp():
         1: {0: [(0.8, 2, 1.0, True), (0.2, 0, 0.0, False)], 1: [(1.0, 0, 0.0, False)]},
         2: {0: [(1.0, 2, 0.0, True)], 1: [(1.0, 2, 0.0, True)]},
     }
-    return ql.build_model(P, start=0, goal=2)
+    env = SimpleNamespace(unwrapped=SimpleNamespace(P=P, desc=np.array(["SFG"], dtype="c")))  # as env_model reads
+    return ql.env_model(env)
 
 
 @pytest.mark.unit
@@ -167,17 +171,25 @@ def test_frozenlake_horizon_optimum():
     assert v_star[0] == pytest.approx(14 / 17, abs=1e-6)
 
 
+def episodes_to_optimal(evals) -> int | None:
+    """collect_metrics' episodes_to_optimal for these evaluations (the rest of its metrics do not matter here)."""
+    reference = ql.Reference(None, None, None, 0.0, 0.0, 0.0)
+    return ql.collect_metrics(ql.Args(), reference, ql.TrainLog([], evals, 0, 0.0), (0.0, 0.0, 1))[
+        "episodes_to_optimal"
+    ]
+
+
 @pytest.mark.unit
 def test_episodes_to_optimal_is_the_start_of_the_last_optimal_stretch():
-    def E(episode, success, optimal):  # an evaluation with the fields episodes_to_optimal reads
+    def E(episode, success, optimal):  # an evaluation with the fields collect_metrics reads
         return ql.Evaluation(episode, None, 0.0, success, optimal, 0.0)
 
     evals = [E(10, 0.0, False), E(20, 1.0, True), E(30, 0.5, False), E(40, 1.0, True), E(50, 1.0, True)]
-    assert ql.episodes_to_optimal(evals) == 40  # optimal at 20 too, but it did not stay optimal
-    assert ql.episodes_to_optimal(evals[:2]) == 20
-    assert ql.episodes_to_optimal(evals[:3]) is None  # the last evaluation is not optimal
-    assert ql.episodes_to_optimal([E(5, 1.0, True), E(10, 1.0, True)]) == 5
-    assert ql.episodes_to_optimal([]) is None
+    assert episodes_to_optimal(evals) == 40  # optimal at 20 too, but it did not stay optimal
+    assert episodes_to_optimal(evals[:2]) == 20
+    assert episodes_to_optimal(evals[:3]) is None  # the last evaluation is not optimal
+    assert episodes_to_optimal([E(5, 1.0, True), E(10, 1.0, True)]) == 5
+    assert episodes_to_optimal([E(5, 0.0, False)]) is None
 
 
 def grid_run(episodes: int, evals: int, seed: int = 0):
@@ -208,7 +220,7 @@ def test_seed_0_on_the_grid_is_optimal_after_its_documented_20_episodes(capsys):
     args, env, model, reference, q, log = grid_run(episodes=100, evals=20)
     assert [e.episode for e in log.evals] == list(range(5, 101, 5))
     assert capsys.readouterr().out.count("episode=") == 20  # one progress line per evaluation
-    assert ql.episodes_to_optimal(log.evals) == 20
+    assert episodes_to_optimal(log.evals) == 20
     assert [e.optimal for e in log.evals[2:4]] == [False, True]
     assert all(e.success == 1.0 for e in log.evals[3:])
     final = log.evals[-1]  # the last evaluation scores the final table
@@ -326,7 +338,7 @@ def test_the_slippery_reference_is_the_best_of_all_4_to_the_11_table_policies():
     best = float(re.search(r"best success over all of them: ([0-9.]+)", text)[1])
     _, _, model, reference = slippery_reference()
     assert reference.optimal_success == pytest.approx(best, abs=1e-10)
-    tiles = ql.board(ql.make_env(ql.Args(env="frozenlake", slippery=True))).flatten()
+    tiles = ql.make_env(ql.Args(env="frozenlake", slippery=True)).unwrapped.desc.astype(str).flatten()
     arrows = "".join(t if t in "HG" else ql.ARROWS[a] for t, a in zip(tiles, reference.optimal_policy))
     shown = [row.replace(" ", "") for row in re.findall(r"a best policy, row by row: (.+)", text)]
     assert arrows in shown
@@ -376,23 +388,30 @@ def test_success_gap_uses_the_exact_success_and_is_never_negative():
 
 
 @pytest.mark.unit
-def test_learning_curve_zooms_on_the_gap_no_table_can_close(tmp_path):
-    """On the slippery map the two optima (about 0.7402 and 0.7442) are one line at full scale, so plot_curve adds an
-    inset to the success panel whose y-range holds both and is a few gaps tall; on the grid, where they are equal,
-    there is none. Mutations caught: no inset; an inset at full scale (its y-range 0–1)."""
+def test_learning_curve_marks_both_optima_where_they_differ(tmp_path, monkeypatch):
+    """On the slippery map the success panel draws the best stationary policy's success (about 0.7402) and, above it,
+    the best of a policy that reads the clock (about 0.7442), each named with its value in the legend; on the grid,
+    where they are equal, only the first. Mutations caught: no line for the clock-reading optimum, a line at the wrong
+    height or with another value in its label, and a second line where the two optima are one."""
+    from matplotlib.figure import Figure
+
+    drawn, savefig = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), savefig(fig, *a, **k))[1])
     args, _, _, reference = slippery_reference()
     policy = reference.optimal_policy
     evals = [ql.Evaluation(500, policy, 0.3, 0.3, False, 0.1), ql.Evaluation(1000, policy, 0.74, 0.74, True, 0.0)]
     log = ql.TrainLog([0.0, 1.0] * 500, evals, 1000, 0.0)
-    fig = ql.plot_curve(str(tmp_path / "slippery.png"), log, reference, args)
-    assert (tmp_path / "slippery.png").stat().st_size > 10_000
-    _, success = fig.axes
-    assert len(success.child_axes) == 1  # the inset
-    low, high = success.child_axes[0].get_ylim()
-    gap = reference.time_dependent_success - reference.optimal_success
-    assert low < reference.optimal_success < reference.time_dependent_success < high and high - low < 10 * gap
     grid = reference._replace(time_dependent_success=reference.optimal_success)
-    assert ql.plot_curve(str(tmp_path / "grid.png"), log, grid, args).axes[1].child_axes == []
+    for name, ref in (("slippery.png", reference), ("grid.png", grid)):
+        ql.plot_curve(str(tmp_path / name), log, ref, args)
+        assert (tmp_path / name).stat().st_size > 10_000
+    optima = []
+    for fig in drawn:
+        _, success = fig.axes
+        lines = [(float(line.get_ydata()[0]), line.get_label()) for line in success.get_lines()[1:]]  # after the curve
+        assert all(label.endswith(f"{y:.4f}") for y, label in lines)
+        optima.append([y for y, _ in lines])
+    assert optima == [[reference.optimal_success, reference.time_dependent_success], [reference.optimal_success]]
 
 
 BAD_SETTINGS = [  # (flags that validate must refuse, a word its one-line message must contain; argparse checks --env)
@@ -448,9 +467,9 @@ def test_bad_settings_exit_with_one_line(bad, message, tmp_path, capsys):
 
 @pytest.mark.smoke
 def test_cli_grid_writes_metrics_and_curve(tmp_path, capsys, recwarn):
-    """A run writes metrics.json and both figures into a folder of its own, <out>/<date>-<time>-seed<seed>, names it
-    in its last line, and points <out>/latest at it. Catches files written straight into --out, a `latest` that
-    is missing or points elsewhere, and an `outputs:` line that names another folder. The command line's code,
+    """A run writes metrics.json and its learning curve into a folder of its own, <out>/<date>-<time>-seed<seed>,
+    names it in its last line, and points <out>/latest at it. Catches files written straight into --out, a `latest`
+    that is missing or points elsewhere, and an `outputs:` line that names another folder. The command line's code,
     parse_args then main, in this process (the CLI as a subprocess: test_cli.py, test_interrupt.py, test_seeds.py);
     nothing on stderr and no warning that a plain `python` would print (its default filters hide deprecations)."""
     out = tmp_path / "run"
@@ -461,12 +480,12 @@ def test_cli_grid_writes_metrics_and_curve(tmp_path, capsys, recwarn):
     shown = [w for w in recwarn if not issubclass(w.category, hidden) or w.filename == str(REPO / SCRIPT)]
     assert not shown, [str(w.message) for w in shown]  # recwarn records all: a deprecation in the script fails too
     assert stdout.count("episode=") == 4 and "summary:" in stdout
-    folder = re.fullmatch(r"outputs: (.+) \(metrics.json, learning_curve.png, q_map.png\)", stdout.splitlines()[-1])
+    folder = re.fullmatch(r"outputs: (.+) \(metrics.json, learning_curve.png\)", stdout.splitlines()[-1])
     assert re.fullmatch(r"\d{8}-\d{6}-seed0", os.path.basename(folder[1])) and os.path.dirname(folder[1]) == str(out)
     assert sorted(os.listdir(out)) == sorted(["latest", os.path.basename(folder[1])])
     assert os.readlink(out / "latest") == os.path.basename(folder[1])
     out = out / "latest"
-    assert sorted(os.listdir(out)) == ["learning_curve.png", "metrics.json", "q_map.png"]
+    assert sorted(os.listdir(out)) == ["learning_curve.png", "metrics.json"]
     metrics = json.loads((out / "metrics.json").read_text())
     for key in (
         "greedy_return",
@@ -480,7 +499,6 @@ def test_cli_grid_writes_metrics_and_curve(tmp_path, capsys, recwarn):
         assert key in metrics
     assert metrics["optimal_return"] == 95.0 and metrics["args"]["episodes"] == 40
     assert (out / "learning_curve.png").stat().st_size > 10_000
-    assert (out / "q_map.png").stat().st_size > 10_000
 
 
 @pytest.mark.smoke
@@ -494,6 +512,31 @@ def test_cli_frozenlake_runs(tmp_path):
     assert 0.7401 < metrics["optimal_success_rate"] < 0.7402 < metrics["time_dependent_success_rate"] < 0.75
     assert metrics["success_gap"] == metrics["optimal_success_rate"] - metrics["greedy_success_rate_exact"] > 0
     assert returned["success_gap"] == metrics["success_gap"]  # main returns what it wrote
+
+
+@pytest.mark.smoke
+def test_q_map_trains_the_run_again_and_draws_it(tmp_path, capsys):
+    """tools/q_map.py trains a run's table again from the flags in its metrics.json and draws it next to value
+    iteration's; it lists the states whose learned greedy action is not π*'s (seed 0 on the grid, the README's map:
+    1, 8 and 9, each as good as π*'s action). A run whose metrics it does not reproduce is refused in one line.
+    Catches a table trained with other flags or another seed, and a list that compares other policies."""
+    out = tmp_path / "run"
+    ql.main(ql.Args(out=str(out)))
+    assert qmap.main([str(out), "--out", str(tmp_path / "map")]) == [1, 8, 9]
+    printed = capsys.readouterr().out.splitlines()
+    assert "trained again: the same metrics (greedy_success_rate_exact=1.0000 value_gap=0" in printed[-6]
+    assert printed[-4:] == [
+        "  state 1: → (π* ↓)  0.0000",
+        "  state 8: → (π* ↓)  0.0000",
+        "  state 9: → (π* ↓)  0.0000",
+        f"wrote {tmp_path / 'map' / 'q_map.png'}",
+    ]
+    assert (tmp_path / "map" / "q_map.png").stat().st_size > 10_000
+    metrics = out / "latest" / "metrics.json"
+    metrics.write_text(json.dumps({**json.loads(metrics.read_text()), "env_steps": 1}))  # not what these flags give
+    with pytest.raises(SystemExit) as exc:
+        qmap.main([str(out), "--out", str(tmp_path / "map")])
+    assert str(exc.value).startswith("error: trained again") and "other metrics (env_steps)" in str(exc.value)
 
 
 @pytest.mark.smoke

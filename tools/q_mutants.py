@@ -1,5 +1,6 @@
-"""Break 1_Q_Learning/Q_Learning.py (and tools/q_stationary_optimum.py, which checks its reference) on purpose, one
-mutation at a time, and check that the test meant to catch each mutation fails (a test that cannot fail is a defect).
+"""Break 1_Q_Learning/Q_Learning.py (and tools/q_stationary_optimum.py, which checks its reference, and tools/q_map.py,
+which draws a run's table) on purpose, one mutation at a time, and check that the test meant to catch each mutation
+fails (a test that cannot fail is a defect).
 
     python tools/q_mutants.py            # every mutation; exit 1 if a test survives its mutation
 
@@ -19,6 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = "1_Q_Learning/Q_Learning.py"
 TOOL = "tools/q_stationary_optimum.py"
+MAP_TOOL = "tools/q_map.py"
 TESTS = "tests/test_q_learning.py"
 
 # (what breaks, source piece, its replacement, the tests that must fail)
@@ -119,6 +121,28 @@ MUTANTS = [
         "policy = best_stationary_policy(model, 30)",
         ["test_the_slippery_reference_is_the_best_of_all_4_to_the_11_table_policies"],
     ),
+    (
+        "episodes_to_optimal names the first optimal evaluation, even one the policy did not stay at",
+        "if all(later.optimal for later in log.evals[k:])",
+        "if e.optimal",
+        ["test_episodes_to_optimal_is_the_start_of_the_last_optimal_stretch"],
+    ),
+    (
+        "the learning curve leaves out the optimum of a policy that reads the clock",
+        '        ax2.axhline(high, **clock, label=f"best if the policy reads the clock {high:.4f}")',
+        "        pass",
+        ["test_learning_curve_marks_both_optima_where_they_differ"],
+    ),
+]
+
+# in the tool that draws a run's table: it must train the table the run trained
+MAP_MUTANTS = [
+    (
+        "the table is trained again with another seed",
+        "np.random.default_rng(args.seed))",
+        "np.random.default_rng(args.seed + 1))",
+        ["test_q_map_trains_the_run_again_and_draws_it"],
+    ),
 ]
 
 # the same, in the tool that scores every policy a table can hold
@@ -173,7 +197,7 @@ def main() -> int:
             shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__", "assets"))
         shutil.copy(REPO / "pytest.ini", root / "pytest.ini")
         bad, total = 0, 0
-        for path, mutants in ((SCRIPT, MUTANTS), (TOOL, TOOL_MUTANTS)):
+        for path, mutants in ((SCRIPT, MUTANTS), (TOOL, TOOL_MUTANTS), (MAP_TOOL, MAP_MUTANTS)):
             original = (REPO / path).read_text()
             for what, piece, replacement, tests in mutants:
                 verdict = run_mutant(root, path, original, piece, replacement, tests)

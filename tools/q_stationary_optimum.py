@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"best success over all of them: {best:.10f}, reached by {n_best:,} policies")
     for rank, (v, c) in enumerate(zip(values, counts), 1):
         print(f"  #{rank} success={v:.10f} policies={c:,}")
-    tiles = ql.board(ql.make_env(run)).flatten()
+    tiles = ql.make_env(run).unwrapped.desc.astype(str).flatten()  # the map row by row: 'H' hole, 'G' goal
     for k in np.flatnonzero(success >= best - TIE)[: args.top]:
         policy = np.zeros(len(tiles), dtype=int)
         policy[free] = policy_actions(np.array([k]), len(free))[0]

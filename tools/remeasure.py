@@ -44,6 +44,10 @@ PREREQUISITES = {
     "ppo_ladder": LADDER,
     "ppo_jax_seeds_iqm": ["python 3_Pendulum/pendulum.py --backend jax --num-seeds 16 --out runs/pendulum_jax16"],
     "ppo_value_map": ["python 3_Pendulum/pendulum.py"],
+    "q_grid_map": ["python 1_Q_Learning/Q_Learning.py --out runs/capture/q_grid"],  # the run whose table it draws
+    "q_frozenlake_map": [
+        "python 1_Q_Learning/Q_Learning.py --env frozenlake --slippery --out runs/capture/q_frozenlake"
+    ],
     "dqn_video": ["python 2_Cart_Pole_DQN/cart_pole_dqn.py --out runs/capture/dqn"],  # the latest/q_network it loads
     "ppo_video": ["python 3_Pendulum/pendulum.py"],
     "ppo_ex5_value_maps": [
