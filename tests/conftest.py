@@ -52,3 +52,15 @@ def run_script(relpath: str, *args: str, cwd: Path, timeout: float = 300, env: d
         text=True,
         timeout=timeout,
     )
+
+
+def pytest_configure(config):
+    """The unit and smoke tiers check what the code does, not how fast it runs: there XLA compiles with its CPU
+    backend's optimizations off (--xla_backend_optimization_level=0, for this process and the scripts it starts),
+    which cuts the compiling that a cold `pytest` spends most of its time on. A run with the learning or
+    integration tier compiles as a learner's run does. Runs before any test module is imported, so before JAX
+    starts its backend."""
+    if "not learning" in config.option.markexpr and "not integration" in config.option.markexpr:
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "--xla_backend_optimization_level" not in flags:
+            os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0".strip()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from conftest import load_script
 
 time_tests = load_script("tools/time_tests.py")
@@ -21,3 +23,12 @@ def test_whole_processes_runs_each_command_cold_then_warm_and_reads_the_scripts_
             assert seconds > 0
             assert (metrics is None) == (name == "imports"), name
     assert all(metrics["episodes"] == 3 for _, metrics in runs["script"][0] + runs["script"][1])
+
+
+def test_the_default_tier_compiles_without_backend_optimizations(request):
+    """`pytest` (unit and smoke) compiles with XLA's CPU backend optimizations off (conftest.py); a run that selects
+    the learning or integration tier compiles as the scripts do. Catches the setting lost, or leaking into the tiers
+    that check learning."""
+    markexpr = request.config.option.markexpr
+    default_tier = "not learning" in markexpr and "not integration" in markexpr
+    assert ("--xla_backend_optimization_level=0" in os.environ.get("XLA_FLAGS", "")) == default_tier
