@@ -171,3 +171,12 @@ def test_sizes_counts_as_wc_does():
     """The counter is not vacuous: a file of 3 lines with the banner on line 2 is (3, 2, 1)."""
     assert sizes("a\n# Plumbing\nb\n") == (3, 2, 1)
     assert over((601, 400, 201), BUDGETS["1_Q_Learning/Q_Learning.py"]) == ["lines 601 > 600"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_main_is_at_most_40_lines(script):
+    """main() only wires the run together (check, load, train, save); the steps live in the functions it calls.
+    Catches a main() that grew back into the lesson or the plumbing it calls."""
+    (main,) = [n for n in ast.parse((REPO / script).read_text()).body if getattr(n, "name", "") == "main"]
+    lines = main.end_lineno - main.lineno + 1 + len(main.decorator_list)
+    assert lines <= 40, f"{script}: main() is {lines} lines"
