@@ -1120,12 +1120,15 @@ def test_default_configuration_learns_on_held_out_seeds(seed, tmp_path):
 
 @pytest.fixture(scope="module")
 def jax_seeds(tmp_path_factory):
-    """The default configuration with --backend jax: seeds 60 and 61 in one vmapped call, and seed 61 alone."""
+    """The default configuration with --backend jax: seeds 60 and 61 in one vmapped call, and seed 61 alone. Each runs
+    in a process of its own, as from the command line: there --host-devices gives the two seeds a CPU device each,
+    which a process whose JAX has already started (this one, after other tests) cannot."""
     out = tmp_path_factory.mktemp("jax_seeds")
-    flags = ["--backend", "jax", "--seed", "60", "--num-seeds", "2"]
-    both = dqn.main(dqn.parse_args([*flags, "--out", str(out / "both")]))
-    alone = dqn.main(dqn.parse_args(["--backend", "jax", "--seed", "61", "--out", str(out / "alone")]))
-    return both, alone
+    runs = {"both": ["--seed", "60", "--num-seeds", "2"], "alone": ["--seed", "61"]}
+    for name, flags in runs.items():
+        proc = run_script(SCRIPT, "--backend", "jax", *flags, "--out", str(out / name), cwd=out, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    return tuple(json.loads((out / name / "latest" / "metrics.json").read_text()) for name in runs)
 
 
 @pytest.mark.learning
