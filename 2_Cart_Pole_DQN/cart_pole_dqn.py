@@ -691,6 +691,16 @@ def make_train(args: Args) -> Train:
     return Train(init, step, run, validation_returns, schedule)
 
 
+def over_seeds(fn: Callable, seeds_per_device: int) -> Callable:
+    """fn of one seed, applied to one device's seeds, stacked on a leading axis: jax.vmap(fn), except for a single
+    seed, which runs unbatched (the axis dropped, then put back). Even an axis of size 1 changes the program that
+    XLA compiles: on CPU some weight gradients then come out transposed in memory, and Adam's elementwise update,
+    which reads them against that order, runs slower."""
+    if seeds_per_device > 1:
+        return jax.vmap(fn)
+    return lambda seeds: jax.tree.map(lambda x: x[None], fn(jax.tree.map(lambda x: x[0], seeds)))
+
+
 # Plumbing: the run folder and the command line, input checks, --backend jax's seeds and devices, checkpoints, the
 # GIF, the plot, metrics.json and main ----------------------------------------------------------------------------
 
@@ -845,16 +855,6 @@ def seed_devices(args: Args) -> list:
     return devices[: most_devices(min(len(devices), want) if want > 0 else len(devices))]
 
 
-def over_seeds(fn: Callable, seeds_per_device: int) -> Callable:
-    """fn of one seed, applied to one device's seeds, stacked on a leading axis: jax.vmap(fn), except for a single
-    seed, which runs unbatched (the axis dropped, then put back). Even an axis of size 1 changes the program that
-    XLA compiles: on CPU some weight gradients then come out transposed in memory, and Adam's elementwise update,
-    which reads them against that order, runs slower."""
-    if seeds_per_device > 1:
-        return jax.vmap(fn)
-    return lambda seeds: jax.tree.map(lambda x: x[None], fn(jax.tree.map(lambda x: x[0], seeds)))
-
-
 def train_seeds(args: Args, devices: list) -> list[tuple[nnx.State, dict]]:
     """--backend jax: make_train(args), its run over the seeds (over_seeds) and sharded across `devices`: one
     compiled call trains every seed. Its progress lines are printed when it returns (for several seeds, their means).
@@ -921,24 +921,6 @@ def jax_log(args: Args, schedule: Schedule, steps: StepLog, best: Best, train_se
     log = dict(curve=curve, best=best, solved_step=(solved or [None])[0], solved_seconds=None)
     log.update(env_steps=args.total_timesteps, train_seconds=train_seconds, train_episodes=len(episodes))
     return dict(log, gradient_steps_total=int(schedule.train.sum()) * args.gradient_steps)
-
-
-def seed_summary(x, bar: float) -> dict:
-    """Across seeds: mean, IQM (25 % trimmed mean) with a 95 % percentile-bootstrap CI (10,000 resamples
-    of the seeds, fixed bootstrap seed 0; None for one seed, [x, x] when every seed scored x), min, max, std
-    (ddof 0), and how many reach the bar (--solve-threshold). The same numbers as tools/seeds.py's sweeps give."""
-    from scipy import stats  # only here: a one-seed run does not pay for importing scipy
-
-    x, iqm = np.asarray(x, float), lambda v, axis=None: stats.trim_mean(v, 0.25, axis=axis)
-    out = dict(mean=float(x.mean()), iqm=float(iqm(x)), min=float(x.min()), max=float(x.max()), std=float(x.std()))
-    out.update(solved=int((x >= bar).sum()), n=len(x), iqm_ci=None)
-    if len(x) >= 2 and np.all(x == x[0]):  # every resample has the same IQM: the interval is that one point
-        out["iqm_ci"] = [float(x[0]), float(x[0])]
-    elif len(x) >= 2:  # a 95 % interval (scipy's default level) from 10,000 resamples of the seeds
-        rng = np.random.default_rng(0)
-        ci = stats.bootstrap((x,), iqm, n_resamples=10_000, method="percentile", random_state=rng).confidence_interval
-        out["iqm_ci"] = [float(ci.low), float(ci.high)]
-    return out
 
 
 def save_checkpoint(path: str, params: nnx.State) -> None:
@@ -1067,44 +1049,35 @@ def training_metrics(args: Args, act, runs: list, t_start: float) -> dict:
         metrics.update(backend="jax", seeds=[row["seed"] for row in per_seed], eval_return_per_seed=returns)
         metrics.update(devices=log["devices"], compile_seconds=log["compile_seconds"], per_seed=per_seed)
         metrics["solved"] = sum(r >= args.solve_threshold for r in returns)
-        if len(returns) > 1:  # one seed has no spread to summarise (and does not pay for importing scipy)
-            metrics["across_seeds"] = seed_summary(returns, args.solve_threshold)
     return metrics
 
 
 def print_summary(args: Args, run: Run, metrics: dict) -> None:
-    """The last lines: the final greedy evaluation (with --num-seeds, each seed's and their summary), the files."""
-    if args.load:
-        print(
-            f"loaded {args.load}: eval_return_mean={metrics['eval_return_mean']:.1f} "
-            f"eval_return_std={metrics['eval_return_std']:.1f} over {metrics['eval_episodes']} episodes"
-        )
-    else:
-        saved_step = metrics["best_step"] if args.final_agent == "best" else metrics["env_steps"]
-        print(
-            f"\nfinal greedy evaluation of the {args.final_agent} parameters (step {saved_step}) over "
-            f"{metrics['eval_episodes']} test episodes (--eval-seed {args.eval_seed}): "
-            f"eval_return_mean={metrics['eval_return_mean']:.1f} eval_return_std={metrics['eval_return_std']:.1f} "
-            f"min={metrics['eval_return_min']:.0f}"
-        )
-        print("episodes ended: " + " ".join(f"{k}={v}" for k, v in metrics["eval_ends"].items()))
+    """The last lines: the final greedy evaluation (with --num-seeds, each seed's and how many solve), the files."""
+    step = metrics.get("best_step") if args.final_agent == "best" else metrics["env_steps"]
+    what = args.load or f"the {args.final_agent} parameters (step {step})"  # a loaded checkpoint, or this run's θ
+    print(
+        "\n" * (not args.load) + f"final greedy evaluation of {what} over "
+        f"{metrics['eval_episodes']} test episodes (--eval-seed {args.eval_seed}): "
+        f"eval_return_mean={metrics['eval_return_mean']:.1f} eval_return_std={metrics['eval_return_std']:.1f} "
+        f"min={metrics['eval_return_min']:.0f}"
+    )
+    print("episodes ended: " + " ".join(f"{k}={v}" for k, v in metrics["eval_ends"].items()))
+    if not args.load:
         print(
             f"env_steps={args.total_timesteps} train_seconds={metrics['train_seconds']:.1f} "
             f"gradient_steps={metrics['gradient_steps_total']} solved_step={metrics['solved_step']} "
             f"total_seconds={metrics['total_seconds']}"
         )
-    if "video_return" in metrics:
-        print(f"video: episode.gif, one greedy episode of return {metrics['video_return']:.0f}")
-    print(f"outputs: {run.folder} ({', '.join(run.saved)})")
-    if args.num_seeds > 1:
-        a = metrics["across_seeds"]
+    if args.num_seeds > 1:  # their IQM and its confidence interval: tools/seeds.py --runs
         print(
             f"per seed (final greedy evaluation, mean over {args.eval_episodes} test episodes): "
             + " ".join(f"{seed}:{r:.1f}" for seed, r in zip(metrics["seeds"], metrics["eval_return_per_seed"]))
-            + f"\nacross {a['n']} seeds: mean={a['mean']:.1f} IQM={a['iqm']:.1f}"
-            + (f" [95% CI {a['iqm_ci'][0]:.1f}, {a['iqm_ci'][1]:.1f}]" if a["iqm_ci"] else "")
-            + f" min={a['min']:.1f} max={a['max']:.1f} solved(>={args.solve_threshold:g})={metrics['solved']}/{a['n']}"
+            + f"\nsolved(>={args.solve_threshold:g})={metrics['solved']}/{args.num_seeds}"
         )
+    if "video_return" in metrics:
+        print(f"video: episode.gif, one greedy episode of return {metrics['video_return']:.0f}")
+    print(f"outputs: {run.folder} ({', '.join(run.saved)})")
 
 
 def use_compile_cache(folder: str) -> None:
