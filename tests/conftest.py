@@ -64,3 +64,14 @@ def pytest_configure(config):
         flags = os.environ.get("XLA_FLAGS", "")
         if "--xla_backend_optimization_level" not in flags:
             os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0".strip()
+
+
+# The heaviest test files first. `--dist loadfile` hands whole files to the workers in the order they were collected,
+# so a heavy file collected last (test_interrupt.py, in alphabetical order) would run on one worker while the others
+# wait with nothing left to do.
+HEAVY_FIRST = ("test_grpo.py", "test_interrupt.py", "test_pendulum.py", "test_dqn.py", "test_sharding.py")
+
+
+def pytest_collection_modifyitems(items):  # pytest calls it with the collected tests
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # a stable sort: each file keeps its order

@@ -32,3 +32,28 @@ def test_the_default_tier_compiles_without_backend_optimizations(request):
     markexpr = request.config.option.markexpr
     default_tier = "not learning" in markexpr and "not integration" in markexpr
     assert ("--xla_backend_optimization_level=0" in os.environ.get("XLA_FLAGS", "")) == default_tier
+
+
+def test_the_heaviest_test_files_are_handed_out_first():
+    """conftest.py collects the heaviest files first, each file's tests in their own order, and pytest.ini keeps
+    pytest-xdist from reordering the files by their number of tests. Catches: the order lost (an unstable sort, a
+    file's tests shuffled) or xdist's reordering back on, which leaves one worker running test_interrupt.py alone."""
+    import conftest
+
+    class Item:
+        def __init__(self, name: str, i: int):
+            self.path, self.i = conftest.REPO / "tests" / name, i
+
+    names = ["test_cli.py", "test_interrupt.py", "test_docs.py", "test_interrupt.py", "test_grpo.py", "test_cli.py"]
+    items = [Item(name, i) for i, name in enumerate(names)]
+    conftest.pytest_collection_modifyitems(items)
+    assert [(item.path.name, item.i) for item in items] == [
+        ("test_grpo.py", 4),
+        ("test_interrupt.py", 1),
+        ("test_interrupt.py", 3),
+        ("test_cli.py", 0),
+        ("test_docs.py", 2),
+        ("test_cli.py", 5),
+    ]
+    addopts = (conftest.REPO / "pytest.ini").read_text().split("addopts =")[1].split("\n")[0]
+    assert "--dist loadfile" in addopts and "--no-loadscope-reorder" in addopts
