@@ -116,25 +116,20 @@ class Args:
         "~/.cache/jax-rl-course", "JAX's persistent compilation cache: later runs skip compiling ('' turns it off)"
     )
 
+    # Sizes that follow from the flags: computed from them, never set (not flags)
+    @property
+    def exploration_steps(self) -> int:  # the env step at which ε reaches eps_end
+        return max(1, int(self.exploration_fraction * self.total_timesteps))
 
-@dataclass(frozen=True)
-class Derived:
-    """Sizes computed from the flags (never written back into Args)."""
+    @property
+    def n_train_calls(self) -> int:
+        """Training calls in the whole run: one at every step s with learning_starts < s <= total_timesteps and
+        s % train_frequency == 0, so ⌊total/f⌋ − ⌊learning_starts/f⌋ of them (192 for 50,000, 1,000, 256)."""
+        return max(0, self.total_timesteps // self.train_frequency - self.learning_starts // self.train_frequency)
 
-    exploration_steps: int  # the env step at which ε reaches eps_end
-    n_train_calls: int  # training calls in the whole run
-    total_gradient_steps: int  # Adam steps in the whole run: the annealed learning rate reaches 0 after the last
-
-
-def derived(args: Args) -> Derived:
-    # A training call runs at every step s with learning_starts < s <= total_timesteps and s % train_frequency == 0:
-    # ⌊total/f⌋ − ⌊learning_starts/f⌋ calls (192 for 50,000, 1,000, 256).
-    n_train_calls = max(0, args.total_timesteps // args.train_frequency - args.learning_starts // args.train_frequency)
-    return Derived(
-        exploration_steps=max(1, int(args.exploration_fraction * args.total_timesteps)),
-        n_train_calls=n_train_calls,
-        total_gradient_steps=n_train_calls * args.gradient_steps,
-    )
+    @property
+    def total_gradient_steps(self) -> int:  # Adam steps in the whole run: the annealed learning rate is 0 after it
+        return self.n_train_calls * self.gradient_steps
 
 
 # ----------------------------------------------------------------------------- environment, replay buffer, ε
@@ -251,7 +246,7 @@ def make_tx(args: Args) -> optax.GradientTransformation:
     learning rate. It only computes the update; build_agent wraps it with the parameters in an nnx.Optimizer."""
     lr = args.learning_rate
     if args.anneal_lr:
-        lr = optax.linear_schedule(args.learning_rate, 0.0, max(1, derived(args).total_gradient_steps))
+        lr = optax.linear_schedule(args.learning_rate, 0.0, max(1, args.total_gradient_steps))
     adam = optax.adam(lr)
     return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), adam) if args.max_grad_norm > 0 else adam
 
@@ -273,30 +268,20 @@ def build_agent(args: Args, rngs: nnx.Rngs) -> Agent:
 # ----------------------------------------------------------------------------- TD target and loss
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """What td_target, the loss and train_block need at trace time; bound once by `make_step_fns`."""
-
-    gamma: float  # discount γ
-    loss: str = "mse"  # "mse" (½·e²) or "huber"
-    double_dqn: bool = True  # the online network picks a*, the target network scores it
-    bootstrap_truncated: bool = True  # a time-limit truncation still bootstraps from s'
-
-
-def td_target(rewards, next_q_target, next_q_online, terminated, truncated, config: TrainConfig) -> jax.Array:
+def td_target(rewards, next_q_target, next_q_online, terminated, truncated, args: Args) -> jax.Array:
     """y = r + γ·(1 − done)·Q⁻(s', a*), with a* = argmax_a' Q⁻(s', a') or, for Double DQN, argmax_a' Q(s', a').
 
     `done` is `terminated` alone: a time-limit truncation still has a future, so it bootstraps.
     With bootstrap_truncated=False, done = terminated OR truncated: one merged flag, a common bug.
     Shapes: rewards/terminated/truncated (batch,), next_q_* (batch, n_actions).
     """
-    done = terminated if config.bootstrap_truncated else jnp.maximum(terminated, truncated)
-    if config.double_dqn:
+    done = terminated if args.bootstrap_truncated else jnp.maximum(terminated, truncated)
+    if args.double_dqn:
         a_star = jnp.argmax(next_q_online, axis=-1)  # (batch,)
         next_v = jnp.take_along_axis(next_q_target, a_star[:, None], axis=-1)[:, 0]  # Q⁻(s', argmax Q(s', ·))
     else:
         next_v = jnp.max(next_q_target, axis=-1)  # max_a' Q⁻(s', a')
-    return rewards + config.gamma * (1.0 - done) * next_v
+    return rewards + args.gamma * (1.0 - done) * next_v
 
 
 def loss_fn(q_network: QNetwork, batch: Batch, y: jax.Array, loss: str = "mse") -> jax.Array:
@@ -312,7 +297,7 @@ def loss_fn(q_network: QNetwork, batch: Batch, y: jax.Array, loss: str = "mse") 
 # ----------------------------------------------------------------------------- the compiled update
 # nnx.split(agent) gives a static graphdef and one pytree of arrays, `state`, whose parts carry the Agent's names:
 # state["q_network"] is the Q-network's part (its parameters θ), state["optimizer"] Adam's. The functions below
-# take that state and nnx.merge inside the trace; make_step_fns binds the graphdefs and the TrainConfig with
+# take that state and nnx.merge inside the trace; make_step_fns binds the graphdefs and the Args with
 # functools.partial and compiles each with plain jax.jit, once, so a call only passes arrays.
 
 
@@ -321,7 +306,7 @@ def greedy_actions(q_graphdef: nnx.GraphDef, params: nnx.State, obs: jax.Array) 
     return jnp.argmax(nnx.merge(q_graphdef, params)(obs), axis=-1)
 
 
-def train_block(graphdef, q_graphdef, config: TrainConfig, state: nnx.State, target_params: nnx.State, batches: Batch):
+def train_block(graphdef, q_graphdef, args: Args, state: nnx.State, target_params: nnx.State, batches: Batch):
     """One Adam step per minibatch of `batches` (leading axis K) in one lax.scan; θ⁻ is fixed throughout.
 
     state: nnx.state of an Agent. Returns the new state and the mean loss over the K steps.
@@ -332,9 +317,9 @@ def train_block(graphdef, q_graphdef, config: TrainConfig, state: nnx.State, tar
         agent = nnx.merge(graphdef, state)
         q_network = agent.q_network
         next_q_target = target_network(batch.next_obs)  # Q⁻(s', ·), (batch, n_actions)
-        next_q_online = q_network(batch.next_obs) if config.double_dqn else next_q_target  # picks a* (Double DQN)
-        y = td_target(batch.rewards, next_q_target, next_q_online, batch.terminated, batch.truncated, config)
-        loss, grads = nnx.value_and_grad(loss_fn)(q_network, batch, y, config.loss)  # ∇θ L, y held constant
+        next_q_online = q_network(batch.next_obs) if args.double_dqn else next_q_target  # picks a* (Double DQN)
+        y = td_target(batch.rewards, next_q_target, next_q_online, batch.terminated, batch.truncated, args)
+        loss, grads = nnx.value_and_grad(loss_fn)(q_network, batch, y, args.loss)  # ∇θ L, y held constant
         agent.optimizer.update(q_network, grads)  # θ ← Adam(θ, ∇θ L), in place on the merged modules
         return nnx.state(agent), loss
 
@@ -360,9 +345,8 @@ def make_step_fns(args: Args, graphdef: nnx.GraphDef, q_graphdef: nnx.GraphDef):
     """The two hot functions, compiled once: act(params, obs) -> greedy actions (n,) and
     update(state, target_params, batches) -> (state, mean loss), one training call.
     graphdef is that of the Agent, q_graphdef that of its q_network alone."""
-    config = TrainConfig(args.gamma, args.loss, args.double_dqn, args.bootstrap_truncated)
     act = jax.jit(partial(greedy_actions, q_graphdef))
-    update = jax.jit(partial(train_block, graphdef, q_graphdef, config))
+    update = jax.jit(partial(train_block, graphdef, q_graphdef, args))  # the flags: constants of the trace
     return act, update
 
 
@@ -381,7 +365,7 @@ def train(args: Args, act, update, state: nnx.State) -> tuple[nnx.State, dict]:
     envs = make_envs(args.num_envs)
     n, n_actions = args.num_envs, int(envs.single_action_space.n)
     buffer = ReplayBuffer(args.buffer_size, envs.single_observation_space.shape[0])
-    decay_steps = derived(args).exploration_steps
+    decay_steps = args.exploration_steps
     target_params = jax.tree.map(jnp.copy, state["q_network"])  # θ⁻ starts as a copy of θ (arrays of its own)
     obs, _ = envs.reset(seed=args.seed)
     resetting = np.zeros(n, bool)  # envs whose episode ended last step: this step only resets them
@@ -560,7 +544,7 @@ def jax_schedule(args: Args) -> Schedule:
     within the same step), so before step i env_steps is num_envs·i, known before the run. The functions that
     train() calls at every loop step, epsilon_schedule and due, compute the whole schedule here, in NumPy."""
     before = range(0, args.total_timesteps, args.num_envs)
-    decay_steps = derived(args).exploration_steps
+    decay_steps = args.exploration_steps
     eps = [epsilon_schedule(s, args.eps_start, args.eps_end, args.learning_starts, decay_steps) for s in before]
     jobs = [due(args, s, s + args.num_envs) for s in before]
     return Schedule(np.array(eps, np.float32), *(np.array(job) for job in zip(*jobs)))

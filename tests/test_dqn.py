@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -162,16 +163,16 @@ def test_td_target_matches_hand_computed_numbers():
     next_q_online = jnp.array([[5.0, 1.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
     terminated = jnp.array([0.0, 1.0, 0.0, 0.0])
     truncated = jnp.array([0.0, 0.0, 1.0, 0.0])  # row 2 hit the time limit: it still bootstraps
-    config = dqn.TrainConfig(gamma=0.9, double_dqn=False)
+    config = dqn.Args(gamma=0.9, double_dqn=False)
     y = dqn.td_target(r, next_q_target, next_q_online, terminated, truncated, config)
     # y = r + γ·(1 − terminated)·max_a' Q⁻(s', a')
     np.testing.assert_allclose(y, [1 + 0.9 * 2, 1.0, 1 + 0.9 * 5, 0.5 + 0.9 * -1], rtol=1e-6)
     # one merged flag (done = terminated or truncated), a common bug, cuts the bootstrap of row 2
-    config = dqn.TrainConfig(gamma=0.9, double_dqn=False, bootstrap_truncated=False)
+    config = dqn.Args(gamma=0.9, double_dqn=False, bootstrap_truncated=False)
     y = dqn.td_target(r, next_q_target, next_q_online, terminated, truncated, config)
     np.testing.assert_allclose(y, [2.8, 1.0, 1.0, 0.5 - 0.9], rtol=1e-6)
     # Double DQN: a* = argmax_a' Q(s', a') = [0, 1, 0, 1], scored by Q⁻: [1, 0.5, 4, -2]
-    y = dqn.td_target(r, next_q_target, next_q_online, terminated, truncated, dqn.TrainConfig(gamma=0.9))
+    y = dqn.td_target(r, next_q_target, next_q_online, terminated, truncated, dqn.Args(gamma=0.9))
     np.testing.assert_allclose(y, [1 + 0.9 * 1, 1.0, 1 + 0.9 * 4, 0.5 + 0.9 * -2], rtol=1e-6)
 
 
@@ -226,8 +227,7 @@ def test_train_survives_an_update_that_donates_the_parameters():
     graphdef, state = dqn.nnx.split(agent)
     q_graphdef = dqn.nnx.graphdef(agent.q_network)
     act, _ = dqn.make_step_fns(args, graphdef, q_graphdef)
-    config = dqn.TrainConfig(args.gamma, args.loss, args.double_dqn, args.bootstrap_truncated)
-    donating = jax.jit(partial(dqn.train_block, graphdef, q_graphdef, config), donate_argnums=0)
+    donating = jax.jit(partial(dqn.train_block, graphdef, q_graphdef, args), donate_argnums=0)
     last, log = dqn.train(args, act, donating, state)
     assert log["env_steps"] == 600 and log["gradient_steps_total"] > 0
     assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves((last, log["best"]["params"])))
@@ -293,12 +293,11 @@ def test_scan_over_two_batches_equals_two_single_steps():
 def test_learning_rate_schedule_spans_exactly_the_gradient_steps_made():
     # Default flags: training calls at every multiple of 256 from 1,024 to 49,920, i.e. 195 − 3 = 192 calls.
     args = dqn.Args()
-    sizes = dqn.derived(args)
-    assert isinstance(sizes, dqn.Derived)
-    assert sizes.n_train_calls == 192 and sizes.total_gradient_steps == 192 * args.gradient_steps
-    lr = optax.linear_schedule(args.learning_rate, 0.0, sizes.total_gradient_steps)
-    assert float(lr(sizes.total_gradient_steps - 1)) > 0  # the last step still learns
-    assert dqn.derived(dqn.Args(total_timesteps=1000, learning_starts=100, train_frequency=300)).n_train_calls == 3
+    assert args.n_train_calls == 192 and args.total_gradient_steps == 192 * args.gradient_steps
+    lr = optax.linear_schedule(args.learning_rate, 0.0, args.total_gradient_steps)
+    assert float(lr(args.total_gradient_steps - 1)) > 0  # the last step still learns
+    assert "n_train_calls" not in {f.name for f in dataclasses.fields(args)}  # computed from the flags, not a flag
+    assert dqn.Args(total_timesteps=1000, learning_starts=100, train_frequency=300).n_train_calls == 3
 
 
 @pytest.mark.unit
@@ -341,7 +340,7 @@ def test_epsilon_schedule_is_one_then_resumes_the_line_from_step_0():
     Mutations caught: a line counted from learning_starts (ε would still be 1.0 at step 1,000, not 0.88);
     a first phase that already follows the line (0.94 at step 500, not 1); a line that never stops at eps_end."""
     args = dqn.Args()
-    decay = dqn.derived(args).exploration_steps
+    decay = args.exploration_steps
     assert decay == 8_000  # 0.16 × 50,000
 
     def eps(t):
@@ -621,7 +620,7 @@ def test_train_stores_exactly_the_budgeted_transitions(monkeypatch):
     assert max(sizes) <= LOOP_FLAGS["num_envs"] and min(sizes) < LOOP_FLAGS["num_envs"]  # some steps only reset
     # the budget bound: the last call was cut short (some envs were still running), so the cap was exercised
     assert sizes[-1] < LOOP_FLAGS["num_envs"]
-    assert log["gradient_steps_total"] == dqn.derived(dqn.Args(**LOOP_FLAGS)).total_gradient_steps
+    assert log["gradient_steps_total"] == dqn.Args(**LOOP_FLAGS).total_gradient_steps
 
 
 @pytest.mark.unit
@@ -795,7 +794,7 @@ def test_jax_schedule_is_the_python_loops_schedule():
     after = 16 * (np.arange(len(schedule.epsilon)) + 1)
     np.testing.assert_array_equal(after[schedule.train], [s for s in after if s > 1_000 and s % 256 == 0])
     np.testing.assert_array_equal(schedule.sync, schedule.train)
-    assert schedule.train.sum() == dqn.derived(args).n_train_calls == 192
+    assert schedule.train.sum() == args.n_train_calls == 192
     assert schedule.evaluate.sum() == 20 and schedule.evaluate[-1] and after[schedule.evaluate][0] == 2_512
     assert schedule.epsilon[62] == 1.0 and schedule.epsilon[63] == pytest.approx(1 - 0.96 * 1_008 / 8_000)
     assert schedule.epsilon.dtype == np.float32 and schedule.epsilon[-1] == pytest.approx(0.04)
@@ -980,7 +979,7 @@ def test_cli_trains_saves_and_load_round_trip(tmp_path, monkeypatch, capsys):
     assert metrics["eval_episodes"] == 3 and metrics["env_steps"] == 600
     assert sum(metrics["eval_ends"].values()) == 3 and "episodes ended: time_limit=" in proc.out
     # exactly the gradient steps the learning-rate schedule was built for
-    scheduled = dqn.derived(dqn.parse_args(TINY)).total_gradient_steps
+    scheduled = dqn.parse_args(TINY).total_gradient_steps
     assert metrics["gradient_steps_total"] == scheduled == 8 * 4  # 8 calls (250, 300, …, 600) of 4 steps
     assert (folder / "learning_curve.png").stat().st_size > 0
     assert (folder / "episode.gif").read_bytes()[:6] == b"GIF89a"  # the video goes into the run's folder
@@ -1059,7 +1058,7 @@ def test_jax_backend_cli_two_seeds(tmp_path):
     assert f"test episodes): {per_seed}\nsolved(>=475)={m['solved']}/2\n" in proc.stdout
     assert [row["seed"] for row in m["per_seed"]] == [0, 1]
     assert all(row["eval_episodes"] == 10 for row in m["per_seed"])
-    assert m["gradient_steps_total"] == dqn.derived(dqn.parse_args(flags)).total_gradient_steps == 4 * 128
+    assert m["gradient_steps_total"] == dqn.parse_args(flags).total_gradient_steps == 4 * 128
     assert (out / "latest" / "learning_curve.png").stat().st_size > 0
     loaded = dqn.main(
         dqn.parse_args(["--load", str(out / "latest" / "q_network"), "--eval-episodes", "10", "--out", str(out)])

@@ -8,7 +8,7 @@
        per step = batch · 2·Σ in·out · (1 forward + 2 backward + 1 target + 1 online on s')
 
    (10.98 MFLOP for the default 4-128-128-2 network and batch 64), times the Adam steps of a seed
-   (derived(args).total_gradient_steps), times the seeds. Bias adds, ReLUs, the loss and Adam's own arithmetic (a
+   (args.total_gradient_steps), times the seeds. Bias adds, ReLUs, the loss and Adam's own arithmetic (a
    few operations per parameter) are left out: a few per cent more.
 2. Measured, in one process, each program compiled without the persistent cache (unless --compile-cache names
    one), on the devices that the script's train_seeds uses (--host-devices, as the script takes it):
@@ -106,7 +106,7 @@ def parse(argv=None):
         p.exit(1, f"error: --total-timesteps ({args.total_timesteps}) must be a multiple of {args.num_envs} (envs)\n")
     if args.host_devices > 0 and args.num_seeds % args.host_devices:
         p.exit(1, f"error: --host-devices ({args.host_devices}) must divide --num-seeds ({args.num_seeds})\n")
-    if dqn.derived(args).n_train_calls < 1:
+    if args.n_train_calls < 1:
         first = (args.learning_starts // args.train_frequency + 1) * args.train_frequency
         p.exit(1, f"error: --total-timesteps {args.total_timesteps} makes no training call; the first is at {first}\n")
     return p, args, a.rounds
@@ -135,7 +135,7 @@ def main(argv=None) -> None:
 
     # 1. counted
     flops = update_flops(args, dqn.OBS_DIM, dqn.N_ACTIONS)
-    steps = dqn.derived(args).total_gradient_steps  # Adam steps of one seed
+    steps = args.total_gradient_steps  # Adam steps of one seed
     total = flops["total"] * steps * args.num_seeds
     h, s = args.hidden_size, args.num_seeds
     print(
@@ -186,8 +186,8 @@ def main(argv=None) -> None:
     agent = nnx.eval_shape(lambda: dqn.build_agent(args, nnx.Rngs(0)))
     graphdef, q_graphdef = nnx.graphdef(agent), nnx.graphdef(agent.q_network)
     _, update = dqn.make_step_fns(args, graphdef, q_graphdef)
-    n_calls = dqn.derived(args).n_train_calls
-    assert n_calls == int(train.schedule.train.sum()), "the run's Schedule and derived(args) disagree"
+    n_calls = args.n_train_calls
+    assert n_calls == int(train.schedule.train.sum()), "the run's Schedule and args.n_train_calls disagree"
     rng = np.random.default_rng(0)
     shape = (s, args.gradient_steps, args.batch_size)
     batches = dqn.Batch(

@@ -38,7 +38,7 @@ MUTANTS = {
     ),
     "truncation_is_failure": (
         "the TD target cuts the bootstrap at the time limit too",
-        "done = terminated if config.bootstrap_truncated else jnp.maximum(terminated, truncated)",
+        "done = terminated if args.bootstrap_truncated else jnp.maximum(terminated, truncated)",
         "done = jnp.maximum(terminated, truncated)",
         ["test_td_target_matches_hand_computed_numbers"],
     ),

@@ -94,7 +94,7 @@ def main(argv=None) -> None:
         )
         qs[name], gamma = q_along_episode(q_network, episode_seed), run_args.gamma
         ends = " ".join(f"{k}={v}" for k, v in metrics["eval_ends"].items())
-        calls = dqn.derived(dqn.Args(**{**vars(run_args), "total_timesteps": metrics["best_step"]})).n_train_calls
+        calls = dqn.Args(**{**vars(run_args), "total_timesteps": metrics["best_step"]}).n_train_calls
         print(
             f"{name}: seed={args.seed} bootstrap_truncated={run_args.bootstrap_truncated} "
             f"saved parameters from step {metrics['best_step']}, after {calls} training calls; "
