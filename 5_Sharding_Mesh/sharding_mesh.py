@@ -23,7 +23,6 @@ several hosts), input checks, printing each rule set's result, the 8B table, the
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import os
@@ -765,10 +764,8 @@ def stop(signum, frame):  # SIGINT and SIGTERM end a run the same way: a Keyboar
 
 
 def one_line(main):
-    """main(args) that ends in one line on stderr whenever it does not finish: exit status 1 for a RunError, 130 for
-    SIGINT (Ctrl-C), 143 for SIGTERM. main() is the command line: it parses the flags, and exits once the run ends."""
+    """main(args), ended by one line on stderr unless it finishes: status 1 (RunError), 130 (Ctrl-C), 143 (SIGTERM)."""
 
-    @functools.wraps(main)
     def run(args=None):
         cli, code, signals, hook = args is None, 0, {signal.SIGINT, signal.SIGTERM}, sys.unraisablehook
         handlers, Run.stops, Run.active = {s: signal.signal(s, stop) for s in signals}, [], None
@@ -777,11 +774,13 @@ def one_line(main):
             signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # one that came while the libraries loaded lands now
             metrics = main(args or parse_args())
             signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # done: a stop from here on waits for the exit
-        except (RunError, OSError, KeyboardInterrupt) as e:
+        except BaseException as e:  # after a stop, whatever a library made of its KeyboardInterrupt (JAX: ValueError)
             signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # stopping already: one line, then the exit
+            if not (Run.stops or isinstance(e, (RunError, OSError))):
+                raise  # a bug, or argparse's exit: as Python reports it
             rest = Run.active.left() if Run.active else "; nothing written"
-            print(f"interrupted{rest}" if isinstance(e, KeyboardInterrupt) else f"error: {e}{rest}", file=sys.stderr)
-            code = 128 + (Run.stops or [signal.SIGINT])[0] if isinstance(e, KeyboardInterrupt) else 1
+            print(f"interrupted{rest}" if Run.stops else f"error: {e}{rest}", file=sys.stderr)
+            code = 128 + Run.stops[0] if Run.stops else 1
         finally:
             if not cli:  # a test called main(args): its own handlers come back
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)

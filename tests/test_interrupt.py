@@ -405,6 +405,41 @@ def test_a_second_ctrl_c_stops_the_run_when_the_first_was_swallowed(tmp_path, mo
     assert len(calls) == 2
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_that_a_library_turns_into_another_error_is_still_a_stop(sig, tmp_path, monkeypatch, capsys):
+    """The signal lands inside library code that catches the KeyboardInterrupt and raises its own error (JAX's cache
+    does: 'ValueError: Cache keys should be comparable using __eq__', seen on GRPO's jax.random.split): still one
+    line, 'interrupted; …', status 130 / 143. Catches a handler that lets that ValueError out as a traceback."""
+    ql = load_script("1_Q_Learning/Q_Learning.py")
+    real, calls = ql.run_episode, []
+
+    def run_episode(*args):
+        calls.append(None)
+        if len(calls) == 10:
+            try:
+                send(sig)
+                time.sleep(1)  # the handler runs here and raises KeyboardInterrupt
+            except KeyboardInterrupt as stop:
+                raise ValueError("Cache keys should be comparable using __eq__") from stop
+        return real(*args)
+
+    monkeypatch.setattr(ql, "run_episode", run_episode)
+    out = tmp_path / "out"
+    earlier = earlier_run(out)
+    assert exit_status(ql.main, ql.parse_args(["--episodes", "200", "--out", str(out)])) == STATUS[sig]
+    assert capsys.readouterr().err == "interrupted; nothing written\n"
+    assert snapshot(out) == earlier and new_folders(out) == [] and len(calls) == 10
+
+
+def test_an_error_without_a_stop_is_not_called_a_stop(tmp_path, monkeypatch):
+    """The same ValueError with no signal is a bug: it leaves main as itself (its traceback), not as 'interrupted'.
+    Catches a handler that calls every exception a stop."""
+    ql = load_script("1_Q_Learning/Q_Learning.py")
+    monkeypatch.setattr(ql, "run_episode", lambda *args: (_ for _ in ()).throw(ValueError("a bug")))
+    with pytest.raises(ValueError, match="a bug"):
+        ql.main(ql.parse_args(["--episodes", "200", "--out", str(tmp_path / "out")]))
+
+
 # ------------------------------------------------------------------ a full disk
 @pytest.mark.parametrize("full_at", [1, 2])
 def test_a_full_disk_is_one_line_and_keeps_what_was_whole(full_at, tmp_path, monkeypatch, capsys):

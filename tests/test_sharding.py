@@ -6,8 +6,10 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -149,8 +151,9 @@ def test_a_run_reports_when_flax_and_the_resolver_disagree_and_a_stop_keeps_its_
     )
     monkeypatch.setattr(sm, "print_rule_set_result", lambda *a, **k: seen.append(a[2]) or print_result(*a, **k))
 
-    def stop(*args):
-        raise KeyboardInterrupt
+    def stop(*args):  # Ctrl-C, once the run is trained
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)  # the handler raises KeyboardInterrupt here
 
     monkeypatch.setattr(sm, "report_8b", stop)
     with pytest.raises(SystemExit) as e:
