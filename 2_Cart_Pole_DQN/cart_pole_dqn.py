@@ -24,6 +24,7 @@ pytrees, nnx.split / nnx.merge / nnx.state) are taught in the course's README.md
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import logging
@@ -455,6 +456,18 @@ def evaluate(act, params: nnx.State, n_episodes: int, seed: int) -> Evaluation:
     return Evaluation(returns, {how: int(episodes.sum()) for how, episodes in ends.items()})
 
 
+def evaluation_metrics(args: Args, act, params: nnx.State) -> dict:
+    """The final greedy evaluation of `params`: --eval-episodes test episodes, their initial states from --eval-seed."""
+    returns, ends = evaluate(act, params, args.eval_episodes, args.eval_seed)
+    return dict(
+        eval_return_mean=float(returns.mean()),
+        eval_return_std=float(returns.std()),
+        eval_return_min=float(returns.min()),
+        eval_episodes=len(returns),
+        eval_ends=ends,
+    )
+
+
 # ----------------------------------------------------------------------------- the same DQN, compiled (--backend jax)
 # train() above, as one XLA program. CartPole becomes two pure JAX functions, the replay buffer a few arrays of a
 # fixed size, and the loop one lax.scan over env steps, whose carry (a Runner) holds everything the loop changes.
@@ -826,14 +839,13 @@ def seed_devices(args: Args) -> list:
 
     want = most_devices(os.cpu_count() or 1) if args.host_devices < 0 else args.host_devices
     if want > 0:
-        try:
+        with contextlib.suppress(RuntimeError):  # JAX had already started (a test, a notebook): it keeps its devices
             jax.config.update("jax_num_cpu_devices", want)
-        except RuntimeError:  # JAX had already started (inside a test or a notebook): it keeps its devices
-            if args.host_devices > 0 and len(jax.devices("cpu")) < want:
-                raise RunError(
-                    f"--host-devices {want} came too late: JAX had already started with "
-                    f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line"
-                ) from None
+        if args.host_devices > 0 and len(jax.devices("cpu")) < want:
+            raise RunError(
+                f"--host-devices {want} came too late: JAX had already started with "
+                f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line"
+            )
     devices = jax.devices()  # on a GPU or TPU host, the accelerators (the flag only shapes the CPU backend)
     return devices[: most_devices(min(len(devices), want) if want > 0 else len(devices))]
 
@@ -972,12 +984,10 @@ def write_video(run: Run, act, params: nnx.State, seed: int, frame_skip: int = 2
 
 
 def plot_curve(path: str, curve: list[dict], threshold: float, title: str, chosen_step: int) -> None:
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
     steps = [c["step"] for c in curve]
     ax.plot(steps, [c["eval_return"] for c in curve], marker="o", label="greedy evaluation (mean)")
     ax.plot(steps, [c["train_return"] for c in curve], alpha=0.6, label="training episodes (ε-greedy, mean)")
@@ -987,19 +997,6 @@ def plot_curve(path: str, curve: list[dict], threshold: float, title: str, chose
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def evaluation_metrics(args: Args, act, params: nnx.State) -> dict:
-    """The final greedy evaluation of `params`: --eval-episodes test episodes, their initial states from --eval-seed."""
-    returns, ends = evaluate(act, params, args.eval_episodes, args.eval_seed)
-    return dict(
-        eval_return_mean=float(returns.mean()),
-        eval_return_std=float(returns.std()),
-        eval_return_min=float(returns.min()),
-        eval_episodes=len(returns),
-        eval_ends=ends,
-    )
 
 
 def training_metrics(args: Args, act, runs: list, t_start: float) -> dict:

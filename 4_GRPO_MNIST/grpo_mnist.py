@@ -15,13 +15,14 @@ then learns from the verifier alone. `--objective supervised` trains with cross-
 Order: Args → prompts (strips) → the policy → sampling → the verifier → group advantages → per-token ratio,
 clip and KL → loss aggregation → the GRPO and SFT losses → the compiled updates → evaluation (pass@1, pass@k,
 greedy) → the training loop → the test set, scored once. Below the `# Plumbing` banner: the command line and this
-run's folder, checks, reading and splitting MNIST, the device mesh, the parameter table (the critic GRPO does
-without), the orbax checkpoint and `--load`, the figure, metrics.json and main.
+run's folder, checks, reading and splitting MNIST, the device mesh, the orbax checkpoint and `--load`, the figure,
+printing (with the parameters a critic would add), metrics.json and main.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import logging
@@ -54,7 +55,7 @@ def flag(default, help: str, *, choices=None, min=None, max=None, gt=None):
     return field(default=default, metadata={"help": help, "choices": choices, "min": min, "max": max, "gt": gt})
 
 
-@dataclass
+@dataclass(frozen=True)  # frozen, so hashable: the compiled updates read it as a static argument
 class Args:
     seed: int = flag(0, "seeds everything: one split of jax.random.key(seed) gives weights, training, val, test", min=0)
     host_devices: int = flag(0, "fake N CPU devices before JAX starts (0: the devices there are)", min=0)
@@ -130,6 +131,10 @@ class Args:
     compile_cache: str = flag(
         "~/.cache/jax-rl-course", "JAX's persistent compilation cache: later runs skip compiling ('' turns it off)"
     )
+
+    @property
+    def batch_axis(self) -> str | None:  # the mesh axis the prompts are split along: --rules' rule for 'batch'
+        return dict(RULE_SETS[self.rules]).get("batch")
 
 
 # ---- Prompts: a strip of 1..N images; the target is its digits, then EOS
@@ -319,32 +324,6 @@ def aggregate(per_token: jax.Array, mask: jax.Array, how: str) -> jax.Array:
 
 
 # ---- The losses: GRPO (clipped surrogate + β·KL, aggregated) and cross-entropy for SFT
-@dataclass(frozen=True)
-class GRPOConfig:
-    """The static (compile-time) part of Args that the jitted updates need."""
-
-    objective: str
-    group_mode: str
-    group_size: int
-    batch_size: int
-    inner_steps: int
-    clip_eps: float
-    beta: float
-    kl: str
-    loss_agg: str
-    drop_zero_var: bool
-    ref_refresh: int
-    reward: str
-    adv_norm: str
-    adv_eps: float
-    batch_axis: str | None = None  # the mesh axis the prompts are split along (RULE_SETS[...]['batch'])
-
-    @classmethod
-    def from_args(cls, args: Args) -> GRPOConfig:
-        flags = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
-        return cls(**flags, batch_axis=dict(RULE_SETS[args.rules]).get("batch"))
-
-
 class Rollout(NamedTuple):
     tokens: jax.Array  # (S, N), S = B·G answers; the G answers to a prompt are adjacent rows
     mask: jax.Array  # (S, N) completion mask, zeroed for dropped groups
@@ -353,21 +332,21 @@ class Rollout(NamedTuple):
     ref_logits: jax.Array | None  # (S, N, VOCAB) π_ref at every position (None when β = 0)
 
 
-def grpo_loss(policy: Policy, strips: Strips, rollout: Rollout, config: GRPOConfig):
+def grpo_loss(policy: Policy, strips: Strips, rollout: Rollout, args: Args):
     """−aggregate(min(ρ_t A, clip(ρ_t) A) − β·KL_t) over the answer tokens; returns (loss, metrics)."""
-    prompt = jnp.repeat(policy.encode(strips.images, strips.slots), config.group_size, axis=0)  # (S, decoder_size)
+    prompt = jnp.repeat(policy.encode(strips.images, strips.slots), args.group_size, axis=0)  # (S, decoder_size)
     logits = policy(prompt, rollout.tokens)  # (S, N, VOCAB)
     logp = token_logp(logits, rollout.tokens)
-    objective, binds, outside = clipped_surrogate(logp, rollout.logp_old, rollout.adv, config.clip_eps)
+    objective, binds, outside = clipped_surrogate(logp, rollout.logp_old, rollout.adv, args.clip_eps)
     per_token = -objective
     answer = completion_mask(rollout.tokens)  # every answer token, dropped groups included: the same denominator
     metrics = {"clip_frac": aggregate(binds, answer, "token-mean")}
     metrics["outside_frac"] = aggregate(outside, answer, "token-mean")
-    if config.beta > 0:
-        kl = token_kl(logits, rollout.ref_logits, rollout.tokens, config.kl)
-        per_token = per_token + config.beta * kl
+    if args.beta > 0:
+        kl = token_kl(logits, rollout.ref_logits, rollout.tokens, args.kl)
+        per_token = per_token + args.beta * kl
         metrics["kl"] = aggregate(kl, rollout.mask, "token-mean")
-    loss = aggregate(per_token, rollout.mask, config.loss_agg)
+    loss = aggregate(per_token, rollout.mask, args.loss_agg)
     return loss, {"loss": loss, **metrics}
 
 
@@ -379,38 +358,38 @@ def sft_loss(policy: Policy, strips: Strips):
 
 
 # ---- The compiled updates: one GRPO iteration, one SFT step; a block of them is one lax.scan
-def rollout_groups(policy: Policy, reference: Policy, strips: Strips, key, config: GRPOConfig):
+def rollout_groups(policy: Policy, reference: Policy, strips: Strips, key, args: Args):
     """Sample G answers per prompt from π_old (the current policy), score them, and fix everything the μ steps
     reuse. Returns (Rollout, metrics)."""
-    prompt = jnp.repeat(policy.encode(strips.images, strips.slots), config.group_size, axis=0)  # (S, decoder_size)
+    prompt = jnp.repeat(policy.encode(strips.images, strips.slots), args.group_size, axis=0)  # (S, decoder_size)
     tokens = generate(policy, prompt, key)
     logp_old = jax.lax.stop_gradient(token_logp(policy(prompt, tokens), tokens))
-    target = jnp.repeat(strips.target, config.group_size, axis=0)
-    rewards = verify(tokens, target, config.reward == "partial").reshape(-1, config.group_size)  # (B, G)
-    if config.group_mode == "prompt":
-        adv = group_advantages(rewards, config.adv_eps, config.adv_norm)
+    target = jnp.repeat(strips.target, args.group_size, axis=0)
+    rewards = verify(tokens, target, args.reward == "partial").reshape(-1, args.group_size)  # (B, G)
+    if args.group_mode == "prompt":
+        adv = group_advantages(rewards, args.adv_eps, args.adv_norm)
         signal = has_signal(rewards)  # (B,): False where all G rewards are equal, so every A is 0
     else:
-        adv = batch_advantages(rewards, config.adv_eps, config.adv_norm)
+        adv = batch_advantages(rewards, args.adv_eps, args.adv_norm)
         signal = jnp.full(rewards.shape[0], has_signal(rewards.reshape(1, -1))[0])
     mask = completion_mask(tokens)
-    if config.drop_zero_var:
-        mask = mask * jnp.repeat(signal, config.group_size)[:, None]
+    if args.drop_zero_var:
+        mask = mask * jnp.repeat(signal, args.group_size)[:, None]
     ref_logits = None
-    if config.beta > 0:
-        ref_logits = reference(jnp.repeat(reference.encode(strips.images, strips.slots), config.group_size, 0), tokens)
+    if args.beta > 0:
+        ref_logits = reference(jnp.repeat(reference.encode(strips.images, strips.slots), args.group_size, 0), tokens)
     rollout = Rollout(tokens, mask, logp_old, adv.reshape(-1, 1), ref_logits)
     all_right = jnp.mean(rewards.min(axis=1) == 1)  # groups with every answer right: no signal, nothing left to fix
     return rollout, {"reward": rewards.mean(), "zero_signal": 1 - signal.mean(), "all_right": all_right}
 
 
-def grpo_update(policy, optimizer, reference, strips: Strips, key, config: GRPOConfig) -> dict:
+def grpo_update(policy, optimizer, reference, strips: Strips, key, args: Args) -> dict:
     """One GRPO iteration: a rollout from π_old, then μ gradient steps on it (after the first, ρ ≠ 1)."""
-    rollout, metrics = rollout_groups(policy, reference, strips, key, config)
+    rollout, metrics = rollout_groups(policy, reference, strips, key, args)
     grad_fn = nnx.value_and_grad(grpo_loss, has_aux=True)
     steps = []
-    for _ in range(config.inner_steps):
-        (_, aux), grads = grad_fn(policy, strips, rollout, config)
+    for _ in range(args.inner_steps):
+        (_, aux), grads = grad_fn(policy, strips, rollout, args)
         optimizer.update(policy, grads)
         steps.append(aux)
     averages = {name: jnp.mean(jnp.stack([aux[name] for aux in steps])) for name in steps[0]}  # over the μ steps
@@ -435,9 +414,9 @@ class TrainState(NamedTuple):
     optimizer: nnx.Optimizer
 
 
-def train_block(graphdef, policy_def, config: GRPOConfig, n_slots: int, state, ref_state, step0, x, y, keys):
+def train_block(graphdef, policy_def, args: Args, n_slots: int, state, ref_state, step0, x, y, keys):
     """len(keys) iterations as one lax.scan. state = nnx.state(TrainState), ref_state = π_ref's state
-    (policy_def is its graphdef), replaced by the policy's every config.ref_refresh iterations if that is > 0.
+    (policy_def is its graphdef), replaced by the policy's every args.ref_refresh iterations if that is > 0.
     Prompts are drawn from (x, y). The NNX objects are rebuilt inside the traced step (nnx.merge) and split
     back out, so Python and NNX bookkeeping run once, at trace time."""
 
@@ -446,16 +425,16 @@ def train_block(graphdef, policy_def, config: GRPOConfig, n_slots: int, state, r
         step, key = inputs
         policy, optimizer = nnx.merge(graphdef, state)
         draw_key, update_key = jax.random.split(key)
-        strips = draw_strips(draw_key, x, y, config.batch_size, n_slots)
-        if config.batch_axis and not jax.sharding.get_abstract_mesh().empty:  # under jax.set_mesh: split the prompts
-            strips = jax.lax.with_sharding_constraint(strips, jax.P(config.batch_axis))
-        if config.objective == "grpo":
+        strips = draw_strips(draw_key, x, y, args.batch_size, n_slots)
+        if args.batch_axis and not jax.sharding.get_abstract_mesh().empty:  # under jax.set_mesh: split the prompts
+            strips = jax.lax.with_sharding_constraint(strips, jax.P(args.batch_axis))
+        if args.objective == "grpo":
             reference = nnx.merge(policy_def, ref_state)
-            metrics = grpo_update(policy, optimizer, reference, strips, update_key, config)
+            metrics = grpo_update(policy, optimizer, reference, strips, update_key, args)
         else:
             metrics = sft_update(policy, optimizer, strips, update_key)
-        if config.ref_refresh > 0:  # π_ref ← π_θ after every ref_refresh-th iteration
-            refresh = (step + 1) % config.ref_refresh == 0
+        if args.ref_refresh > 0:  # π_ref ← π_θ after every ref_refresh-th iteration
+            refresh = (step + 1) % args.ref_refresh == 0
             ref_state = jax.tree.map(lambda new, old: jnp.where(refresh, new, old), nnx.state(policy), ref_state)
         return (nnx.state(TrainState(policy, optimizer)), ref_state), metrics
 
@@ -508,6 +487,12 @@ class Data(NamedTuple):
 SPLIT_SEED = 0  # the fixed shuffles behind --split-test-set, --val-size and the evaluation strips
 
 
+def split_off(x: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
+    """(x, y) in one fixed shuffle, the same for every --seed: its first n images and labels, then the rest."""
+    order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
+    return x[order[:n]], y[order[:n]], x[order[n:]], y[order[n:]]
+
+
 class RunKeys(NamedTuple):
     """The four random streams of a run, from one split of --seed's key, so no two of them share a key."""
 
@@ -548,6 +533,16 @@ def sft_steps_for(args: Args) -> int:
 def labelled_count(args: Args, n_train: int) -> int:
     """How many training images SFT and --objective supervised may read the labels of: round(fraction · N), >= 1."""
     return max(1, round(args.label_fraction * n_train))
+
+
+def param_counts(args: Args) -> dict:
+    """What dropping the critic saves: the policy's parameters, and those of the critic V(x) that PPO would train
+    beside it, with the policy's widths and one output, V(x) = out(relu(trunk(relu(encoder(images)) · slots))): an
+    encoder 784·H + H, a trunk N·H·D + D and a head D + 1 (tools/grpo_mesh.py builds it and lays it out)."""
+    n, h, d = slots_for(args), args.hidden_size, args.decoder_size
+    actor = sum(int(p.size) for p in jax.tree.leaves(nnx.state(Policy(n, h, d, rngs=nnx.Rngs(0)), nnx.Param)))
+    critic = (784 * h + h) + (n * h * d + d) + (d + 1)
+    return {"params_policy": actor, "params_critic": critic, "critic_share": critic / (actor + critic)}
 
 
 LOGICAL_NAMES = ("batch", "pixels", "features", "inputs", "hidden", "vocab", "value")
@@ -591,10 +586,10 @@ def print_progress(row: dict) -> None:
 
 # ---- The training loop: SFT warm start, then RL (or more SFT) in blocks, scoring validation after each
 class Phase(NamedTuple):
-    """One stretch of training: its name in the history, its static config, its iterations, its prompt pool."""
+    """One stretch of training: its name in the history, its flags, its iterations, its prompt pool."""
 
     name: str  # "sft", then "rl" (or "supervised", the baseline)
-    config: GRPOConfig
+    args: Args  # --objective supervised for SFT
     steps: int
     x: jax.Array  # the images its prompts are drawn from, (M, 784)
     y: jax.Array  # their labels, (M,)
@@ -614,11 +609,10 @@ def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
     if not jax.sharding.get_mesh().empty:  # every device keeps all the images: copied once here, not at every call
         x, y, val = jax.device_put((x, y, val), jax.P())
     labelled = labelled_count(args, len(y))  # the training images are shuffled: SFT reads the first ones' labels
-    rl = GRPOConfig.from_args(args)
-    sft = replace(rl, objective="supervised", ref_refresh=0)
+    sft = replace(args, objective="supervised", ref_refresh=0)
     phases = [Phase("sft", sft, sft_steps_for(args), x[:labelled], y[:labelled])]
     if args.objective == "grpo":
-        phases.append(Phase("rl", rl, args.iterations, x, y))
+        phases.append(Phase("rl", args, args.iterations, x, y))
     else:  # the baseline: more of the same supervised steps
         phases.append(Phase("supervised", sft, args.iterations, x[:labelled], y[:labelled]))
     key = streams.train
@@ -635,7 +629,7 @@ def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
     for phase in phases:
         if phase.name == "rl":
             ref_state = state["policy"]  # π_ref: a copy of the policy RL starts from
-        run = jax.jit(partial(train_block, graphdef, policy_def, phase.config, n_slots))
+        run = jax.jit(partial(train_block, graphdef, policy_def, phase.args, n_slots))
         iteration = 0  # iterations done in this phase
         while iteration < phase.steps:
             block, t_block = min(args.eval_every, phase.steps - iteration), time.perf_counter()
@@ -659,7 +653,7 @@ def score_split(args: Args, policy: Policy, reference: Policy, data: Data, split
     return {**scores(raw, args.eval_samples, args.pass_k, f"{split}_"), f"{split}_prompts": len(strips.target)}
 
 
-# Plumbing: the command line, checks, reading MNIST, the mesh, the parameter table, checkpoints, the figure, main -----
+# Plumbing: the command line, checks, reading MNIST, the mesh, checkpoints, the figure, printing, main -----------------
 class RunError(Exception):
     """What ends a run early with one line on stderr and exit status 1: bad input, a full disk, a failed check."""
 
@@ -801,12 +795,6 @@ def load_idx_split(folder: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     return arrays[0].reshape(n, -1).astype(np.float32) / 255.0, arrays[1].astype(np.int32)
 
 
-def split_off(x: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
-    """(x, y) in one fixed shuffle, the same for every --seed: its first n images and labels, then the rest."""
-    order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
-    return x[order[:n]], y[order[:n]], x[order[n:]], y[order[n:]]
-
-
 def load_data(args: Args) -> Data:
     """Train, validation and test arrays: the two t10k files in 4_GRPO_MNIST/data/ (or in --data-dir), whose first
     --split-test-set images in `split_off`'s shuffle train and the rest test; a --data-dir that also holds the train
@@ -837,14 +825,13 @@ def start_devices(args: Args) -> list:
     """The devices to build the mesh from. --host-devices N asks JAX for N CPU devices; it must run before the
     first JAX operation (the flag only shapes the CPU backend: on a GPU or TPU host the accelerators are used)."""
     if args.host_devices > 0:
-        try:
+        with contextlib.suppress(RuntimeError):  # JAX had already started (a test, a notebook): it keeps its devices
             jax.config.update("jax_num_cpu_devices", args.host_devices)
-        except RuntimeError:  # JAX had already started (inside a test or a notebook): it keeps its devices
-            if len(jax.devices("cpu")) < args.host_devices:
-                raise RunError(
-                    f"--host-devices {args.host_devices} came too late: JAX had already started with "
-                    f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line"
-                ) from None
+        if len(jax.devices("cpu")) < args.host_devices:
+            raise RunError(
+                f"--host-devices {args.host_devices} came too late: JAX had already started with "
+                f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line"
+            )
         return jax.devices("cpu")[: args.host_devices]
     return jax.devices()
 
@@ -870,35 +857,6 @@ def make_mesh(args: Args, devices: list) -> jax.sharding.Mesh:
                     f"{dim}; pick other --host-devices or --rules"
                 )
     return jax.make_mesh(shape, ("data", "model"), axis_types=auto, devices=devices)
-
-
-# ---- The parameter table: what dropping the critic saves
-BYTES_PER_PARAM = 2 + 2 + 4 + 4 + 4  # mixed-precision Adam, per trained parameter: MEMORY_RULE
-MEMORY_RULE = "bf16 weight 2 + bf16 gradient 2 + fp32 master weight 4 + Adam's fp32 m 4 and v 4 = 16 B"
-LLM_ACTOR_PARAMS = 8e9  # the policy size the table scales to, a common language model's
-
-
-def param_table(args: Args) -> tuple[str, dict]:
-    """Policy only (GRPO) vs policy + critic (PPO), scaled to an 8B policy. PPO's value network has the policy's
-    widths and one output, V(x) = out(relu(trunk(relu(encoder(images)) · slots))): an encoder 784·H + H, a trunk
-    N·H·D + D and a head D + 1 (tools/grpo_mesh.py builds it, to measure what each device would hold)."""
-    n, h, d = slots_for(args), args.hidden_size, args.decoder_size
-    actor = sum(int(p.size) for p in jax.tree.leaves(nnx.state(Policy(n, h, d, rngs=nnx.Rngs(0)), nnx.Param)))
-    critic = (784 * h + h) + (n * h * d + d) + (d + 1)
-    scale = LLM_ACTOR_PARAMS / actor  # an 8B policy; its critic has the same widths, with a 1-unit head
-    saved = critic / (actor + critic)  # the critic's share of PPO's parameters
-    rows = {"policy only (GRPO)": actor, "critic V(x) (PPO only)": critic, "policy + critic (PPO)": actor + critic}
-    lines = [
-        f"memory per trained parameter, mixed-precision Adam: {MEMORY_RULE}",
-        f"{'model':<24}{'params here':>13}{'scaled to 8B policy':>21}{'train state, 16 B/param':>25}",
-        *(
-            f"{name:<24}{count:>13,}{count * scale / 1e9:>20.2f}B{count * scale * BYTES_PER_PARAM / 1e9:>22.1f} GB"
-            for name, count in rows.items()
-        ),
-        f"GRPO drops the critic: {saved:.1%} of PPO's parameters, "
-        f"{critic * scale * BYTES_PER_PARAM / 1e9:.1f} GB of training state at the 8B scale",
-    ]
-    return "\n".join(lines), {"params_policy": actor, "params_critic": critic, "critic_share": saved}
 
 
 # ---- Checkpoints (orbax, Flax's own format for NNX state) and the figure
@@ -952,31 +910,22 @@ def load_policy(args: Args, mesh: jax.sharding.Mesh) -> Policy:
             raise RunError(f"{name} is not a readable checkpoint ({type(e).__name__}: truncated or corrupt)") from None
 
 
-def plot_scores(ax, history: list[dict], k: int) -> list[int]:
-    """Validation pass@1, pass@k and greedy exact match (%) of every scored row on `ax`, the SFT steps at x ≤ 0 (so
-    RL starts at 0); returns the rows' x values. plot_curve's first panel (tools/grpo_figures.py draws it too)."""
-    sft = max((h["iteration"] for h in history if h["phase"] == "sft"), default=0)
+def plot_curve(path: str, history: list[dict], k: int, test: dict, title: str) -> None:
+    """Per block of iterations: validation pass@1, pass@k and greedy exact match with the training reward (test
+    scores are stars at the end), then the clip and zero-signal shares (RL only)."""
+    from matplotlib.figure import Figure
+
+    rl, trained = [h for h in history if h["phase"] == "rl"], [i for i, h in enumerate(history) if "reward" in h]
+    fig = Figure(figsize=(11, 3.8))
+    score_axis, share_axis = fig.subplots(1, 2)
+    sft = max((h["iteration"] for h in history if h["phase"] == "sft"), default=0)  # the SFT steps at x ≤ 0
     steps = [h["iteration"] - (sft if h["phase"] in ("start", "sft") else 0) for h in history]
     for key, style, text in (
         ("val_pass1", "o-", "pass@1"),
         (f"val_pass{k}", "d-", f"pass@{k}"),
         ("val_greedy", "s-", "greedy"),
     ):
-        ax.plot(steps, [100 * h[key] for h in history], style, label=f"{text} (validation)")
-    return steps
-
-
-def plot_curve(path: str, history: list[dict], k: int, test: dict, title: str) -> None:
-    """Per block of iterations: validation pass@1, pass@k and greedy exact match with the training reward; the clip
-    and zero-signal shares (RL only); the answer lengths and the KL to π_ref. Test scores are stars at the end."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rl, trained = [h for h in history if h["phase"] == "rl"], [i for i, h in enumerate(history) if "reward" in h]
-    fig, (score_axis, share_axis, length_axis) = plt.subplots(1, 3, figsize=(15, 3.8))
-    steps = plot_scores(score_axis, history, k)
+        score_axis.plot(steps, [100 * h[key] for h in history], style, label=f"{text} (validation)")
     score_axis.plot(
         [steps[i] for i in trained], [100 * history[i]["reward"] for i in trained], "x--", label="train reward"
     )
@@ -991,21 +940,12 @@ def plot_curve(path: str, history: list[dict], k: int, test: dict, title: str) -
     ):
         share_axis.plot([h["iteration"] for h in rl], [100 * h.get(key, 0) for h in rl], style, label=text)
     share_axis.set(xlabel="RL iteration", ylabel="% of tokens / groups", title="clip and zero-signal shares")
-    length_axis.plot(steps, [h["val_length"] for h in history], "o-", label="answer length (tokens)")
-    length_axis.plot(steps, [h["val_wrong_length"] for h in history], "x--", label="length of wrong answers")
-    if rl:  # π_ref is the policy at the start of RL (x = 0): its KL starts there, at 0
-        kl_x, kl_y = [0] + [h["iteration"] for h in rl], [0.0] + [h["val_kl_ref"] for h in rl]
-    else:  # supervised: π_ref stays the initial policy
-        kl_x, kl_y = steps, [h["val_kl_ref"] for h in history]
-    length_axis.plot(kl_x, kl_y, "^-", label="KL(π ‖ π_ref) per answer (nats)")
-    length_axis.set(xlabel="iteration", title="lengths and KL to π_ref")
     for ax in fig.axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
-    plt.close(fig)
 
 
 # ---- main: check the flags, load the data, train, score the test set once, save
@@ -1023,16 +963,18 @@ def run_label(args: Args) -> str:
 
 
 def print_header(args: Args, data: Data, label: str, mesh: jax.sharding.Mesh) -> dict:
-    """Print the data, the mesh, the run and the parameter table (GRPO vs PPO); return the counts for metrics.json."""
-    table, param_counts = param_table(args)
+    """Print the data, the mesh, the run and the parameter counts; return the counts for metrics.json."""
+    counts = param_counts(args)
     print(
         f"data: {data.source}\nmesh: data {mesh.shape['data']} × model {mesh.shape['model']} over {mesh.size} "
         f"{mesh.devices.flat[0].platform} device(s), rules {args.rules}: {RULE_SETS[args.rules]}\n"
         f"run: {label}, batch {args.batch_size} prompts, learning rate {args.learning_rate}, "
-        f"{args.iterations} iterations, seed {args.seed}\n{table}",
+        f"{args.iterations} iterations, seed {args.seed}\nparameters: policy {counts['params_policy']:,}, the only "
+        f"network GRPO trains; PPO's critic V(x) would add {counts['params_critic']:,} "
+        f"({counts['critic_share']:.1%} of policy + critic)",
         flush=True,
     )
-    return param_counts
+    return counts
 
 
 def collect_metrics(args: Args, data: Data, history: list[dict], timings: dict, counts: dict) -> dict:
@@ -1053,28 +995,17 @@ def collect_metrics(args: Args, data: Data, history: list[dict], timings: dict, 
 
 
 def print_summary(args: Args, results: dict, label: str, run: Run) -> None:
-    k = args.pass_k
-    print(f"---- summary ----\ndata:            {results['data']}\nrun:             {label}")
+    """Each split's final scores and the last block's shares, named as in metrics.json; then where they are."""
+    print(f"---- summary ----\ndata: {results['data']}\nrun: {label}")
     for split in ("val", "test"):
-        if f"{split}_pass1" not in results:
-            print("test:            not scored (--no-score-test)")
-            continue
-        print(
-            f"{split + ':':<17}pass@1 {results[f'{split}_pass1']:.4f}  pass@{k} {results[f'{split}_pass{k}']:.4f}  "
-            f"greedy {results[f'{split}_greedy']:.4f}  length {results[f'{split}_length']:.2f} "
-            f"(wrong answers {results[f'{split}_wrong_length']:.2f})"
-            + (f"  KL to π_ref {results[f'{split}_kl_ref']:.3f}" if f"{split}_kl_ref" in results else "")
-        )
+        final = {k: v for k, v in results.items() if k.startswith(split + "_") and not k.endswith("_prompts")}
+        print(" ".join(f"{k}={v:.4f}" for k, v in final.items()) or "test: not scored (--no-score-test)")
     if "clip_frac" in results:
-        binds = "ρ > 1+ε with A > 0, or ρ < 1−ε with A < 0"
-        where = "last block, inner steps 2..μ, share of all answer tokens"
-        print(f"clip_frac:       {results['clip_frac']:.4f}  ({where}; the clip binds: {binds})")
-        print(f"outside_frac:    {results['outside_frac']:.4f}  (last block; |ρ − 1| > ε, whatever the sign of A)")
-        print(f"zero_signal:     {results['zero_signal']:.4f}  (last block; groups whose G rewards are all equal)")
+        print(" ".join(f"{k}={results[k]:.4f}" for k in ("clip_frac", "outside_frac", "zero_signal")), "(last block)")
     if "train_seconds" in results:
-        print(f"train_seconds:   {results['train_seconds']:.1f}  (SFT, RL and validation scoring)")
+        print(f"train_seconds={results['train_seconds']:.1f} (SFT, RL and validation scoring)")
     files = "metrics.json" if args.load else "metrics.json, learning_curve.png, policy/"
-    print(f"outputs:         {run.folder} ({files})", flush=True)
+    print(f"outputs: {run.folder} ({files})", flush=True)
 
 
 def use_compile_cache(folder: str) -> None:

@@ -71,8 +71,8 @@ def synthetic_digits(folder, n_train=2000, n_test=500, seed=0, splits=("train", 
     return folder
 
 
-def grpo_config(**changes) -> g.GRPOConfig:
-    """GRPOConfig for the unit tests: B = 4 prompts, G = 4, μ = 1, β = 0; the keyword arguments change it."""
+def grpo_config(**changes) -> g.Args:
+    """Args for the unit tests: B = 4 prompts, G = 4, μ = 1, β = 0; the keyword arguments change them."""
     base = dict(
         objective="grpo",
         group_mode="prompt",
@@ -89,7 +89,7 @@ def grpo_config(**changes) -> g.GRPOConfig:
         adv_norm="std",
         adv_eps=1e-4,
     )
-    return g.GRPOConfig(**{**base, **changes})
+    return g.Args(**{**base, **changes})
 
 
 def params(state_or_module) -> list[np.ndarray]:
@@ -443,7 +443,6 @@ def test_dr_grpo_advantage_is_the_centred_reward_without_the_std():
     )
     flat = rewards.reshape(8, 1)  # batch mean 5/8
     np.testing.assert_allclose(np.asarray(g.batch_advantages(flat, 1e-4, "none")), np.asarray(flat) - 0.625)
-    assert g.GRPOConfig.from_args(g.Args(adv_norm="none")).adv_norm == "none"
 
 
 def global_norm(arrays) -> float:
@@ -1175,25 +1174,29 @@ def fake_figure_run(zero_signal: float, all_right: float) -> dict:
 @pytest.mark.unit
 def test_the_figures_tool_draws_every_figure_and_splits_the_equal_groups(tmp_path, capsys, monkeypatch):
     """tools/grpo_figures.py's drawing and report on fake runs: the four PNGs are written, the sharpening figure's
-    two panels are the script's own score panel (plot_scores, once per run, k = 8), and the report splits each
+    score panel draws the same lines as the script's own learning curve (its first panel), and the report splits each
     zero-signal share into its all-right and all-wrong parts (here 0.25 and 0.5 of 0.75). Catches: a figure that
-    needs a metric the script does not log, a run the figures name but RUNS lacks, a tool that redraws the script's
-    curve its own way, the all-right split dropped from the report."""
+    needs a metric the script does not log, a run the figures name but RUNS lacks, a tool that draws the script's
+    score panel another way, the all-right split dropped from the report."""
+    from matplotlib.figure import Figure
+
     figures = load_script("tools/grpo_figures.py")
     runs = {name: fake_figure_run(0.75, 0.25) for name in figures.RUNS}
-    drawn, plot_scores = [], g.plot_scores
-
-    def recorded(ax, history, k):
-        drawn.append((history, k))
-        return plot_scores(ax, history, k)
-
-    monkeypatch.setattr(g, "plot_scores", recorded)
     for draw in (figures.sharpening, figures.kl_curves, figures.length_curves, figures.zero_signal):
         draw(runs, tmp_path)
-    assert drawn == [(runs["default"]["history"], 8), (runs["sft_only"]["history"], 8)]
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(
         ["grpo_sharpening.png", "grpo_kl.png", "grpo_loss_agg.png", "grpo_zero_signal.png"]
     )
+    drawn, history = [], runs["default"]["history"]
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *args, **kwargs: drawn.append(fig))
+    g.plot_curve(str(tmp_path / "curve.png"), history, 8, {}, "a run")
+    tool = Figure().subplots()
+    figures.plot_scores(tool, history, 8)
+
+    def lines(ax):
+        return [(line.get_label(), line.get_xydata().tolist()) for line in ax.lines if "validation" in line.get_label()]
+
+    assert lines(tool) == lines(drawn[0].axes[0]) and len(lines(tool)) == 3
     figures.report(runs)
     text = capsys.readouterr().out
     assert "default run: zero_signal 0.7500 (all right 0.2500, all wrong 0.5000) in the first RL block" in text
@@ -1301,35 +1304,34 @@ def test_the_adv_norm_measurement_says_what_the_readme_says():
 
 
 @pytest.mark.unit
-def test_param_table_counts_the_models():
+def test_the_header_counts_the_policy_and_the_critic_ppo_would_add(capsys):
     """Counted from the layers: encoder 784·H + H; decoder N·(H + 11 + 1)·D + D (the prompt's N·H features, N
-    one-hot tokens of 11, N position bits); head D·11 + 11. The critic: the same encoder, N·H·D + D, D + 1.
-    The training state is counted at 16 B per parameter (mixed-precision Adam: bf16 weight and gradient, fp32
-    master weight, m and v), and the header says so: an 8B policy holds 128 GB. Catches: a table that counts another
-    model, or a critic with the policy's head, or memory counted in bfloat16 only (8 B/param, 64 GB)."""
-    _, digit = g.param_table(g.Args(task="digit"))  # N = 1, H = 128, D = 256
-    assert digit["params_policy"] == (784 * 128 + 128) + (1 * 140 * 256 + 256) + (256 * 11 + 11)  # 139,659
-    assert digit["params_critic"] == (784 * 128 + 128) + (1 * 128 * 256 + 256) + (256 + 1)  # 133,889
-    table, number = g.param_table(g.Args(task="number", max_digits=4))
-    assert g.BYTES_PER_PARAM == 16 and "= 16 B" in table.splitlines()[0] and "16 B/param" in table.splitlines()[1]
-    assert "policy only (GRPO)            246,923                8.00B                 128.0 GB" in table
-    assert number["params_policy"] == (784 * 128 + 128) + (4 * 140 * 256 + 256) + (256 * 11 + 11)  # 246,923
-    assert number["params_critic"] == (784 * 128 + 128) + (4 * 128 * 256 + 256) + (256 + 1)  # 232,065
+    one-hot tokens of 11, N position bits); head D·11 + 11. The critic: the same encoder, N·H·D + D, D + 1. The
+    header prints both and the critic's share. Catches: counts of another model, or a critic with the policy's head."""
+    data = SimpleNamespace(source="test data")
+    for args, n in ((g.Args(task="digit"), 1), (g.Args(task="number", max_digits=4), 4)):  # H = 128, D = 256
+        counts = g.print_header(args, data, "a label", g.make_mesh(args, jax.devices()[:1]))
+        policy = (784 * 128 + 128) + (n * 140 * 256 + 256) + (256 * 11 + 11)  # 139,659 and 246,923
+        critic = (784 * 128 + 128) + (n * 128 * 256 + 256) + (256 + 1)  # 133,889 and 232,065
+        assert counts == {"params_policy": policy, "params_critic": critic, "critic_share": critic / (policy + critic)}
+        line = capsys.readouterr().out.splitlines()[-1]
+        assert line == (
+            f"parameters: policy {policy:,}, the only network GRPO trains; PPO's critic V(x) would add {critic:,} "
+            f"({critic / (policy + critic):.1%} of policy + critic)"
+        )
 
 
 @pytest.mark.unit
-def test_grpo_config_takes_its_fields_from_args():
-    """GRPOConfig.from_args copies each field and is frozen (the jitted blocks' static configuration)."""
-    config = g.GRPOConfig.from_args(g.Args(group_size=4, beta=0.5, kl="k1", loss_agg="dr-grpo", ref_refresh=3))
-    assert (config.group_size, config.beta, config.kl, config.loss_agg, config.ref_refresh) == (
-        4,
-        0.5,
-        "k1",
-        "dr-grpo",
-        3,
-    )
+def test_args_are_hashable_and_name_the_batch_axis():
+    """The compiled updates take Args as a static argument, so Args is frozen and hashable; batch_axis is the mesh
+    axis --rules splits the prompts along. Catches: an Args that a jitted call cannot take, a wrong batch axis."""
+    args = g.Args(group_size=4, beta=0.5)
+    assert hash(args) == hash(g.Args(group_size=4, beta=0.5)) and args != g.Args(group_size=8, beta=0.5)
     with pytest.raises(AttributeError):
-        config.beta = 1.0
+        args.beta = 1.0
+    assert [g.Args(rules=r).batch_axis for r in ("dp", "fsdp")] == [
+        dict(g.RULE_SETS[r])["batch"] for r in ("dp", "fsdp")
+    ]
 
 
 @pytest.mark.unit
@@ -1549,7 +1551,7 @@ def test_cli_runs_both_tasks(task, cli_run, request):
     for name in ("val_pass1=", "val_pass2=", "val_greedy=", "clip_frac=", "outside_frac=", "zero_signal="):
         assert name in lines[-1], name
     assert (" kl=" in lines[-1]) == (task == "number")  # the penalty's KL is reported only where β > 0
-    assert "policy only (GRPO)" in r.stdout and "policy + critic (PPO)" in r.stdout
+    assert "\nparameters: policy " in r.stdout and "PPO's critic V(x) would add" in r.stdout
     metrics = json.loads((out / "latest" / "metrics.json").read_text())
     for key in ("val_pass1", "val_pass2", "val_greedy", "test_pass1", "test_pass2", "test_greedy", "clip_frac"):
         assert 0 <= metrics[key] <= 1, key
@@ -1562,7 +1564,7 @@ def test_cli_runs_both_tasks(task, cli_run, request):
         saved = g.shapes(checkpointer.metadata(str((out / "latest" / "policy").resolve())).item_metadata.tree)
     assert saved["encoder/kernel/value"][0] == (784, 16)
     assert saved["decoder/kernel/value"][0] == (n_slots * (16 + g.VOCAB + 1), 32)
-    assert r.stdout.splitlines()[-1] == f"outputs:         {out / (out / 'latest').readlink()} " + (
+    assert r.stdout.splitlines()[-1] == f"outputs: {out / (out / 'latest').readlink()} " + (
         "(metrics.json, learning_curve.png, policy/)"
     )
     if task == "number":
@@ -1589,7 +1591,7 @@ def test_load_scores_the_saved_policy_as_its_run_did(tmp_path, cli_run, capsys):
     capsys.readouterr()
     loaded = g.main(g.parse_args(argv))
     printed = capsys.readouterr().out
-    assert "phase=" not in printed and f"loaded {out / 'latest' / 'policy'}" in printed and "test:" in printed
+    assert "phase=" not in printed and f"loaded {out / 'latest' / 'policy'}" in printed and "\ntest_pass1=" in printed
     assert json.loads((out / "eval" / "latest" / "metrics.json").read_text()) == json.loads(json.dumps(loaded))
     scored = [k for k in run if k.startswith(("val_", "test_")) and not k.endswith("_kl_ref")]
     assert len(scored) == 12  # val and test: pass@1, pass@2, greedy, length, wrong-answer length, prompts

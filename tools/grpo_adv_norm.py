@@ -87,7 +87,7 @@ def measure(g, args, policy, reference, data, batches: int, seed: int) -> dict:
         draw_key, sample_key = jax.random.split(jax.random.fold_in(jax.random.key(seed), 1000 + b))
         strips = g.draw_strips(draw_key, x, y, args.batch_size, n_slots)
         for norm in NORMS:
-            config = g.GRPOConfig.from_args(replace(args, adv_norm=norm))
+            config = replace(args, adv_norm=norm)
             rollout, _ = rollout_fn(policy, reference, strips, sample_key, config)  # same key: the same answers
             surrogate, kl = loss_parts_gradients(g, policy, strips, rollout, config)
             norms[norm]["surrogate"].append(float(jnp.linalg.norm(surrogate)))

@@ -107,15 +107,28 @@ def k_of(metrics: dict) -> str:
     return next(k for k in metrics if k.startswith("val_pass") and k != "val_pass1")
 
 
+def plot_scores(ax, history: list[dict], k: int) -> None:
+    """Validation pass@1, pass@k and greedy exact match (%) of every scored row, the SFT steps at x ≤ 0 (so RL
+    starts at 0): the score panel of the script's own learning curve, drawn as plot_curve draws it."""
+    sft = max((h["iteration"] for h in history if h["phase"] == "sft"), default=0)
+    steps = [h["iteration"] - (sft if h["phase"] in ("start", "sft") else 0) for h in history]
+    for key, style, text in (
+        ("val_pass1", "o-", "pass@1"),
+        (f"val_pass{k}", "d-", f"pass@{k}"),
+        ("val_greedy", "s-", "greedy"),
+    ):
+        ax.plot(steps, [100 * h[key] for h in history], style, label=f"{text} (validation)")
+
+
 def sharpening(m: dict, assets: Path) -> None:
-    """Each panel is the validation-score panel of the script's own learning curve (its plot_scores)."""
-    grpo, k = load_script(SCRIPT), int(k_of(m["default"])[len("val_pass") :])
+    """Each panel is the validation-score panel of the script's own learning curve."""
+    k = int(k_of(m["default"])[len("val_pass") :])
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     for ax, name, title in (
         (axes[0], "default", "SFT warm start, then GRPO (the default)"),
         (axes[1], "sft_only", "SFT alone, as many iterations"),
     ):
-        grpo.plot_scores(ax, m[name]["history"], k)
+        plot_scores(ax, m[name]["history"], k)
         ax.axvline(0, color="grey", lw=0.8, ls=":")
         ax.set(title=title, xlabel="step (warm start at x ≤ 0)")
         ax.grid(alpha=0.3)

@@ -55,7 +55,7 @@ def bytes_on(tree, device) -> int:
 def critic_layers(g, n_slots: int, hidden_size: int, decoder_size: int, *, rngs: nnx.Rngs) -> nnx.Dict:
     """The layers of PPO's value network V(x) = out(relu(trunk(relu(encoder(images)) · slots))) (P,), the policy's
     widths with one output, tagged as the policy's are (g: the script). GRPO has no critic: this one is never called
-    or trained, only laid out on the mesh; the script's param_table counts the same layers."""
+    or trained, only laid out on the mesh; the script's print_header counts the same layers."""
     return nnx.Dict(
         encoder=nnx.Linear(784, hidden_size, **g.named(("pixels", "features")), rngs=rngs),
         trunk=nnx.Linear(n_slots * hidden_size, decoder_size, **g.named(("inputs", "hidden")), rngs=rngs),
@@ -78,7 +78,7 @@ def mesh_memory(g, args, data, mesh) -> dict:
     state = g.place(state, args.rules)  # as train() places it
     critic = critic_layers(g, *sizes, rngs=nnx.Rngs(args.seed))
     critic_state = g.place(nnx.state((critic, adam(critic))), args.rules)  # the critic and its Adam, never trained
-    block = partial(g.train_block, graphdef, nnx.graphdef(policy), g.GRPOConfig.from_args(args), sizes[0])
+    block = partial(g.train_block, graphdef, nnx.graphdef(policy), args, sizes[0])
     keys = jax.random.split(jax.random.key(0), args.eval_every)
     x, y = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
     stats = jax.jit(block).lower(state, state["policy"], 0, x, y, keys).compile().memory_analysis()

@@ -378,7 +378,6 @@ def main(argv=None) -> None:
             floor[phase] = floor.get(phase, 0.0) + s * sizes.count(size)
 
     # 2c. the script's RL pieces, one block of eval_every iterations each
-    config = g.GRPOConfig.from_args(args)
     optimizer = nnx.Optimizer(initial, optax.adam(args.learning_rate), wrt=nnx.Param)
     (graphdef, train_state), policy_def = nnx.split(g.TrainState(initial, optimizer)), nnx.graphdef(initial)
     x, y = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
@@ -389,7 +388,7 @@ def main(argv=None) -> None:
         def one(_, key):
             strips = g.draw_strips(key, x, y, args.batch_size, n_slots)
             policy, reference = nnx.merge(policy_def, state), nnx.merge(policy_def, ref_state)
-            rollout, metrics = g.rollout_groups(policy, reference, strips, key, config)
+            rollout, metrics = g.rollout_groups(policy, reference, strips, key, args)
             return None, (rollout, strips)
 
         return jax.lax.scan(one, None, keys)[1]
@@ -403,8 +402,8 @@ def main(argv=None) -> None:
                 rollout, strips = inputs
                 policy, optimizer = nnx.merge(graphdef, state)
                 grad_fn = nnx.value_and_grad(g.grpo_loss, has_aux=True)
-                for _ in range(config.inner_steps):
-                    (_, aux), grads = grad_fn(policy, strips, rollout, config)
+                for _ in range(args.inner_steps):
+                    (_, aux), grads = grad_fn(policy, strips, rollout, args)
                     optimizer.update(policy, grads)
                 return nnx.state(g.TrainState(policy, optimizer)), aux["loss"]
 

@@ -135,8 +135,8 @@ class CoursePolicy(nnx.Module):
 def course_side(t: Tensors, case: Case) -> dict:
     """The course's grpo_loss on these tensors: the loss, its gradient with respect to z, clip_frac and kl."""
     beta, kl = KLS[case.kl]
-    config = g.GRPOConfig.from_args(
-        g.Args(group_size=G, batch_size=B, clip_eps=EPS, beta=beta, kl=kl, loss_agg=case.agg, adv_norm=case.adv_norm)
+    config = g.Args(
+        group_size=G, batch_size=B, clip_eps=EPS, beta=beta, kl=kl, loss_agg=case.agg, adv_norm=case.adv_norm
     )
     strips = g.Strips(jnp.zeros((B, 1, 1)), jnp.zeros((B, 1)), jnp.zeros((B, 1), jnp.int32))
     rollout = g.Rollout(
