@@ -476,6 +476,37 @@ def test_a_full_disk_is_one_line_and_keeps_what_was_whole(full_at, tmp_path, mon
     assert {k: v for k, v in snapshot(out).items() if k.startswith(("2000", "latest"))} == earlier
 
 
+ORBAX_FULL_DISK = "RESOURCE_EXHAUSTED: Failed writing \"d/0\": No space left on device [os_error_code='28']"
+ORBAX_GAP = "orbax's full-disk ValueError is not yet turned into the OSError that Run.save reports (DQN's is)"
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        "2_Cart_Pole_DQN/cart_pole_dqn.py",
+        *(pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=ORBAX_GAP)) for s in SAVED if s[0] in "34"),
+    ],
+)
+def test_a_full_disk_while_orbax_writes_the_checkpoint_is_one_line(script, tmp_path, monkeypatch, capsys):
+    """orbax reports a write that found the disk full as this ValueError (measured on a 40 kB tmpfs): the run ends
+    with 'error: no space left on device while writing <checkpoint>; nothing written', exit status 1, and no folder.
+    Catches the ValueError let through as a traceback, and orbax's temporary folder left in the run's folder."""
+    import orbax.checkpoint as ocp
+
+    module = load_script(script)
+
+    def full_disk(self, path, *args, **kwargs):
+        os.makedirs(f"{path}.orbax-checkpoint-tmp/d")
+        raise ValueError(ORBAX_FULL_DISK)
+
+    monkeypatch.setattr(ocp.StandardCheckpointer, "save", full_disk)
+    out = tmp_path / "out"
+    assert exit_status(module.main, module.parse_args([*FLAGS[script], "--out", str(out)])) == 1
+    checkpoint = SAVED[script][0]
+    assert capsys.readouterr().err == f"error: no space left on device while writing {checkpoint}; nothing written\n"
+    assert not out.exists() or new_folders(out) == []
+
+
 # ------------------------------------------------------------------ two runs at once
 def test_two_runs_started_at_once_with_the_same_flags_both_keep_their_results(tmp_path):
     """Two processes, the same flags and seed, started together into one --out: each gets a folder of its own (the
