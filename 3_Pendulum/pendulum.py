@@ -20,6 +20,7 @@ complete one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -847,18 +848,10 @@ def seed_devices(args: Args) -> list:
     along them gives every core its own seeds (the mesh of 5_Sharding_Mesh, with one axis). The count must
     divide --num-seeds: --host-devices -1 takes the largest such count up to the number of cores.
     """
-    want = args.host_devices
-    if want < 0:
-        want = most_devices(args.num_seeds, os.cpu_count() or 1)
-    if want > 0:
-        try:
+    want = most_devices(args.num_seeds, os.cpu_count() or 1) if args.host_devices < 0 else args.host_devices
+    if want > 0:  # JAX had already started (a test, a notebook): it keeps its devices, and the first line says so
+        with contextlib.suppress(RuntimeError):
             jax.config.update("jax_num_cpu_devices", want)
-        except RuntimeError:  # JAX had already started (inside a test or a notebook): it keeps its devices
-            if args.host_devices > 0 and len(jax.devices("cpu")) < want:
-                raise RunError(
-                    f"--host-devices {want} came too late: JAX had already started with "
-                    f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line"
-                ) from None
     devices = jax.devices()  # on a GPU or TPU host, the accelerators (the flag only shapes the CPU backend)
     return devices[: most_devices(args.num_seeds, min(len(devices), want) if want > 0 else len(devices))]
 
@@ -927,8 +920,17 @@ def params_tree(actor: Actor, critic: Critic, rms: RunningMeanStd | None) -> dic
 
 def save_params(path: str, tree: dict) -> None:
     """The checkpoint folder `path`, written by orbax (Flax's way to save NNX state); `with` waits for the write."""
-    with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(os.path.abspath(path), jax.device_get(tree))  # host arrays: restored on any device
+    logging.getLogger("absl").disabled = True  # orbax's log of a failed write: Run.save's one line says it
+    hook = sys.unraisablehook  # after a failed write, orbax's other writes fail into its closed event loop
+    sys.unraisablehook = lambda u: "Event loop is closed" in str(u.exc_value) or hook(u)
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            checkpointer.save(os.path.abspath(path), jax.device_get(tree))  # host arrays: restored on any device
+    except ValueError as e:  # a failed write (a full disk): orbax names the OS error, "[os_error_code='28']"
+        code = int(str(e).partition("os_error_code='")[2].partition("'")[0] or 5)  # 5: EIO, where it names none
+        raise OSError(code, os.strerror(code)) from None
+    finally:  # orbax writes into <path>.orbax-checkpoint-tmp, then renames it: what a failed write left goes
+        shutil.rmtree(path + ".orbax-checkpoint-tmp", ignore_errors=True)
 
 
 def arrays_in(tree) -> dict:
