@@ -866,9 +866,14 @@ LOAD_HINT = "was it saved with another --hidden-size, --decoder-size, --task or 
 def save_policy(path: str, state: nnx.State) -> None:
     """The policy's parameters as an orbax checkpoint folder; leaving the `with` waits until it is written. Orbax
     writes it as <path>.orbax-checkpoint-tmp-<time> first, then renames it: what a stop leaves half-written goes."""
+    logging.getLogger("absl").disabled = True  # a failed write: orbax's log, and its other writes' tracebacks, go
+    sys.unraisablehook = lambda u, hook=sys.unraisablehook: "Event loop is closed" in str(u.exc_value) or hook(u)
     try:
         with ocp.StandardCheckpointer() as checkpointer:
             checkpointer.save(os.path.abspath(path), state)
+    except ValueError as e:  # a failed write (a full disk): orbax names the OS error, "[os_error_code='28']"
+        code = int(str(e).partition("os_error_code='")[2].partition("'")[0] or 5)  # 5: EIO, where it names none
+        raise OSError(code, os.strerror(code)) from None  # Run.save's one line: "no space left on device while …"
     finally:
         for unfinished in Path(path).parent.glob(Path(path).name + ".orbax-checkpoint-tmp*"):
             shutil.rmtree(unfinished, ignore_errors=True)
@@ -920,11 +925,8 @@ def plot_curve(path: str, history: list[dict], k: int, test: dict, title: str) -
     score_axis, share_axis = fig.subplots(1, 2)
     sft = max((h["iteration"] for h in history if h["phase"] == "sft"), default=0)  # the SFT steps at x ≤ 0
     steps = [h["iteration"] - (sft if h["phase"] in ("start", "sft") else 0) for h in history]
-    for key, style, text in (
-        ("val_pass1", "o-", "pass@1"),
-        (f"val_pass{k}", "d-", f"pass@{k}"),
-        ("val_greedy", "s-", "greedy"),
-    ):
+    scores = (("val_pass1", "o-", "pass@1"), (f"val_pass{k}", "d-", f"pass@{k}"), ("val_greedy", "s-", "greedy"))
+    for key, style, text in scores:
         score_axis.plot(steps, [100 * h[key] for h in history], style, label=f"{text} (validation)")
     score_axis.plot(
         [steps[i] for i in trained], [100 * history[i]["reward"] for i in trained], "x--", label="train reward"

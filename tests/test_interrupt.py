@@ -477,15 +477,10 @@ def test_a_full_disk_is_one_line_and_keeps_what_was_whole(full_at, tmp_path, mon
 
 
 ORBAX_FULL_DISK = "RESOURCE_EXHAUSTED: Failed writing \"d/0\": No space left on device [os_error_code='28']"
-ORBAX_GAP = "save_policy does not yet turn orbax's full-disk ValueError into the OSError that Run.save reports"
 
 
 @pytest.mark.parametrize(
-    "script",
-    [
-        *("2_Cart_Pole_DQN/cart_pole_dqn.py", "3_Pendulum/pendulum.py"),
-        pytest.param("4_GRPO_MNIST/grpo_mnist.py", marks=pytest.mark.xfail(strict=True, reason=ORBAX_GAP)),
-    ],
+    "script", ["2_Cart_Pole_DQN/cart_pole_dqn.py", "3_Pendulum/pendulum.py", "4_GRPO_MNIST/grpo_mnist.py"]
 )
 def test_a_full_disk_while_orbax_writes_the_checkpoint_is_one_line(script, tmp_path, monkeypatch, capsys):
     """orbax reports a write that found the disk full as this ValueError (measured on a 40 kB tmpfs): the run ends
