@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import sys
@@ -870,7 +868,7 @@ def train_seeds(args: Args, devices: list) -> list[tuple[nnx.State, dict]]:
     seeds_of_a_device = over_seeds(train.run, n // d)
     per_device = jax.shard_map(seeds_of_a_device, mesh=mesh, in_specs=by_seed, out_specs=by_seed, check_vma=False)
     run = jax.jit(per_device).lower(runners).compile()
-    compile_seconds = time.perf_counter() - t_train
+    compile_seconds = round(time.perf_counter() - t_train, 2)
     runners, steps = jax.block_until_ready(run(runners))  # XLA runs every step in this one call
     params, bests, steps = jax.device_get((runners.state["q_network"], runners.best, steps))  # not the buffers
     train_seconds = time.perf_counter() - t_train
@@ -881,8 +879,7 @@ def train_seeds(args: Args, devices: list) -> list[tuple[nnx.State, dict]]:
         mean = {key: float(np.mean([row[key] for row in rows])) for key in ("eval_return", "train_return", "loss")}
         step = rows[0]["step"]  # num_envs·(i + 1) after loop step i, whose ε the line shows
         print(progress_line(dict(mean, step=step), schedule.epsilon[step // args.num_envs - 1], sps))
-    extra = dict(compile_seconds=round(compile_seconds, 2), devices=d)
-    return [(seed(params, i), dict(log, **extra)) for i, log in enumerate(logs)]
+    return [(seed(params, i), dict(log, compile_seconds=compile_seconds, devices=d)) for i, log in enumerate(logs)]
 
 
 def jax_log(args: Args, schedule: Schedule, steps: StepLog, best: Best, train_seconds: float) -> dict:
@@ -912,7 +909,7 @@ def save_checkpoint(path: str, params: nnx.State) -> None:
             checkpointer.save(os.path.abspath(path), jax.tree.map(jnp.asarray, params))
     except ValueError as e:  # a failed write (a full disk, say): orbax names the OS error in a ValueError
         time.sleep(0.1)  # the writes still in flight end, and report, while main's filter is in place
-        code = int((re.search(r"os_error_code='(\d+)'", str(e)) or [0, errno.EIO])[1])
+        code = int(str(e).partition("os_error_code='")[2].partition("'")[0] or 5)  # 5: EIO, where it names none
         raise OSError(code, os.strerror(code)) from None
     finally:
         shutil.rmtree(path + ".orbax-checkpoint-tmp", ignore_errors=True)  # orbax writes there, then renames
@@ -1024,7 +1021,7 @@ def print_summary(args: Args, run: Run, metrics: dict) -> None:
         f"min={metrics['eval_return_min']:.0f}"
     )
     print("episodes ended: " + " ".join(f"{k}={v}" for k, v in metrics["eval_ends"].items()))
-    if not args.load:  # --backend jax: compile_seconds of the train_seconds went to compiling the one call
+    if not args.load:  # --backend jax: compile_seconds, the part of train_seconds spent compiling the one call
         compiled = f" compile_seconds={metrics['compile_seconds']:.1f}" if args.backend == "jax" else ""
         print(
             f"env_steps={args.total_timesteps} train_seconds={metrics['train_seconds']:.1f}{compiled} "

@@ -849,8 +849,8 @@ def seed_devices(args: Args) -> list:
     divide --num-seeds: --host-devices -1 takes the largest such count up to the number of cores.
     """
     want = most_devices(args.num_seeds, os.cpu_count() or 1) if args.host_devices < 0 else args.host_devices
-    if want > 0:  # JAX had already started (a test, a notebook): it keeps its devices, and the first line says so
-        with contextlib.suppress(RuntimeError):
+    if want > 0:
+        with contextlib.suppress(RuntimeError):  # JAX had already started (a test, a notebook): it keeps its devices
             jax.config.update("jax_num_cpu_devices", want)
     devices = jax.devices()  # on a GPU or TPU host, the accelerators (the flag only shapes the CPU backend)
     return devices[: most_devices(args.num_seeds, min(len(devices), want) if want > 0 else len(devices))]
@@ -920,9 +920,8 @@ def params_tree(actor: Actor, critic: Critic, rms: RunningMeanStd | None) -> dic
 
 def save_params(path: str, tree: dict) -> None:
     """The checkpoint folder `path`, written by orbax (Flax's way to save NNX state); `with` waits for the write."""
-    logging.getLogger("absl").disabled = True  # orbax's log of a failed write: Run.save's one line says it
-    hook = sys.unraisablehook  # after a failed write, orbax's other writes fail into its closed event loop
-    sys.unraisablehook = lambda u: "Event loop is closed" in str(u.exc_value) or hook(u)
+    logging.getLogger("absl").disabled = True  # a failed write: orbax's log, and its other writes' tracebacks, go
+    sys.unraisablehook = lambda u, hook=sys.unraisablehook: "Event loop is closed" in str(u.exc_value) or hook(u)
     try:
         with ocp.StandardCheckpointer() as checkpointer:
             checkpointer.save(os.path.abspath(path), jax.device_get(tree))  # host arrays: restored on any device
