@@ -15,8 +15,8 @@ then learns from the verifier alone. `--objective supervised` trains with cross-
 Order: Args → prompts (strips) → the policy → sampling → the verifier → group advantages → per-token ratio,
 clip and KL → loss aggregation → the GRPO and SFT losses → the compiled updates → evaluation (pass@1, pass@k,
 greedy) → the training loop → the test set, scored once. Below the `# Plumbing` banner: the command line and this
-run's folder, checks, reading and splitting MNIST, the device mesh, the orbax checkpoint and `--load`, the figure,
-printing (with the parameters a critic would add), metrics.json and main.
+run's folder, checks, reading and splitting MNIST, the device mesh and the processes of a `--distributed` run, the orbax
+checkpoint and `--load`, the figure, printing (with the parameters a critic would add), metrics.json and main.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gzip
+import itertools
 import json
 import logging
 import math
@@ -31,6 +32,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 import zlib
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -47,6 +49,8 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from flax import nnx
+from jax._src import distributed  # its global_state.client, for peers()
+from jax.experimental import multihost_utils
 from tensorflow_probability.substrates.jax import distributions as tfd  # TFP on JAX: no TensorFlow needed
 
 
@@ -62,6 +66,11 @@ class Args:
     rules: str = flag(
         "dp", "logical-axis rules: dp (split the prompts) or fsdp (also the large weights)", choices=("dp", "fsdp")
     )
+    distributed: bool = flag(False, "call jax.distributed.initialize() first: one process per host in a multi-host run")
+    coordinator_address: str = flag("", "with --distributed: host:port of process 0; empty = auto-detect")
+    num_processes: int = flag(0, "with --distributed: how many processes in all; 0 = auto-detect", min=0)
+    process_id: int = flag(-1, "with --distributed: this process's rank, 0..num_processes-1; -1 = auto-detect", min=-1)
+    join_timeout: int = flag(300, "with --distributed: seconds to wait for every process to join", min=1)
     task: str = flag(
         "number",
         "digit: one image, answer its digit; number: a strip of 1 to --max-digits images, answer the number",
@@ -153,11 +162,13 @@ def make_strips(x, y, idx, lengths) -> Strips:
     return Strips(x[idx] * slots[..., None], slots, jnp.where(slots > 0, y[idx], EOS))
 
 
-def draw_strips(key, x, y, n_prompts: int, n_slots: int) -> Strips:
-    """A fresh training batch: every slot an image drawn uniformly from (x, y), every length in 1..N equally likely."""
+def draw_prompts(key, n_images: int, n_prompts: int, n_slots: int) -> tuple[jax.Array, jax.Array]:
+    """A fresh training batch as image IDs, the way a language model's prompts are token IDs: idx (P, N), every slot
+    an image index drawn uniformly from 0..n_images-1, and lengths (P,), every length in 1..N equally likely.
+    make_strips(x, y, idx, lengths) looks the images up, as a language model looks up its token embeddings."""
     k_idx, k_len = jax.random.split(key)
-    idx = jax.random.randint(k_idx, (n_prompts, n_slots), 0, len(y))
-    return make_strips(x, y, idx, jax.random.randint(k_len, (n_prompts,), 1, n_slots + 1))
+    idx = jax.random.randint(k_idx, (n_prompts, n_slots), 0, n_images)
+    return idx, jax.random.randint(k_len, (n_prompts,), 1, n_slots + 1)
 
 
 # ---- Logical axis names: each weight is created with names, and a rule set maps names to mesh axes (chapter 6),
@@ -414,18 +425,18 @@ class TrainState(NamedTuple):
     optimizer: nnx.Optimizer
 
 
-def train_block(graphdef, policy_def, args: Args, n_slots: int, state, ref_state, step0, x, y, keys):
+def train_block(graphdef, policy_def, args: Args, state, ref_state, step0, x, y, keys, prompts):
     """len(keys) iterations as one lax.scan. state = nnx.state(TrainState), ref_state = π_ref's state
     (policy_def is its graphdef), replaced by the policy's every args.ref_refresh iterations if that is > 0.
-    Prompts are drawn from (x, y). The NNX objects are rebuilt inside the traced step (nnx.merge) and split
-    back out, so Python and NNX bookkeeping run once, at trace time."""
+    prompts = (idx, lengths) from draw_prompts, (T, B, N) and (T, B) for T = len(keys) iterations, whose images
+    are looked up in (x, y). The NNX objects are rebuilt inside the traced step (nnx.merge) and split back out,
+    so Python and NNX bookkeeping run once, at trace time."""
 
     def one_iteration(carry, inputs):
         state, ref_state = carry
-        step, key = inputs
+        step, update_key, (idx, lengths) = inputs
         policy, optimizer = nnx.merge(graphdef, state)
-        draw_key, update_key = jax.random.split(key)
-        strips = draw_strips(draw_key, x, y, args.batch_size, n_slots)
+        strips = make_strips(x, y, idx, lengths)  # the batch's B prompts
         if args.batch_axis and not jax.sharding.get_abstract_mesh().empty:  # under jax.set_mesh: split the prompts
             strips = jax.lax.with_sharding_constraint(strips, jax.P(args.batch_axis))
         if args.objective == "grpo":
@@ -439,7 +450,7 @@ def train_block(graphdef, policy_def, args: Args, n_slots: int, state, ref_state
         return (nnx.state(TrainState(policy, optimizer)), ref_state), metrics
 
     steps = step0 + jnp.arange(len(keys))
-    (state, ref_state), metrics = jax.lax.scan(one_iteration, (state, ref_state), (steps, keys))
+    (state, ref_state), metrics = jax.lax.scan(one_iteration, (state, ref_state), (steps, keys, prompts))
     return state, ref_state, jax.tree.map(jnp.mean, metrics)
 
 
@@ -453,23 +464,26 @@ def pass_at_k(n: int, correct, k: int) -> float:
 def evaluate(policy_def, state, ref_state, strips: Strips, key, n_samples: int) -> dict:
     """On fixed prompts: `correct` (P,), how many of n answers sampled at temperature 1 are exactly right; the
     greedy exact match; the mean answer length (tokens in the completion mask) overall and of wrong answers;
-    and the exact KL(π_θ ‖ π_ref) summed over each answer's tokens."""
+    and the exact KL(π_θ ‖ π_ref) summed over each answer's tokens. A row without an image pads P to a multiple
+    of the devices (eval_prompts): it counts in no mean, and scores() drops its `correct`."""
     policy, reference = nnx.merge(policy_def, state), nnx.merge(policy_def, ref_state)
     prompt = policy.encode(strips.images, strips.slots)
-    greedy = verify(generate(policy, prompt, key, greedy=True), strips.target).mean()
+    real = strips.slots[:, 0]  # (P,) 1.0 for a prompt (its first slot always holds an image), 0.0 for padding
+    greedy = jnp.mean(verify(generate(policy, prompt, key, greedy=True), strips.target) * real) / real.mean()
     prompts = jnp.repeat(prompt, n_samples, axis=0)  # (P·n, decoder_size)
     tokens = generate(policy, prompts, key)
     right = verify(tokens, jnp.repeat(strips.target, n_samples, axis=0))  # (P·n,) exact match, 0 or 1
-    mask = completion_mask(tokens)
+    mask, answers = completion_mask(tokens), jnp.repeat(real, n_samples)  # answers: 1.0 for a real prompt's
     length = mask.sum(axis=1)
     ref_prompts = jnp.repeat(reference.encode(strips.images, strips.slots), n_samples, axis=0)
     kl = token_kl(policy(prompts, tokens), reference(ref_prompts, tokens), tokens, "exact")
+    wrong = (1 - right) * answers
     return {
         "correct": right.reshape(-1, n_samples).sum(axis=1),
         "greedy": greedy,
-        "length": length.mean(),
-        "wrong_length": jnp.sum(length * (1 - right)) / jnp.maximum(jnp.sum(1 - right), 1),
-        "kl_ref": jnp.sum(kl * mask, axis=1).mean(),
+        "length": jnp.mean(length * answers) / answers.mean(),
+        "wrong_length": jnp.sum(length * wrong) / jnp.maximum(jnp.sum(wrong), 1),
+        "kl_ref": jnp.mean(jnp.sum(kl * mask, axis=1) * answers) / answers.mean(),
     }
 
 
@@ -562,8 +576,32 @@ def place(state, rules: str):
     return state if mesh.empty else jax.device_put(state, shardings(state, mesh, rules))
 
 
-def scores(raw: dict, n: int, k: int, prefix: str) -> dict:
-    """evaluate()'s arrays → floats: pass@1 (the mean reward of one sampled answer), pass@k, greedy, lengths, KL."""
+def feed(tree, spec=jax.P()):  # noqa: B008 - P() is an immutable tuple
+    """Host arrays → global arrays on the mesh of jax.set_mesh (jnp arrays without one). spec P(): a whole copy on
+    every device. A PartitionSpec that splits dimension d: each process hands over only its own block of d, the p-th
+    of P (jax.make_mesh lines up each process's devices), and jax.make_array_from_process_local_data joins them."""
+    mesh, d = jax.sharding.get_mesh(), next((d for d, axis in enumerate(spec) if axis), None)  # d: the split one
+
+    def local(a):  # this process's part of the global array
+        a = np.asarray(a) if d is None else np.split(np.asarray(a), jax.process_count(), axis=d)[jax.process_index()]
+        return jax.make_array_from_process_local_data(jax.sharding.NamedSharding(mesh, spec), a)
+
+    return jax.tree.map(jnp.asarray if mesh.empty else local, tree)
+
+
+def eval_prompts(x, y, args: Args) -> Strips:
+    """A split's fixed strips, split over the devices along 'batch' like the training prompts: rows without an
+    image pad them to a multiple of the devices on that axis (evaluate leaves them out)."""
+    strips, mesh = fixed_strips(x, y, slots_for(args)), jax.sharding.get_mesh()
+    pad = 0 if mesh.empty or not args.batch_axis else -len(y) % mesh.shape[args.batch_axis]
+    return feed(jax.tree.map(lambda a: np.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)), strips), jax.P(args.batch_axis))
+
+
+def scores(raw: dict, n: int, k: int, prefix: str, prompts: int | None = None) -> dict:
+    """evaluate()'s arrays → floats over the first `prompts` rows (the rest pad): pass@1 (the mean reward of one
+    sampled answer), pass@k, greedy, lengths, KL. Every process gathers the whole arrays (process_allgather)."""
+    raw = multihost_utils.process_allgather(raw, tiled=True)  # numpy; across processes, a collective
+    raw["correct"] = raw["correct"][:prompts]
     out = {"pass1": float(raw["correct"].mean()) / n, f"pass{k}": pass_at_k(n, raw["correct"], k)}
     out.update({name: float(raw[name]) for name in ("greedy", "length", "wrong_length", "kl_ref")})
     return {f"{prefix}{name}": value for name, value in out.items()}
@@ -604,10 +642,8 @@ def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
     graphdef, state = nnx.split(TrainState(policy, optimizer))
     state = place(state, args.rules)  # weights and Adam's moments, split by the rules over the mesh
     policy_def, ref_state = nnx.graphdef(policy), state["policy"]  # π_ref: the same arrays, so the same layout
-    x, y = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
-    val = fixed_strips(data.x_val, data.y_val, n_slots)
-    if not jax.sharding.get_mesh().empty:  # every device keeps all the images: copied once here, not at every call
-        x, y, val = jax.device_put((x, y, val), jax.P())
+    x, y = feed((data.x_train, data.y_train))  # every device keeps all the images: copied once here, not per call
+    val = eval_prompts(data.x_val, data.y_val, args)
     labelled = labelled_count(args, len(y))  # the training images are shuffled: SFT reads the first ones' labels
     sft = replace(args, objective="supervised", ref_refresh=0)
     phases = [Phase("sft", sft, sft_steps_for(args), x[:labelled], y[:labelled])]
@@ -621,7 +657,8 @@ def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
 
     def record(row: dict, state, ref_state) -> None:
         """Score the policy in `state` on validation, keep the row and print it."""
-        row.update(scores(score(state["policy"], ref_state, val, streams.val, n), n, args.pass_k, "val_"))
+        raw = score(state["policy"], ref_state, val, streams.val, n)
+        row.update(scores(raw, n, args.pass_k, "val_", len(data.y_val)))
         history.append(row)
         print_progress(row)
 
@@ -629,13 +666,15 @@ def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
     for phase in phases:
         if phase.name == "rl":
             ref_state = state["policy"]  # π_ref: a copy of the policy RL starts from
-        run = jax.jit(partial(train_block, graphdef, policy_def, phase.args, n_slots))
+        run = jax.jit(partial(train_block, graphdef, policy_def, phase.args))
+        draw = jax.vmap(partial(draw_prompts, n_images=len(phase.y), n_prompts=args.batch_size, n_slots=n_slots))
         iteration = 0  # iterations done in this phase
         while iteration < phase.steps:
             block, t_block = min(args.eval_every, phase.steps - iteration), time.perf_counter()
             key, block_key = jax.random.split(key)
-            keys = jax.random.split(block_key, block)
-            state, ref_state, metrics = run(state, ref_state, iteration, phase.x, phase.y, keys)
+            draw_keys, keys = jax.vmap(jax.random.split, out_axes=1)(jax.random.split(block_key, block))
+            prompts = feed(draw(draw_keys), jax.P(None, args.batch_axis))  # each process places its own prompts
+            state, ref_state, metrics = run(state, ref_state, iteration, phase.x, phase.y, keys, prompts)
             iteration += block
             row = {"phase": phase.name, "iteration": iteration, **{k: float(v) for k, v in metrics.items()}}
             row["seconds"] = time.perf_counter() - t_block
@@ -646,11 +685,11 @@ def train(args: Args, data: Data) -> tuple[Policy, Policy, list[dict], dict]:
 
 def score_split(args: Args, policy: Policy, reference: Policy, data: Data, split: str) -> dict:
     """evaluate() on the fixed prompts of "val" or "test" with that split's key: the test set once, after training."""
-    strips = fixed_strips(getattr(data, f"x_{split}"), getattr(data, f"y_{split}"), slots_for(args))
+    x, y = getattr(data, f"x_{split}"), getattr(data, f"y_{split}")
     evaluate_split = jax.jit(partial(evaluate, nnx.graphdef(policy)), static_argnums=4)
     key = getattr(run_keys(args.seed), split)  # "val": train()'s own, so a saved policy scores as it did there
-    raw = evaluate_split(nnx.state(policy), nnx.state(reference), strips, key, args.eval_samples)
-    return {**scores(raw, args.eval_samples, args.pass_k, f"{split}_"), f"{split}_prompts": len(strips.target)}
+    raw = evaluate_split(nnx.state(policy), nnx.state(reference), eval_prompts(x, y, args), key, args.eval_samples)
+    return {**scores(raw, args.eval_samples, args.pass_k, f"{split}_", len(y)), f"{split}_prompts": len(y)}
 
 
 # Plumbing: the command line, checks, reading MNIST, the mesh, checkpoints, the figure, printing, main -----------------
@@ -820,20 +859,89 @@ def load_data(args: Args) -> Data:
     return Data(x_train, y_train, x_val, y_val, x_test, y_test, source)
 
 
-# ---- The device mesh: fake CPU devices, the (data, model) mesh
+# ---- The device mesh: fake CPU devices, the processes of a --distributed run, the (data, model) mesh
 def start_devices(args: Args) -> list:
-    """The devices to build the mesh from. --host-devices N asks JAX for N CPU devices; it must run before the
-    first JAX operation (the flag only shapes the CPU backend: on a GPU or TPU host the accelerators are used)."""
-    if args.host_devices > 0:
-        with contextlib.suppress(RuntimeError):  # JAX had already started (a test, a notebook): it keeps its devices
+    """The devices to build the mesh from, every process's once a --distributed run has joined. --host-devices N asks
+    JAX for N CPU devices per process before its first operation (the flag only shapes the CPU backend: on a GPU or
+    TPU host the accelerators are used); a JAX that has already started keeps its devices, and the header says how
+    many."""
+    if args.host_devices:
+        with contextlib.suppress(RuntimeError):  # JAX had already started (a test, a notebook)
             jax.config.update("jax_num_cpu_devices", args.host_devices)
-        if len(jax.devices("cpu")) < args.host_devices:
-            raise RunError(
-                f"--host-devices {args.host_devices} came too late: JAX had already started with "
-                f"{len(jax.devices('cpu'))} CPU device(s); run the script from the command line"
-            )
-        return jax.devices("cpu")[: args.host_devices]
-    return jax.devices()
+    if args.distributed:
+        join(args)
+    return jax.devices("cpu") if args.host_devices else jax.devices()
+
+
+SILENT, JOINED, LEAVING = 30, threading.Event(), threading.Event()  # seconds before a silent process counts as gone
+
+
+def join(args: Args) -> None:
+    """--distributed: join the others through JAX's coordination service, which runs in process 0 (flags left empty
+    are auto-detected: SLURM, Open MPI, Kubernetes, Cloud TPU), refuse processes started with other flags, then
+    `watch` them. A process that ends or dies then ends the others with one line, not with a hang or JAX's abort."""
+    late = threading.Timer(
+        args.join_timeout, end, [f"not every process joined within --join-timeout {args.join_timeout} s"]
+    )
+    late.start()  # after initialization_timeout, JAX itself would abort with a C++ trace
+    jax.config.update("jax_enable_recoverability", True)  # a process that dies is for watch to report, not an abort
+    jax.config.update("jax_enable_preemption_service", False)  # it would take SIGTERM, which stops a run here
+    try:
+        ids = (args.num_processes or None, None if args.process_id < 0 else args.process_id)
+        wait = args.join_timeout + 60  # JAX's own limit, after the Timer's
+        jax.distributed.initialize(args.coordinator_address or None, *ids, initialization_timeout=wait)
+    except Exception as e:  # noqa: BLE001 - any failure to join is a one-line error
+        raise RunError(f"jax.distributed.initialize() failed: {str(e).splitlines()[0]}") from None
+    finally:
+        late.cancel()
+    JOINED.set()
+    same = json.dumps({k: v for k, v in asdict(args).items() if k not in ("process_id", "out")})  # all must share
+    if len(set(multihost_utils.process_allgather(np.int32(zlib.crc32(same.encode()) >> 1)).tolist())) > 1:
+        raise RunError("the processes were started with different flags (only --process-id and --out may differ)")
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def peers():  # JAX's client of its coordination service, a key-value store (no public name yet); None until joined
+    return distributed.global_state.client if JOINED.is_set() else None
+
+
+def watch() -> None:
+    """A thread: once a second, tell the others this process is alive (alive/<rank>: a count that goes up) and look
+    at them: one that said it ends (under ended/), or whose count has stood still for SILENT s, ends this one too."""
+    me = str(jax.process_index())
+    seen = {str(rank): (None, time.monotonic()) for rank in range(jax.process_count())}  # rank: (count, since when)
+    with contextlib.suppress(Exception):  # the client is gone: this process is shutting down
+        for beat in itertools.count():
+            peers().key_value_set(f"alive/{me}", str(beat), allow_overwrite=True)
+            if LEAVING.wait(1):
+                return
+            for key, count in peers().key_value_dir_get("alive/"):
+                if seen[key[6:]][0] != count:  # it counted on since the last look
+                    seen[key[6:]] = (count, time.monotonic())
+            ended = [(k[6:], why) for k, why in peers().key_value_dir_get("ended/") if k[6:] != me and why != "done"]
+            silent = [rank for rank, (_, since) in seen.items() if time.monotonic() - since > SILENT]
+            if ended:
+                end(f"process {ended[0][0]} ended: {ended[0][1]}")
+            if silent:  # the dead cannot answer: leave waits for no one
+                end(f"process {silent[0]} fell silent for {SILENT} s (killed, or its host is down)", wait=False)
+
+
+def leave(why: str, wait: bool = True) -> None:
+    """Tell the others why this process ends. Process 0, whose coordination service they need in order to end with
+    one line, first waits (10 s at most) until every other process has said it ends too."""
+    LEAVING.set()
+    if peers() is not None:  # joined
+        peers().key_value_set(f"ended/{jax.process_index()}", why, allow_overwrite=True)
+        for _ in range(20 * (wait and jax.process_index() == 0)):
+            if len(peers().key_value_dir_get("ended/")) >= jax.process_count():
+                return time.sleep(0.5)  # each prints its line and exits right after saying so
+            time.sleep(0.5)
+
+
+def end(why: str, wait: bool = True) -> None:  # from a thread: end this process with one line, its main thread stuck
+    leave(why, wait)
+    print(f"error: {why}{Run.active.left() if Run.active else '; nothing written'}", file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 def make_mesh(args: Args, devices: list) -> jax.sharding.Mesh:
@@ -869,7 +977,8 @@ def save_policy(path: str, state: nnx.State) -> None:
     logging.getLogger("absl").disabled = True  # a failed write: orbax's log, and its other writes' tracebacks, go
     sys.unraisablehook = lambda u, hook=sys.unraisablehook: "Event loop is closed" in str(u.exc_value) or hook(u)
     try:
-        with ocp.StandardCheckpointer() as checkpointer:
+        only_0 = ocp.options.MultiprocessingOptions(active_processes={0})  # --distributed: process 0 writes alone
+        with ocp.StandardCheckpointer(multiprocessing_options=only_0) as checkpointer:
             checkpointer.save(os.path.abspath(path), state)
     except ValueError as e:  # a failed write (a full disk): orbax names the OS error, "[os_error_code='28']"
         code = int(str(e).partition("os_error_code='")[2].partition("'")[0] or 5)  # 5: EIO, where it names none
@@ -1022,10 +1131,23 @@ def use_compile_cache(folder: str) -> None:
 @one_line
 def main(args: Args) -> dict:
     validate(args)  # flag values, before any work
-    mesh = make_mesh(args, start_devices(args))  # before any other JAX operation: --host-devices must come first
+    try:
+        return train_and_save(args, make_mesh(args, start_devices(args)))  # devices: before any other JAX operation
+    except BaseException as e:  # --distributed: what ends this process with one line is told to the others first
+        if args.distributed and (Run.stops or isinstance(e, (RunError, OSError))):
+            leave("interrupted" if Run.stops else str(e))
+        elif args.distributed and isinstance(e, Exception):  # most often a collective whose peer died: watch says so
+            time.sleep(SILENT + 15)
+        raise
+
+
+def train_and_save(args: Args, mesh: jax.sharding.Mesh) -> dict:  # main's work, once the devices are known
+    if jax.process_index() > 0:  # with --distributed, only process 0 prints and writes; the others' errors still show
+        sys.stdout = open(os.devnull, "w")
     use_compile_cache(args.compile_cache)
     loaded = load_policy(args, mesh) if args.load else None  # a bad checkpoint is refused before any work
-    run = Run(replace(args, out=os.path.join(args.out, "eval")) if args.load else args)  # this run's own folder
+    where = replace(args, out=os.path.join(args.out, "eval")) if args.load else args
+    run = Run(where) if jax.process_index() == 0 else None  # this run's own folder
     data = load_data(args)
     if not args.score_test:  # the test images are dropped before training: nothing below can read them
         data = data._replace(x_test=None, y_test=None)
@@ -1034,7 +1156,9 @@ def main(args: Args) -> dict:
             label = run_label(args)
             counts = print_header(args, data, label, mesh)
             policy, reference, history, timings = train(args, data)
-            run.save("policy", save_policy, nnx.state(policy))  # right after training: a stop later keeps it
+            state = multihost_utils.process_allgather(nnx.state(policy), tiled=True)  # the whole policy, as numpy
+            if run:  # right after training: a stop later keeps it
+                run.save("policy", save_policy, state)
             results = collect_metrics(args, data, history, timings, counts)
         else:  # score a saved policy as train() scores its final one, with the keys of --seed: no training
             label = f"policy loaded from {args.load}, scored with the keys of seed {args.seed}"
@@ -1043,12 +1167,16 @@ def main(args: Args) -> dict:
             results = {**score_split(args, policy, reference, data, "val"), "loaded": args.load, "data": data.source}
         if args.score_test:  # the test set is scored once, here, after every choice on validation
             results.update(score_split(args, policy, reference, data, "test"))
-    if loaded is None:
-        title = f"{label} | train {len(data.y_train)} / validation {len(data.y_val)} images"
-        run.save("learning_curve.png", plot_curve, history, args.pass_k, results, title)
     results = {k: v for k, v in results.items() if loaded is None or not k.endswith("_kl_ref")} | {"args": asdict(args)}
-    run.finish(results)
-    print_summary(args, results, label, run)
+    if run:
+        if loaded is None:
+            title = f"{label} | train {len(data.y_train)} / validation {len(data.y_val)} images"
+            run.save("learning_curve.png", plot_curve, history, args.pass_k, results, title)
+        run.finish(results)
+        print_summary(args, results, label, run)
+    if args.distributed:  # all wait for process 0's files; it exits last, as the others need its coordination service
+        multihost_utils.sync_global_devices("done")
+        leave("done")
     return results
 
 

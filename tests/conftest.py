@@ -14,6 +14,7 @@ math functions directly, e.g.::
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,26 @@ def run_script(relpath: str, *args: str, cwd: Path, timeout: float = 300, env: d
         text=True,
         timeout=timeout,
     )
+
+
+def free_port() -> int:
+    """A port on localhost that nothing listens on, for a --distributed run's coordinator."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def launch_processes(relpath: str, flags: list[str], cwd: Path, out, last=lambda i: ()) -> list[subprocess.Popen]:
+    """``python REPO/relpath flags`` as 2 processes on this machine joined by --distributed (a free port on
+    localhost), started at once; process i writes under out(i) and gets last(i) as its last flags."""
+    common = [sys.executable, str(REPO / relpath), *flags, "--distributed", "--num-processes", "2"]
+    common += ["--coordinator-address", f"localhost:{free_port()}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return [
+        subprocess.Popen([*common, "--process-id", str(i), "--out", str(out(i)), *last(i)], cwd=cwd, env=env, **pipes)
+        for i in (0, 1)
+    ]
 
 
 def pytest_configure(config):

@@ -192,7 +192,8 @@ def test_shared_lines_counts_runs_of_six_found_in_every_other_script():
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_main_reports_stops_and_errors_and_nothing_else_exits(script):
-    """One error style: code raises RunError; only the shared block calls sys.exit or os._exit; main is wrapped by
+    """One error style: code raises RunError; only the shared block calls sys.exit or os._exit (and GRPO's watch
+    thread, through `end`); main is wrapped by
     one_line and the command line calls main() with no arguments."""
     source = (REPO / script).read_text()
     tree = ast.parse(source)
@@ -203,7 +204,9 @@ def test_main_reports_stops_and_errors_and_nothing_else_exits(script):
         for sub in ast.walk(node)
         if isinstance(sub, ast.Call) and ast.unparse(sub.func) in ("sys.exit", "os._exit")
     }
-    assert exits <= {"one_line", "run", "parse_args"}, (script, exits)
+    # and GRPO's `end`: in a --distributed run its watch thread ends the process while the main thread may be stuck in
+    # a collective whose peer has died, where no exception can reach it
+    assert exits <= {"one_line", "run", "parse_args", *(["end"] if script.startswith("4_") else [])}, (script, exits)
     main = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"][0]
     assert [ast.unparse(d) for d in main.decorator_list] == ["one_line"], script
     last = tree.body[-1]  # if __name__ == "__main__": ... main()

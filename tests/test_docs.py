@@ -155,7 +155,7 @@ def check_commands(readme: Path, root: Path = REPO) -> list[str]:
             if not script.exists():
                 problems.append(f"{readme}: `{match.group(0).strip()}` names a missing script {match.group(1)}")
                 continue
-            rest = re.split(r"[|;&#]|>", match.group(4))[0]
+            rest = re.split(r"[|;&#\"']|>", match.group(4))[0]  # a quote closes a command given as a string
             for token in rest.split():
                 flag = token.split("=")[0]
                 if flag.startswith("--") and flag not in script_flags(script):

@@ -563,7 +563,8 @@ def _after_one_update(inner_steps: int, clip_eps: float):
     data = bundled_data()
     policy = g.Policy(1, 16, 32, rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(policy, optax.adam(3e-2), wrt=nnx.Param)
-    strips = g.draw_strips(jax.random.key(0), jnp.asarray(data.x_train), jnp.asarray(data.y_train), 16, 1)
+    x, y = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
+    strips = g.make_strips(x, y, *g.draw_prompts(jax.random.key(0), len(y), 16, 1))
     config = grpo_config(group_size=8, batch_size=16, inner_steps=inner_steps)
     reference = g.Policy(1, 16, 32, rngs=nnx.Rngs(1))  # another policy (β = 0: it enters no loss)
     key, eps = jax.random.key(1), jnp.float32(clip_eps)
@@ -584,7 +585,8 @@ def test_clip_frac_at_mu_2_is_the_share_of_the_second_step():
     step 2's own shares, computed here by hand (one update on grpo_loss's gradient, then grpo_loss again on the
     same rollout), not the mean with step 1's zeros. Catches: averaging the fractions over all μ steps."""
     data = bundled_data()
-    strips = g.draw_strips(jax.random.key(0), jnp.asarray(data.x_train), jnp.asarray(data.y_train), 16, 1)
+    x, y = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
+    strips = g.make_strips(x, y, *g.draw_prompts(jax.random.key(0), len(y), 16, 1))
     config = grpo_config(group_size=8, batch_size=16, inner_steps=2, clip_eps=0.05)
 
     def fresh():
@@ -640,14 +642,17 @@ def test_train_block_refreshes_the_reference_after_every_multiple_of_r_only():
     policy_def, initial = nnx.graphdef(policy), state["policy"]
     keys = jax.random.split(jax.random.key(0), 6)
     config = grpo_config(batch_size=8, group_size=4, ref_refresh=4)
-    run = jax.jit(partial(g.train_block, graphdef, policy_def, config, 1))
-    after2, ref2, _ = run(state, initial, 0, x, y, keys[:2])
-    after4, ref4, _ = run(after2, ref2, 2, x, y, keys[2:4])
-    after6, ref, _ = run(after4, ref4, 4, x, y, keys[4:])
-    frozen = jax.jit(partial(g.train_block, graphdef, policy_def, replace(config, ref_refresh=0), 1))
+    draw_keys, keys = jax.vmap(jax.random.split, out_axes=1)(keys)  # as train() splits a block's keys
+    prompts = jax.vmap(partial(g.draw_prompts, n_images=512, n_prompts=8, n_slots=1))(draw_keys)
+    inputs = [(keys[i : i + 2], jax.tree.map(lambda a, i=i: a[i : i + 2], prompts)) for i in (0, 2, 4)]
+    run = jax.jit(partial(g.train_block, graphdef, policy_def, config))
+    after2, ref2, _ = run(state, initial, 0, x, y, *inputs[0])
+    after4, ref4, _ = run(after2, ref2, 2, x, y, *inputs[1])
+    after6, ref, _ = run(after4, ref4, 4, x, y, *inputs[2])
+    frozen = jax.jit(partial(g.train_block, graphdef, policy_def, replace(config, ref_refresh=0)))
     frozen_state, frozen_ref = state, initial
-    for step0 in (0, 2, 4):
-        frozen_state, frozen_ref, _ = frozen(frozen_state, frozen_ref, step0, x, y, keys[step0 : step0 + 2])
+    for step0, block in zip((0, 2, 4), inputs):
+        frozen_state, frozen_ref, _ = frozen(frozen_state, frozen_ref, step0, x, y, *block)
     assert same_params(frozen_ref, initial)  # --ref-refresh 0: π_ref never moves
     assert same_params(ref2, initial)  # --ref-refresh 4: no refresh in iterations 1-2 ...
     assert same_params(ref, after4["policy"])  # ... π_ref is the policy after iteration 4 ...
@@ -881,13 +886,14 @@ def test_fixed_strips_are_fixed_use_their_split_and_are_the_images_with_n_1():
 
 @pytest.mark.unit
 def test_training_strips_have_lengths_1_to_n_and_eos_after_the_digits():
-    """draw_strips: 2,000 strips of N = 3 slots from 50 labelled images. Every length 1..3 occurs, each about a
-    third; filled slots hold images of the pool with their labels as the target digits; empty slots are zero
-    images, 0 in `slots` and EOS in the target. Catches: lengths 0..N − 1 or always N, EOS before the end of the
+    """draw_prompts + make_strips: 2,000 strips of N = 3 slots from 50 labelled images. Every length 1..3 occurs,
+    each about a third; filled slots hold images of the pool with their labels as the target digits; empty slots are
+    zero images, 0 in `slots` and EOS in the target. Catches: lengths 0..N − 1 or always N, EOS before the end of the
     digits, targets out of step with the images."""
     x = jnp.asarray(np.random.default_rng(1).random((50, 784)).astype(np.float32))
     y = jnp.arange(50) % 10
-    strips = jax.jit(g.draw_strips, static_argnums=(3, 4))(jax.random.key(0), x, y, 2000, 3)  # as train_block draws
+    idx, lengths = jax.jit(g.draw_prompts, static_argnums=(1, 2, 3))(jax.random.key(0), 50, 2000, 3)
+    strips = jax.jit(g.make_strips)(x, y, idx, lengths)  # as train_block looks the prompts' images up
     images, slots, target = (np.asarray(t) for t in strips)
     lengths = slots.sum(axis=1).astype(int)
     np.testing.assert_allclose(np.bincount(lengths, minlength=4)[1:] / 2000, 1 / 3, atol=0.05)

@@ -684,44 +684,10 @@ def test_cli_one_device_says_nothing_is_sharded(tmp_path):
 @pytest.mark.integration
 def test_cli_two_processes_with_distributed(tmp_path):
     """--distributed for real: two processes on this machine, 2 CPU devices each, one 2x2 mesh over both."""
-    import os
-    import socket
-    import subprocess
-    import sys
+    from conftest import launch_processes
 
-    from conftest import REPO
-
-    with socket.socket() as s:  # a free port for the coordinator
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
-    common = [
-        sys.executable,
-        str(REPO / SCRIPT),
-        "--distributed",
-        "--coordinator-address",
-        f"localhost:{port}",
-        "--num-processes",
-        "2",
-        "--host-devices",
-        "2",
-        "--rules",
-        "fsdp",
-        "--steps",
-        "2",
-        "--no-visualize",
-    ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    procs = [
-        subprocess.Popen(
-            [*common, "--process-id", str(i), "--out", str(tmp_path / f"p{i}")],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in (1, 0)
-    ]
+    flags = ["--host-devices", "2", "--rules", "fsdp", "--steps", "2", "--no-visualize"]
+    procs = launch_processes(SCRIPT, flags, tmp_path, lambda i: tmp_path / f"p{i}")
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-1500:] for _, err in outs]
     m = json.loads((tmp_path / "p0" / "latest" / "metrics.json").read_text())

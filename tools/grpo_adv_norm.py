@@ -85,7 +85,7 @@ def measure(g, args, policy, reference, data, batches: int, seed: int) -> dict:
     counts, abs_adv = np.zeros(args.group_size + 1, int), {norm: [0.0, 0.0] for norm in NORMS}  # [lopsided, all]
     for b in range(batches):
         draw_key, sample_key = jax.random.split(jax.random.fold_in(jax.random.key(seed), 1000 + b))
-        strips = g.draw_strips(draw_key, x, y, args.batch_size, n_slots)
+        strips = g.make_strips(x, y, *g.draw_prompts(draw_key, len(y), args.batch_size, n_slots))
         for norm in NORMS:
             config = replace(args, adv_norm=norm)
             rollout, _ = rollout_fn(policy, reference, strips, sample_key, config)  # same key: the same answers

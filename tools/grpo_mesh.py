@@ -78,10 +78,12 @@ def mesh_memory(g, args, data, mesh) -> dict:
     state = g.place(state, args.rules)  # as train() places it
     critic = critic_layers(g, *sizes, rngs=nnx.Rngs(args.seed))
     critic_state = g.place(nnx.state((critic, adam(critic))), args.rules)  # the critic and its Adam, never trained
-    block = partial(g.train_block, graphdef, nnx.graphdef(policy), args, sizes[0])
-    keys = jax.random.split(jax.random.key(0), args.eval_every)
+    block = partial(g.train_block, graphdef, nnx.graphdef(policy), args)
+    draw_keys, keys = jax.vmap(jax.random.split, out_axes=1)(jax.random.split(jax.random.key(0), args.eval_every))
+    draw = jax.vmap(partial(g.draw_prompts, n_images=len(data.y_train), n_prompts=args.batch_size, n_slots=sizes[0]))
+    prompts = g.feed(draw(draw_keys), jax.P(None, args.batch_axis))  # as train() places a block's prompts
     x, y = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
-    stats = jax.jit(block).lower(state, state["policy"], 0, x, y, keys).compile().memory_analysis()
+    stats = jax.jit(block).lower(state, state["policy"], 0, x, y, keys, prompts).compile().memory_analysis()
     compiled = None
     if stats is not None:
         compiled = {k: int(getattr(stats, f"{k}_size_in_bytes")) for k in ("argument", "output", "temp", "alias")}

@@ -386,7 +386,7 @@ def main(argv=None) -> None:
 
     def rollouts_alone(state, ref_state, keys):
         def one(_, key):
-            strips = g.draw_strips(key, x, y, args.batch_size, n_slots)
+            strips = g.make_strips(x, y, *g.draw_prompts(key, len(y), args.batch_size, n_slots))
             policy, reference = nnx.merge(policy_def, state), nnx.merge(policy_def, ref_state)
             rollout, metrics = g.rollout_groups(policy, reference, strips, key, args)
             return None, (rollout, strips)
