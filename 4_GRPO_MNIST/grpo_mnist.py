@@ -932,10 +932,10 @@ def leave(why: str, wait: bool = True) -> None:
     LEAVING.set()
     if peers() is not None:  # joined
         peers().key_value_set(f"ended/{jax.process_index()}", why, allow_overwrite=True)
-        for _ in range(20 * (wait and jax.process_index() == 0)):
-            if len(peers().key_value_dir_get("ended/")) >= jax.process_count():
-                return time.sleep(0.5)  # each prints its line and exits right after saying so
+        deadline = time.monotonic() + 10 if wait and jax.process_index() == 0 else 0
+        while time.monotonic() < deadline and len(peers().key_value_dir_get("ended/")) < jax.process_count():
             time.sleep(0.5)
+        time.sleep(0.5 if deadline else 0)  # each prints its line and exits right after saying so
 
 
 def end(why: str, wait: bool = True) -> None:  # from a thread: end this process with one line, its main thread stuck

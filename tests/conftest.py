@@ -14,7 +14,6 @@ math functions directly, e.g.::
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +36,7 @@ jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 # One loader for tests and tools: tools/course.py imports a script as the module course_<name>, once per process.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-from course import REPO, load_script  # noqa: E402
+from course import REPO, free_port, load_script  # noqa: E402
 
 __all__ = ["REPO", "load_script", "run_script"]
 
@@ -53,13 +52,6 @@ def run_script(relpath: str, *args: str, cwd: Path, timeout: float = 300, env: d
         text=True,
         timeout=timeout,
     )
-
-
-def free_port() -> int:
-    """A port on localhost that nothing listens on, for a --distributed run's coordinator."""
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 def launch_processes(relpath: str, flags: list[str], cwd: Path, out, last=lambda i: ()) -> list[subprocess.Popen]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from course import REPO, free_port  # noqa: E402
+
 SCRIPT = REPO / "4_GRPO_MNIST" / "grpo_mnist.py"
 
 
@@ -46,11 +47,8 @@ def one_process(out: Path, flags: list[str]) -> float:
 
 
 def two_processes(out: Path, flags: list[str]) -> float:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
     common = [sys.executable, str(SCRIPT), *flags, "--host-devices", "2", "--distributed"]
-    common += ["--coordinator-address", f"localhost:{port}", "--num-processes", "2"]
+    common += ["--coordinator-address", f"localhost:{free_port()}", "--num-processes", "2"]
     start = time.perf_counter()
     procs = [
         subprocess.Popen(
